@@ -1,0 +1,135 @@
+"""What the engine sees (a snapshot) and what it decides (a plan).
+
+Pure dataclasses, no Django: the production cycle, the simulator and the tests build a
+`Snapshot`, call `scheduler.engine.plan(snapshot)` and apply the returned `Plan`.
+Job ids are strings; the database layer passes `str(pk)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+RESERVE = "RESERVE"
+LEND = "LEND"
+LEND_AND_BORROW = "LEND_AND_BORROW"
+STRATEGIES = (RESERVE, LEND, LEND_AND_BORROW)
+
+ENABLED = "ENABLED"
+DISABLED = "DISABLED"
+
+READY = "READY"
+DRAINING = "DRAINING"
+DOWN = "DOWN"
+
+FIFO = "fifo"
+FAIR = "fair"
+
+RECLAIM = "reclaim"
+IN_SHARE = "in_share"
+
+UNLIMITED = -1
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """A GPU node. Only READY nodes receive new jobs; jobs already on others keep their GPUs."""
+
+    name: str
+    gpu_type: str
+    gpus: int
+    state: str = READY
+
+
+@dataclass(frozen=True)
+class ShareView:
+    """A quota share as DESIGN §2 defines it."""
+
+    name: str
+    capacity_limits: Mapping[str, int]
+    strategy: str
+    borrow_limit: int = UNLIMITED  # percent of the limit; -1: no cap beyond the cluster
+    lend_limit: Mapping[str, int] | None = None  # per GPU type; a missing type: all idle lendable
+    in_share_preemption: bool = False
+    grace_seconds: int = 120
+    state: str = ENABLED
+    weight: float = 1.0
+    strict_fifo: bool = False
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """GPUs on one node: the indices that become CUDA_VISIBLE_DEVICES."""
+
+    node: str
+    gpu_indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PlacedJob:
+    """A job holding GPUs: scheduled, starting, running, or still stopping (PREEMPTING)."""
+
+    id: str
+    share: str
+    gpu_type: str
+    gpus: int
+    priority: int
+    submitted: float
+    started: float
+    allocations: tuple[Allocation, ...]
+    stopping: bool = False
+    # The runnable job whose reclaim (or in-share preemption) stops this one: the GPUs it
+    # releases are promised to that job, so the reclaim is not repeated while it stops.
+    preempted_for: str | None = None
+
+
+@dataclass(frozen=True)
+class RunnableJob:
+    """A job waiting for GPUs: `gpus` of `gpu_type`, spread evenly over `nodes` distinct nodes."""
+
+    id: str
+    share: str
+    gpu_type: str
+    gpus: int
+    nodes: int = 1
+    priority: int = 0
+    submitted: float = 0.0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    nodes: tuple[NodeView, ...]
+    shares: tuple[ShareView, ...]
+    placed: tuple[PlacedJob, ...] = ()
+    runnable: tuple[RunnableJob, ...] = ()
+    borrow_order: str = FIFO
+
+
+@dataclass(frozen=True)
+class Placement:
+    job_id: str
+    allocations: tuple[Allocation, ...]
+    borrowed: int  # GPUs of this job above its share's limit when it starts
+
+
+@dataclass(frozen=True)
+class Preemption:
+    job_id: str
+    for_job_id: str
+    kind: str  # RECLAIM or IN_SHARE
+    reason: str
+
+
+@dataclass(frozen=True)
+class Rejection:
+    job_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    placements: tuple[Placement, ...] = ()
+    preemptions: tuple[Preemption, ...] = ()
+    rejections: tuple[Rejection, ...] = ()
+    # Every runnable job neither placed nor rejected, with why it waits.
+    waiting: Mapping[str, str] = field(default_factory=dict)
