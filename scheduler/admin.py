@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.http import HttpRequest
+
+from scheduler.models import Job, JobAttempt, JobEvent, Node
+from scheduler.services import job_cancel, node_set_state
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    list_display = ["name", "gpu_type", "gpus", "state", "last_heartbeat"]
+    list_filter = ["state", "gpu_type"]
+    search_fields = ["name"]
+    actions = ["drain", "undrain"]
+
+    @admin.action(description="Drain: finish running jobs, take no new ones")
+    def drain(self, request: HttpRequest, queryset) -> None:
+        for node in queryset:
+            node_set_state(node=node, state=Node.State.DRAINING)
+        self.message_user(request, f"{queryset.count()} node(s) draining.")
+
+    @admin.action(description="Undrain: take new jobs again")
+    def undrain(self, request: HttpRequest, queryset) -> None:
+        for node in queryset.filter(state=Node.State.DRAINING):
+            node_set_state(node=node, state=Node.State.READY)
+        self.message_user(request, "Drained nodes are READY again.")
+
+
+class JobAttemptInline(admin.TabularInline):
+    model = JobAttempt
+    fk_name = "job"
+    extra = 0
+    can_delete = False
+    fields = [
+        "number",
+        "allocations",
+        "borrowed_gpus",
+        "scheduled_at",
+        "started_at",
+        "ended_at",
+        "outcome",
+        "exit_code",
+        "end_reason",
+    ]
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+
+class JobEventInline(admin.TabularInline):
+    model = JobEvent
+    extra = 0
+    can_delete = False
+    fields = ["at", "from_state", "to_state", "reason"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    """Jobs are read-only here: they are submitted over the API and moved by the scheduler."""
+
+    list_display = [
+        "id",
+        "name",
+        "share",
+        "gpu_type",
+        "gpus",
+        "priority",
+        "state",
+        "reason",
+        "submitted_at",
+    ]
+    list_filter = ["state", "share", "gpu_type"]
+    search_fields = ["name", "id"]
+    list_select_related = ["share"]
+    actions = ["cancel"]
+    inlines = [JobAttemptInline, JobEventInline]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    @admin.action(description="Cancel selected jobs (running ones stop with their grace)")
+    def cancel(self, request: HttpRequest, queryset) -> None:
+        for job in queryset:
+            job_cancel(job=job, user=request.user)
+        self.message_user(request, f"{queryset.count()} job(s) cancelled or stopping.")

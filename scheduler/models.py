@@ -1,0 +1,247 @@
+"""GPU nodes, jobs and their attempts (DESIGN §2 job states)."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Mod
+from django.db.models.lookups import Exact
+
+from shares.models import QuotaShare, validate_gpu_type
+
+MAX_PRIORITY = 9999
+MAX_GPUS_PER_NODE = 64
+MAX_TIMEOUT_SECONDS = 90 * 86400
+MAX_RETRY_ATTEMPTS = 20
+
+GPUS_DIVISIBLE_BY_NODES = (
+    "gpus: must be divisible by nodes (each of the {nodes} nodes gets the same number of GPUs)."
+)
+PRIORITY_RANGE = f"priority: must be between 0 and {MAX_PRIORITY}."
+TIMEOUT_RANGE = f"timeout_seconds: must be between 1 and {MAX_TIMEOUT_SECONDS} seconds (90 days)."
+NODE_GPUS_RANGE = f"gpus: a node has between 1 and {MAX_GPUS_PER_NODE} GPUs."
+
+
+class Node(models.Model):
+    """A GPU machine running the node agent. It has GPUs of one type."""
+
+    class State(models.TextChoices):
+        READY = "READY", "Ready"
+        DRAINING = "DRAINING", "Draining (finishes its jobs, gets no new ones)"
+        DOWN = "DOWN", "Down"
+
+    name = models.CharField(max_length=253, unique=True)
+    gpu_type = models.CharField(max_length=32, validators=[validate_gpu_type])
+    gpus = models.PositiveIntegerField(
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_GPUS_PER_NODE)]
+    )
+    state = models.CharField(max_length=10, choices=State.choices, default=State.READY)
+    labels = models.JSONField(default=dict, blank=True)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(gpus__gte=1) & Q(gpus__lte=MAX_GPUS_PER_NODE), name="node_gpus_range"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.gpus} × {self.gpu_type})"
+
+    def clean(self) -> None:
+        if self.gpus is not None and not 1 <= self.gpus <= MAX_GPUS_PER_NODE:
+            raise ValidationError({"gpus": NODE_GPUS_RANGE})
+
+
+class Job(models.Model):
+    """A request for `gpus` GPUs of one type on `nodes` nodes, to run `command`."""
+
+    class State(models.TextChoices):
+        SUBMITTED = "SUBMITTED"
+        RUNNABLE = "RUNNABLE"
+        SCHEDULED = "SCHEDULED"
+        STARTING = "STARTING"
+        RUNNING = "RUNNING"
+        PREEMPTING = "PREEMPTING"
+        SUCCEEDED = "SUCCEEDED"
+        FAILED = "FAILED"
+        CANCELLED = "CANCELLED"
+
+    PLACED_STATES = (State.SCHEDULED, State.STARTING, State.RUNNING, State.PREEMPTING)
+    FINAL_STATES = (State.SUCCEEDED, State.FAILED, State.CANCELLED)
+
+    name = models.CharField(max_length=200, blank=True)
+    share = models.ForeignKey(QuotaShare, on_delete=models.PROTECT, related_name="jobs")
+    submitted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs"
+    )
+    gpu_type = models.CharField(max_length=32, validators=[validate_gpu_type])
+    gpus = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    nodes = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    priority = models.PositiveIntegerField(default=0, validators=[MaxValueValidator(MAX_PRIORITY)])
+    command = models.TextField()
+    env = models.JSONField(default=dict, blank=True)
+    client_token = models.CharField(max_length=64, blank=True)
+    timeout_seconds = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_TIMEOUT_SECONDS)],
+    )
+    max_preemptions = models.PositiveIntegerField(null=True, blank=True)
+    retry_attempts = models.PositiveIntegerField(
+        default=0, validators=[MaxValueValidator(MAX_RETRY_ATTEMPTS)]
+    )
+
+    state = models.CharField(max_length=12, choices=State.choices, default=State.SUBMITTED)
+    reason = models.TextField(blank=True, help_text="Why the job waits, or why it ended.")
+    preemption_count = models.PositiveIntegerField(default=0)
+    failure_count = models.PositiveIntegerField(default=0)
+    attempt_count = models.PositiveIntegerField(default=0)
+    cancel_requested = models.BooleanField(
+        default=False, help_text="A cancel arrived while the job held GPUs: it is being stopped."
+    )
+
+    submitted_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True, help_text="First start.")
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-submitted_at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(gpus__gte=1), name="job_gpus_at_least_one"),
+            models.CheckConstraint(condition=Q(nodes__gte=1), name="job_nodes_at_least_one"),
+            models.CheckConstraint(
+                condition=Exact(Mod("gpus", "nodes"), 0), name="job_gpus_divisible_by_nodes"
+            ),
+            models.CheckConstraint(
+                condition=Q(priority__lte=MAX_PRIORITY), name="job_priority_range"
+            ),
+            models.CheckConstraint(
+                condition=Q(timeout_seconds__isnull=True)
+                | (Q(timeout_seconds__gte=1) & Q(timeout_seconds__lte=MAX_TIMEOUT_SECONDS)),
+                name="job_timeout_range",
+            ),
+            # Submitting the same client_token twice returns the first job (idempotent submit).
+            models.UniqueConstraint(
+                fields=["submitted_by", "client_token"],
+                condition=~Q(client_token=""),
+                name="job_client_token_once_per_user",
+            ),
+        ]
+        indexes = [
+            # The cycle loads runnable and placed jobs: WHERE state IN (...).
+            models.Index(fields=["state", "gpu_type"], name="job_state_gpu_type"),
+            # Job lists filtered by share, newest first.
+            models.Index(fields=["share", "-submitted_at"], name="job_share_recent"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name or f"job {self.pk}"
+
+    def clean(self) -> None:
+        errors: dict[str, str] = {}
+        if self.gpus and self.nodes and self.gpus % self.nodes:
+            errors["gpus"] = GPUS_DIVISIBLE_BY_NODES.format(nodes=self.nodes)
+        if self.priority is not None and not 0 <= self.priority <= MAX_PRIORITY:
+            errors["priority"] = PRIORITY_RANGE
+        if self.timeout_seconds is not None and not (
+            1 <= self.timeout_seconds <= MAX_TIMEOUT_SECONDS
+        ):
+            errors["timeout_seconds"] = TIMEOUT_RANGE
+        if errors:
+            raise ValidationError(errors)
+
+    @property
+    def is_final(self) -> bool:
+        return self.state in self.FINAL_STATES
+
+
+class JobEvent(models.Model):
+    """Every state change of a job, with the reason a person can read."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField(auto_now_add=True)
+    from_state = models.CharField(max_length=12, blank=True)
+    to_state = models.CharField(max_length=12)
+    reason = models.TextField()
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.job}: {self.from_state or '∅'} → {self.to_state} ({self.reason})"
+
+
+class JobAttempt(models.Model):
+    """One placement of a job on GPUs, from scheduling to its end."""
+
+    class Outcome(models.TextChoices):
+        SUCCEEDED = "SUCCEEDED"
+        FAILED = "FAILED"
+        PREEMPTED = "PREEMPTED"
+        NODE_LOST = "NODE_LOST"
+        TIMEOUT = "TIMEOUT"
+        CANCELLED = "CANCELLED"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField()
+    nodes = models.ManyToManyField(Node, through="GpuAssignment", related_name="attempts")
+    allocations = models.JSONField(
+        default=list, help_text='[{"node": name, "gpu_indices": [..]}], as CUDA_VISIBLE_DEVICES.'
+    )
+    borrowed_gpus = models.PositiveIntegerField(
+        default=0, help_text="GPUs above the share's limit when the attempt started."
+    )
+    scheduled_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=10, choices=Outcome.choices, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    end_reason = models.TextField(blank=True)
+    preempted_for = models.ForeignKey(
+        Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="reclaimed_attempts"
+    )
+    log_tail = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["job", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "number"], name="attempt_number_once_per_job")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job} attempt {self.number}"
+
+    @property
+    def used_borrowed_gpus(self) -> bool:
+        return self.borrowed_gpus > 0
+
+
+class GpuAssignment(models.Model):
+    """One GPU index of a node held by an attempt. The database itself refuses to give a GPU
+    that is still held to a second attempt."""
+
+    attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="gpus")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="gpu_assignments")
+    gpu_index = models.PositiveIntegerField()
+    released = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["node", "gpu_index"],
+                condition=Q(released=False),
+                name="gpu_held_by_one_attempt",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}:{self.gpu_index}"
