@@ -3,6 +3,7 @@ under var/, for the zero-setup default. `python scripts/embedded_redis.py start|
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -59,10 +60,8 @@ def start() -> None:
 
 def stop() -> None:
     if PIDFILE.exists():
-        try:
+        with contextlib.suppress(ProcessLookupError, ValueError):
             os.kill(int(PIDFILE.read_text().strip()), 15)
-        except (ProcessLookupError, ValueError):
-            pass
 
 
 if __name__ == "__main__":
