@@ -52,3 +52,213 @@ def node_set_state(*, node: Node, state: str) -> Node:
     Node.objects.filter(pk=node.pk).update(state=state)
     node.state = state
     return node
+
+
+# --- Submission -------------------------------------------------------------------------------
+
+SHARE_UNKNOWN = "share: no share named {name!r}."
+SHARE_DISABLED = (
+    "share: share {name!r} is DISABLED and accepts no new jobs; its running jobs finish."
+)
+GPU_TYPE_NOT_IN_SHARE = (
+    "gpu_type: share {share!r} has no limit for {gpu_type!r}; allowed: {allowed}."
+)
+NEVER_FITS_PER_NODE = (
+    "gpus: {per_node} GPUs per node ({gpus} over {nodes} node(s)) is more than any {gpu_type} "
+    "node has (largest: {largest})."
+)
+NEVER_FITS_NODE_COUNT = (
+    "nodes: the job needs {nodes} distinct {gpu_type} nodes with {per_node} GPUs each; "
+    "only {available} exist."
+)
+NO_NODES_OF_TYPE = "gpu_type: no {gpu_type} node is registered, so the job could never run."
+COMMAND_EMPTY = "command: must not be empty."
+CLIENT_TOKEN_CONFLICT = (
+    "client_token: {token!r} was already used for job {job_id} with a different request; "
+    "use a new token for a new job."
+)
+SUBMITTED_REASON = "submitted by {user}"
+QUEUED_REASON = "queued: waiting for the next scheduling cycle"
+
+
+class ClientTokenConflict(Exception):
+    """The same client_token came back with a different request."""
+
+    def __init__(self, job: Job, token: str) -> None:
+        self.job = job
+        super().__init__(CLIENT_TOKEN_CONFLICT.format(token=token, job_id=job.pk))
+
+
+IDEMPOTENT_FIELDS = (
+    "name",
+    "gpu_type",
+    "gpus",
+    "nodes",
+    "priority",
+    "command",
+    "env",
+    "timeout_seconds",
+    "max_preemptions",
+    "retry_attempts",
+)
+
+
+def request_cycle() -> None:
+    """Ask for a scheduling cycle as soon as the current transaction commits."""
+
+    def enqueue() -> None:
+        from scheduler.tasks import cycle
+
+        try:
+            cycle.delay()
+        except Exception:  # noqa: BLE001 — the broker being down must not fail a submit
+            import logging
+
+            logging.getLogger(__name__).warning(
+                "could not enqueue a cycle; beat will run it", exc_info=True
+            )
+
+    transaction.on_commit(enqueue)
+
+
+def validate_fits_nodes(*, gpu_type: str, gpus: int, nodes: int) -> None:
+    """Refuse a job that no set of registered nodes could ever hold (all-or-nothing gang)."""
+    from django.core.exceptions import ValidationError
+
+    if gpus % nodes:
+        from scheduler.models import GPUS_DIVISIBLE_BY_NODES
+
+        raise ValidationError({"gpus": GPUS_DIVISIBLE_BY_NODES.format(nodes=nodes)})
+    sizes = list(
+        Node.objects.filter(gpu_type=gpu_type)
+        .exclude(state=Node.State.DOWN)
+        .values_list("gpus", flat=True)
+    )
+    if not sizes:
+        raise ValidationError({"gpu_type": NO_NODES_OF_TYPE.format(gpu_type=gpu_type)})
+    per_node = gpus // nodes
+    if per_node > max(sizes):
+        raise ValidationError(
+            {
+                "gpus": NEVER_FITS_PER_NODE.format(
+                    per_node=per_node, gpus=gpus, nodes=nodes, gpu_type=gpu_type,
+                    largest=max(sizes),
+                )
+            }
+        )  # fmt: skip
+    available = sum(1 for size in sizes if size >= per_node)
+    if nodes > available:
+        raise ValidationError(
+            {
+                "nodes": NEVER_FITS_NODE_COUNT.format(
+                    nodes=nodes, gpu_type=gpu_type, per_node=per_node, available=available
+                )
+            }
+        )
+
+
+def job_submit(
+    *,
+    user,
+    share_name: str,
+    gpu_type: str,
+    gpus: int,
+    command: str,
+    nodes: int = 1,
+    priority: int = 0,
+    name: str = "",
+    env: dict | None = None,
+    client_token: str = "",
+    timeout_seconds: int | None = None,
+    max_preemptions: int | None = None,
+    retry_attempts: int = 0,
+) -> tuple[Job, bool]:
+    """Accept a job into its share's queue; returns (job, created).
+
+    Raises ValidationError naming the field and the rule. The same `client_token` with the
+    same request returns the first job (created False); with a different request it raises
+    ClientTokenConflict. A DISABLED share refuses new jobs."""
+    from django.core.exceptions import ValidationError
+    from django.db import IntegrityError
+
+    from shares.models import QuotaShare
+
+    request = {
+        "name": name,
+        "gpu_type": gpu_type,
+        "gpus": gpus,
+        "nodes": nodes,
+        "priority": priority,
+        "command": command,
+        "env": env or {},
+        "timeout_seconds": timeout_seconds,
+        "max_preemptions": max_preemptions,
+        "retry_attempts": retry_attempts,
+    }
+    if client_token:
+        existing = _job_for_token(user, client_token)
+        if existing is not None:
+            return _same_request_or_conflict(existing, share_name, request, client_token), False
+    share = QuotaShare.objects.prefetch_related("capacity_limits").filter(name=share_name).first()
+    if share is None:
+        raise ValidationError({"share": SHARE_UNKNOWN.format(name=share_name)})
+    if share.state == QuotaShare.State.DISABLED:
+        raise ValidationError({"share": SHARE_DISABLED.format(name=share_name)})
+    limits = share.limits
+    if gpu_type not in limits:
+        raise ValidationError(
+            {
+                "gpu_type": GPU_TYPE_NOT_IN_SHARE.format(
+                    share=share_name, gpu_type=gpu_type, allowed=", ".join(sorted(limits))
+                )
+            }
+        )
+    if not (command or "").strip():
+        raise ValidationError({"command": COMMAND_EMPTY})
+    job = Job(share=share, submitted_by=user, client_token=client_token, **request)
+    job.full_clean(exclude=["share", "submitted_by"])
+    validate_fits_nodes(gpu_type=gpu_type, gpus=gpus, nodes=nodes)
+    try:
+        with transaction.atomic():
+            job.state = Job.State.RUNNABLE
+            job.reason = QUEUED_REASON
+            job.save()
+            JobEvent.objects.create(
+                job=job,
+                from_state="",
+                to_state=Job.State.SUBMITTED,
+                reason=SUBMITTED_REASON.format(user=user),
+            )
+            JobEvent.objects.create(
+                job=job,
+                from_state=Job.State.SUBMITTED,
+                to_state=Job.State.RUNNABLE,
+                reason=f"accepted into share {share.name}'s queue",
+            )
+            request_cycle()
+    except IntegrityError:
+        # Two submits with one client_token raced; the database let exactly one in.
+        existing = _job_for_token(user, client_token) if client_token else None
+        if existing is None:
+            raise
+        return _same_request_or_conflict(existing, share_name, request, client_token), False
+    return job, True
+
+
+def _job_for_token(user, client_token: str) -> Job | None:
+    return (
+        Job.objects.select_related("share")
+        .filter(submitted_by=user, client_token=client_token)
+        .first()
+    )
+
+
+def _same_request_or_conflict(
+    existing: Job, share_name: str, request: dict, client_token: str
+) -> Job:
+    same = existing.share.name == share_name and all(
+        getattr(existing, field) == value for field, value in request.items()
+    )
+    if not same:
+        raise ClientTokenConflict(existing, client_token)
+    return existing
