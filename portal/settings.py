@@ -104,6 +104,9 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 STATICFILES_DIRS = [BASE_DIR / "static"]
+# Serve static files straight from the apps and static/ without collectstatic (no CDN: the
+# machines have no internet, so plotly.js and Swagger UI come from here).
+WHITENOISE_USE_FINDERS = True
 
 LOGIN_URL = "/admin/login/"
 

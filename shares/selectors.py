@@ -8,8 +8,10 @@ from django.db.models import Sum
 
 from shares.models import CapacityLimit, QuotaShare
 
-OVERPROMISED = "{gpu_type}: shares promise {promised} GPUs, READY nodes have {capacity}."
-NO_NODES = "{gpu_type}: shares promise {promised} GPUs, but there is no READY {gpu_type} node."
+OVERPROMISED = "GPU type {gpu_type}: shares promise {promised} GPUs, READY nodes have {capacity}."
+NO_NODES = (
+    "GPU type {gpu_type}: shares promise {promised} GPUs, but there is no READY {gpu_type} node."
+)
 
 
 def capacity_warnings() -> list[str]:

@@ -47,7 +47,12 @@ def describe_limits(limits: Mapping[str, int], lend_limits: Mapping[str, int]) -
 def share_state(share: QuotaShare) -> dict[str, str]:
     """The share's settings as text, field by field, for its change history."""
     state = {name: str(getattr(share, name)) for name in SHARE_FIELDS}
-    state["capacity_limits"] = describe_limits(share.limits, share.lend_limits)
+    # Read the limits afresh: a prefetched set would predate the inline formsets' save.
+    limits = CapacityLimit.objects.filter(share=share)
+    state["capacity_limits"] = describe_limits(
+        {limit.gpu_type: limit.max_gpus for limit in limits},
+        {limit.gpu_type: limit.lend_limit for limit in limits if limit.lend_limit is not None},
+    )
     return state
 
 
