@@ -21,6 +21,7 @@ from scheduler.engine.snapshot import (
     DISABLED,
     LEND,
     LEND_AND_BORROW,
+    NodeView,
     PlacedJob,
     Plan,
     RunnableJob,
@@ -91,13 +92,19 @@ class Simulation:
     """One run of one scenario. `run()` once, then read the result."""
 
     def __init__(
-        self, scenario: Scenario, *, engine: Engine | None = None, record_series: bool = False
-    ):
+        self,
+        scenario: Scenario,
+        *,
+        engine: Engine | None = None,
+        record_series: bool = False,
+        skip_settled: bool = True,
+    ) -> None:
         if engine is None:
             from scheduler.engine import plan as engine
         self.engine = engine
         self.scenario = scenario
         self.record_series = record_series
+        self.skip_settled = skip_settled
         self.nodes = scenario.nodes
         self.node_gpus = {n.name: n.gpus for n in scenario.nodes}
         self.shares: dict[str, ShareView] = {s.name: s for s in scenario.shares}
@@ -112,6 +119,12 @@ class Simulation:
         self.jobs: dict[str, SimJob] = {spec.id: SimJob(spec) for spec in scenario.jobs}
         self.events: list[dict[str, Any]] = []
         self.placed: dict[str, PlacedJob] = {}
+        self.placed_by_type: dict[str, dict[str, PlacedJob]] = {t: {} for t in self.gpu_types}
+        self.nodes_by_type: dict[str, tuple[NodeView, ...]] = {
+            t: tuple(n for n in scenario.nodes if n.gpu_type == t) for t in self.gpu_types
+        }
+        self.held: dict[str, int] = dict.fromkeys(self.gpu_types, 0)  # GPUs placed jobs hold
+        self.stopping: dict[str, int] = dict.fromkeys(self.gpu_types, 0)  # of which stopping
         self.runnable: dict[str, dict[str, RunnableJob]] = {}  # by GPU type
         self.used_gpus: dict[str, int] = {n.name: 0 for n in scenario.nodes}  # bit mask per node
         self.usage: dict[tuple[str, str], int] = {}  # (share, GPU type) -> GPUs held
@@ -215,6 +228,10 @@ class Simulation:
             return None  # the finish of a run that was preempted
         spec = job.spec
         placed = self.placed.pop(job_id)
+        del self.placed_by_type[spec.gpu_type][job_id]
+        self.held[spec.gpu_type] -= spec.gpus
+        if placed.stopping:
+            self.stopping[spec.gpu_type] -= spec.gpus
         for allocation in placed.allocations:
             mask = 0
             for index in allocation.gpu_indices:
@@ -256,13 +273,20 @@ class Simulation:
     def _cycles(self, now: float, dirty: set[str], new_jobs: list[RunnableJob]) -> None:
         acted: set[str] = set()
         for _ in range(MAX_CYCLES_PER_INSTANT):
-            runnable = self._runnable_for_cycle(dirty, new_jobs)
+            gpu_types, runnable = self._runnable_for_cycle(dirty, new_jobs)
             if not runnable:
                 break
+            # The engine plans each GPU type on its own, so a type with nothing to plan is left
+            # out of the snapshot: its nodes and jobs would only cost time.
+            nodes: list[NodeView] = []
+            placed: list[PlacedJob] = []
+            for gpu_type in sorted(gpu_types):
+                nodes.extend(self.nodes_by_type.get(gpu_type, ()))
+                placed.extend(self.placed_by_type.get(gpu_type, {}).values())
             snapshot = Snapshot(
-                nodes=self.nodes,
+                nodes=tuple(nodes),
                 shares=self._share_views,
-                placed=tuple(self.placed.values()),
+                placed=tuple(placed),
                 runnable=runnable,
                 borrow_order=self.scenario.borrow_order,
             )
@@ -282,37 +306,44 @@ class Simulation:
 
     def _runnable_for_cycle(
         self, dirty: set[str], new_jobs: list[RunnableJob]
-    ) -> tuple[RunnableJob, ...]:
-        """The runnable jobs this cycle must consider.
+    ) -> tuple[set[str], tuple[RunnableJob, ...]]:
+        """The GPU types to plan and the runnable jobs the engine must see to plan them.
 
-        Every job of a GPU type where something changed since the last cycle (GPUs freed, a share
-        change, or a placement or preemption the last plan made). In a type where nothing
-        changed, the jobs already waiting were refused against this very state, and a new job
-        only takes GPUs, so they would be refused again: only the new jobs go in, with the jobs
-        the engine must still see to keep its word — a reclaimer whose victims are stopping (their
-        GPUs are promised to it) and, in a strict-FIFO share, the older jobs that block the new.
+        Every job of a GPU type where something changed since the last cycle (GPUs freed, a
+        share change, or a placement or preemption the last plan made). In a type where nothing
+        changed, the jobs already waiting were refused against this very state, and new jobs
+        only take GPUs and quota, so they would be refused again: only the new jobs go in, with
+        the jobs the engine must still see to keep its word: a reclaimer whose victims are
+        stopping (their GPUs are promised to it) and, in a strict-FIFO share, the older jobs
+        that block the new ones.
         """
         runnable: list[RunnableJob] = []
+        gpu_types = set()
+        if not self.skip_settled:
+            dirty = set(self.runnable)
         for gpu_type in dirty:
             queue = self.runnable.get(gpu_type)
             if queue:
+                gpu_types.add(gpu_type)
                 runnable.extend(queue.values())
+        sent = {view.id for view in runnable}
         extra: dict[str, RunnableJob] = {}
         for view in new_jobs:
-            if view.gpu_type in dirty or view.id not in self.runnable.get(view.gpu_type, {}):
+            if view.id in sent or view.id not in self.runnable.get(view.gpu_type, {}):
                 continue
             extra[view.id] = view
             if self.shares[view.share].strict_fifo:
                 for older in self.runnable[view.gpu_type].values():
-                    if older.share == view.share:
+                    if older.share == view.share and older.id not in sent:
                         extra.setdefault(older.id, older)
         for job_id in self.promised:
-            spec = self.jobs[job_id].spec
-            if spec.gpu_type not in dirty and self.jobs[job_id].state == RUNNABLE:
-                extra.setdefault(job_id, self.runnable[spec.gpu_type][job_id])
+            job = self.jobs[job_id]
+            if job.state == RUNNABLE and job_id not in sent:
+                extra.setdefault(job_id, self.runnable[job.spec.gpu_type][job_id])
         if extra:
             runnable.extend(extra.values())
-        return tuple(runnable)
+            gpu_types.update(view.gpu_type for view in extra.values())
+        return gpu_types, tuple(runnable)
 
     def _apply(self, now: float, plan: Plan) -> tuple[set[str], set[str]]:
         """Carry out a plan; return the GPU types it acted on and those whose GPUs came free."""
@@ -372,7 +403,7 @@ class Simulation:
                 )
             self.used_gpus[allocation.node] |= mask
         self._dequeue(job)
-        self.placed[spec.id] = PlacedJob(
+        self.placed[spec.id] = self.placed_by_type[spec.gpu_type][spec.id] = PlacedJob(
             id=spec.id,
             share=spec.share,
             gpu_type=spec.gpu_type,
@@ -384,6 +415,7 @@ class Simulation:
         )
         key = (spec.share, spec.gpu_type)
         self.usage[key] = self.usage.get(key, 0) + spec.gpus
+        self.held[spec.gpu_type] += spec.gpus
         job.state = RUNNING
         job.run_start = now
         job.reason = None
@@ -419,7 +451,8 @@ class Simulation:
             job.reason = TOO_MANY_PREEMPTIONS.format(
                 count=job.preemptions, limit=spec.max_preemptions
             )
-        self.placed[job_id] = PlacedJob(
+        self.stopping[spec.gpu_type] += spec.gpus
+        self.placed[job_id] = self.placed_by_type[spec.gpu_type][job_id] = PlacedJob(
             id=placed.id,
             share=placed.share,
             gpu_type=placed.gpu_type,
@@ -554,10 +587,20 @@ class Simulation:
 
 
 def simulate(
-    scenario: Scenario, *, engine: Engine | None = None, record_series: bool = False
+    scenario: Scenario,
+    *,
+    engine: Engine | None = None,
+    record_series: bool = False,
+    skip_settled: bool = True,
 ) -> SimulationResult:
-    """Replay `scenario` through the engine and return the result of DESIGN §4."""
-    return Simulation(scenario, engine=engine, record_series=record_series).run()
+    """Replay `scenario` through the engine and return the result of DESIGN §4.
+
+    `skip_settled=False` sends every waiting job to every cycle; the result is the same (a test
+    checks it), only slower.
+    """
+    return Simulation(
+        scenario, engine=engine, record_series=record_series, skip_settled=skip_settled
+    ).run()
 
 
 def percentile(sorted_values: list[float], pct: float) -> float:
