@@ -1,0 +1,178 @@
+"""Generate a synthetic job trace (CSV) for the simulator.
+
+Teams submit in bursts (a pipeline or a sweep drops many jobs within minutes, then nothing for a
+while); job sizes follow what GPU clusters see (mostly 1-8 GPUs, a few 16- and 32-GPU multi-node
+jobs with 8 GPUs per node); durations are log-normal, from a minute to days. Arrivals are spread
+so that the trace asks for about `--load` of a cluster of `--cluster-gpus` GPUs.
+
+    python bench/gen_trace.py --jobs 10000 --teams 6 --seed 1 --out trace.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import random
+from pathlib import Path
+
+COLUMNS = (
+    "id",
+    "share",
+    "gpu_type",
+    "gpus",
+    "submit",
+    "duration",
+    "priority",
+    "nodes",
+    "max_preemptions",
+    "checkpoint_interval",
+)
+TEAM_NAMES = ("research", "vision", "speech", "nlp", "robotics", "recsys", "infra", "search")
+SIZES = (1, 2, 4, 8, 16, 32)
+SIZE_WEIGHTS = (34, 15, 20, 21, 7, 3)
+PRIORITIES = (0, 100, 500, 1000)
+PRIORITY_WEIGHTS = (60, 25, 10, 5)
+GPUS_PER_NODE = 8
+MIN_DURATION = 60
+MAX_DURATION = 5 * 24 * 3600
+MEDIAN_DURATION = 30 * 60
+DURATION_SIGMA = 1.5
+MEAN_BURST = 12  # jobs per burst, geometric
+
+
+def team_names(teams: int) -> list[str]:
+    """Share names for `teams` teams: the usual ones, then team-N."""
+    return [TEAM_NAMES[i] if i < len(TEAM_NAMES) else f"team-{i}" for i in range(teams)]
+
+
+def team_gpu_type(index: int) -> str:
+    # Most teams train on h100; every third one lives on a100.
+    return "a100" if index % 3 == 2 else "h100"
+
+
+def generate(
+    jobs: int, teams: int, seed: int, *, cluster_gpus: int = 1024, load: float = 0.85
+) -> list[dict[str, object]]:
+    """`jobs` trace rows (dicts of COLUMNS), sorted by submission time."""
+    rng = random.Random(seed)
+    names = team_names(teams)
+    # Some teams are busier than others.
+    activity = [rng.uniform(0.5, 2.0) for _ in names]
+    shapes = []
+    for _ in range(jobs):
+        team = rng.choices(range(teams), weights=activity)[0]
+        gpus = rng.choices(SIZES, weights=SIZE_WEIGHTS)[0]
+        # Bigger jobs tend to run longer.
+        median = MEDIAN_DURATION * (1 + math.log2(gpus) / 4)
+        duration = rng.lognormvariate(math.log(median), DURATION_SIGMA)
+        duration = int(min(MAX_DURATION, max(MIN_DURATION, duration)))
+        shapes.append((team, gpus, duration))
+
+    # Spread the bursts over the horizon that makes the demand about `load` of the cluster.
+    demand = sum(gpus * duration for _, gpus, duration in shapes)
+    horizon = demand / (cluster_gpus * load)
+    team_jobs: list[list[tuple[int, int, int]]] = [[] for _ in names]
+    for shape in shapes:
+        team_jobs[shape[0]].append(shape)
+    rows: list[dict[str, object]] = []
+    for team, own in enumerate(team_jobs):
+        i = 0
+        while i < len(own):
+            # A burst: a sweep or a pipeline run, jobs seconds to minutes apart.
+            size = 1 + int(rng.expovariate(1 / (MEAN_BURST - 1)))
+            t = rng.uniform(0, horizon)
+            for _, gpus, duration in own[i : i + size]:
+                rows.append(_row(rng, names[team], team_gpu_type(team), gpus, int(t), duration))
+                t += rng.expovariate(1 / 30)
+            i += size
+    rows.sort(key=lambda r: (r["submit"], r["share"]))
+    for number, row in enumerate(rows):
+        row["id"] = f"j{number}"
+    return rows
+
+
+def _row(
+    rng: random.Random, share: str, gpu_type: str, gpus: int, submit: int, duration: int
+) -> dict[str, object]:
+    nodes = gpus // GPUS_PER_NODE if gpus > GPUS_PER_NODE else 1
+    checkpointed = rng.random() < 0.7
+    return {
+        "id": "",
+        "share": share,
+        "gpu_type": gpu_type,
+        "gpus": gpus,
+        "submit": submit,
+        "duration": duration,
+        "priority": rng.choices(PRIORITIES, weights=PRIORITY_WEIGHTS)[0],
+        "nodes": nodes,
+        "max_preemptions": 3 if rng.random() < 0.1 else "",
+        "checkpoint_interval": 1800 if checkpointed else "",
+    }
+
+
+def write_csv(rows: list[dict[str, object]], path: str | Path) -> None:
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def synthetic_scenario(
+    trace: str | Path,
+    teams: int,
+    *,
+    cluster_gpus: int = 1024,
+    strategy: str | None = None,
+    grace_seconds: int = 120,
+) -> dict[str, object]:
+    """A scenario (as read from YAML) for a trace of `generate`: h100 and a100 nodes of 8 GPUs,
+    one share per team. Each type's limits cover 90 % of it (the rest is a free pool); with
+    `strategy` unset the shares mix LEND_AND_BORROW, LEND and RESERVE as a real cluster would."""
+    names = team_names(teams)
+    by_type: dict[str, list[int]] = {"h100": [], "a100": []}
+    for i in range(teams):
+        by_type[team_gpu_type(i)].append(i)
+    a100_nodes = max(1, cluster_gpus // GPUS_PER_NODE // 3) if by_type["a100"] else 0
+    h100_nodes = cluster_gpus // GPUS_PER_NODE - a100_nodes
+    nodes = [{"name": "h100", "gpu_type": "h100", "gpus": GPUS_PER_NODE, "count": h100_nodes}]
+    if a100_nodes:
+        nodes.append(
+            {"name": "a100", "gpu_type": "a100", "gpus": GPUS_PER_NODE, "count": a100_nodes}
+        )
+    capacity = {"h100": h100_nodes * GPUS_PER_NODE, "a100": a100_nodes * GPUS_PER_NODE}
+    mix = ("LEND_AND_BORROW", "LEND_AND_BORROW", "LEND", "LEND_AND_BORROW", "RESERVE")
+    shares = []
+    for gpu_type, members in by_type.items():
+        for i in members:
+            limit = max(GPUS_PER_NODE, int(capacity[gpu_type] * 0.9 / len(members)))
+            shares.append(
+                {
+                    "name": names[i],
+                    "capacity_limits": {gpu_type: limit},
+                    "strategy": strategy or mix[i % len(mix)],
+                    "grace_seconds": grace_seconds,
+                    "in_share_preemption": i % 2 == 0,
+                }
+            )
+    return {"nodes": nodes, "shares": shares, "trace": str(trace)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--teams", type=int, default=6)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--cluster-gpus", type=int, default=1024, help="sizes the arrival rate")
+    parser.add_argument("--load", type=float, default=0.85, help="demand as a share of the cluster")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    rows = generate(
+        args.jobs, args.teams, args.seed, cluster_gpus=args.cluster_gpus, load=args.load
+    )
+    write_csv(rows, args.out)
+    print(f"{len(rows)} jobs of {args.teams} teams written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

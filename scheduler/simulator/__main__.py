@@ -1,0 +1,5 @@
+import sys
+
+from scheduler.simulator.cli import main
+
+sys.exit(main())

@@ -1,0 +1,626 @@
+"""Replay a scenario through the engine on a simulated clock.
+
+One heap of timed events. At each instant: finishes and releases first, then share changes, then
+submits, then one engine cycle (DESIGN §4). With `grace_seconds: 0` the victims' GPUs are free at
+the same instant, so a second cycle runs at once and the reclaiming job starts without waiting.
+
+The engine is called once per instant; what makes 100,000 jobs fast is keeping each call small:
+placed and runnable jobs are kept as ready-made engine views, updated only when a job moves, and a
+GPU type where nothing was freed, changed or decided since the last cycle is left out of the
+snapshot except for its new jobs (see `_runnable_for_cycle`).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler.engine.snapshot import (
+    DISABLED,
+    LEND,
+    LEND_AND_BORROW,
+    NodeView,
+    PlacedJob,
+    Plan,
+    RunnableJob,
+    ShareView,
+    Snapshot,
+)
+from scheduler.simulator.scenario import JobSpec, Scenario, ShareChange, share_with
+
+# Job states as in DESIGN §2 (the simulator skips SCHEDULED/STARTING: a placed job runs at once).
+SUBMITTED = "SUBMITTED"
+RUNNABLE = "RUNNABLE"
+RUNNING = "RUNNING"
+PREEMPTING = "PREEMPTING"
+SUCCEEDED = "SUCCEEDED"
+FAILED = "FAILED"
+
+# Event kinds, in the order they are handled within one instant.
+_RELEASE = 0  # a finish, or the end of a preempted job's grace period
+_CHANGE = 1
+_SUBMIT = 2
+
+# A cycle whose plan frees GPUs at once (grace 0) is followed by another at the same instant;
+# an engine that kept doing that would never let the clock move.
+MAX_CYCLES_PER_INSTANT = 1000
+
+SHARE_DISABLED = "share {share} is DISABLED: it accepts no new jobs"
+NOT_DIVISIBLE = "{gpus} GPUs cannot be spread evenly over {nodes} nodes"
+TOO_MANY_PREEMPTIONS = "preempted {count} times; max_preemptions is {limit}"
+
+Engine = Callable[[Snapshot], Plan]
+
+
+class EngineContractError(RuntimeError):
+    """The engine returned a plan that cannot be applied (e.g. a GPU given twice)."""
+
+
+@dataclass(slots=True)
+class SimJob:
+    """A job's life in the simulation."""
+
+    spec: JobSpec
+    state: str = SUBMITTED
+    work_done: float = 0.0  # checkpointed work, in seconds
+    run_start: float = 0.0
+    attempt: int = 0  # bumps at each preemption, so a stale finish event is ignored
+    started: float | None = None
+    finished: float | None = None
+    preemptions: int = 0
+    reason: str | None = None
+    borrowed: int = 0
+    node_names: tuple[str, ...] = ()
+    fail_on_release: bool = False
+
+
+@dataclass
+class SimulationResult:
+    """The result JSON of DESIGN §4 (`data`) and, when asked for, GPU use over time."""
+
+    data: dict[str, Any]
+    share_names: tuple[str, ...]
+    # (t, own GPUs per share, borrowed GPUs per share, lent GPUs per share), from t onwards.
+    series: list[tuple[float, tuple[float, ...], tuple[float, ...], tuple[float, ...]]] = field(
+        default_factory=list
+    )
+
+
+class Simulation:
+    """One run of one scenario. `run()` once, then read the result."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        *,
+        engine: Engine | None = None,
+        record_series: bool = False,
+        skip_settled: bool = True,
+    ) -> None:
+        if engine is None:
+            from scheduler.engine import plan as engine
+        self.engine = engine
+        self.scenario = scenario
+        self.record_series = record_series
+        self.skip_settled = skip_settled
+        self.nodes = scenario.nodes
+        self.node_gpus = {n.name: n.gpus for n in scenario.nodes}
+        self.shares: dict[str, ShareView] = {s.name: s for s in scenario.shares}
+        self.share_names = tuple(self.shares)
+        self.share_index = {name: i for i, name in enumerate(self.share_names)}
+        self.gpu_types = tuple(sorted({n.gpu_type for n in scenario.nodes}))
+        self.cluster_gpus = {t: 0 for t in self.gpu_types}
+        for node in scenario.nodes:
+            self.cluster_gpus[node.gpu_type] += node.gpus
+        self.total_gpus = sum(self.cluster_gpus.values())
+
+        self.jobs: dict[str, SimJob] = {spec.id: SimJob(spec) for spec in scenario.jobs}
+        self.events: list[dict[str, Any]] = []
+        self.placed: dict[str, PlacedJob] = {}
+        self.placed_by_type: dict[str, dict[str, PlacedJob]] = {t: {} for t in self.gpu_types}
+        self.nodes_by_type: dict[str, tuple[NodeView, ...]] = {
+            t: tuple(n for n in scenario.nodes if n.gpu_type == t) for t in self.gpu_types
+        }
+        self.held: dict[str, int] = dict.fromkeys(self.gpu_types, 0)  # GPUs placed jobs hold
+        self.stopping: dict[str, int] = dict.fromkeys(self.gpu_types, 0)  # of which stopping
+        self.runnable: dict[str, dict[str, RunnableJob]] = {}  # by GPU type
+        self.used_gpus: dict[str, int] = {n.name: 0 for n in scenario.nodes}  # bit mask per node
+        self.usage: dict[tuple[str, str], int] = {}  # (share, GPU type) -> GPUs held
+        self.promised: dict[str, int] = {}  # reclaiming job -> victims still stopping
+        self.unsettled: set[str] = set(self.gpu_types)
+
+        self._heap: list[tuple[float, int, int, Any]] = []
+        self._seq = 0
+        self._now = 0.0
+        self._used_rate = [0.0] * len(self.share_names)
+        self._borrowed_rate = [0.0] * len(self.share_names)
+        self._lent_rate = [0.0] * len(self.share_names)
+        self._used_seconds = [0.0] * len(self.share_names)
+        self._borrowed_seconds = [0.0] * len(self.share_names)
+        self._lent_seconds = [0.0] * len(self.share_names)
+        self._share_preemptions = [0] * len(self.share_names)
+        self._last_release: float | None = None
+        self.series: list[
+            tuple[float, tuple[float, ...], tuple[float, ...], tuple[float, ...]]
+        ] = []
+
+        for spec in scenario.jobs:
+            self._push(spec.submit, _SUBMIT, spec.id)
+        for change in scenario.changes:
+            self._push(change.at, _CHANGE, change)
+        self._refresh_snapshot_parts()
+
+    # ---- the clock -------------------------------------------------------------------------
+
+    def run(self) -> SimulationResult:
+        heap = self._heap
+        while heap:
+            now = heap[0][0]
+            self._integrate_to(now)
+            dirty: set[str] = set(self.unsettled)
+            new_jobs: list[RunnableJob] = []
+            while heap and heap[0][0] == now:
+                _, kind, _, payload = heapq.heappop(heap)
+                if kind == _RELEASE:
+                    job_id, attempt = payload
+                    gpu_type = self._release(now, job_id, attempt)
+                    if gpu_type is not None:
+                        dirty.add(gpu_type)
+                elif kind == _CHANGE:
+                    self._apply_change(payload)
+                    dirty.update(self.gpu_types)
+                else:
+                    view = self._submit(now, payload)
+                    if view is not None:
+                        new_jobs.append(view)
+            self._cycles(now, dirty, new_jobs)
+            self._update_rates(now)
+        return self._result()
+
+    def _push(self, t: float, kind: int, payload: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, kind, self._seq, payload))
+
+    # ---- what happens to jobs ---------------------------------------------------------------
+
+    def _submit(self, now: float, job_id: str) -> RunnableJob | None:
+        job = self.jobs[job_id]
+        spec = job.spec
+        # The portal refuses these at submission, before any cycle sees the job.
+        if self.shares[spec.share].state == DISABLED:
+            self._reject(now, job, SHARE_DISABLED.format(share=spec.share))
+            return None
+        if spec.gpus % spec.nodes:
+            self._reject(now, job, NOT_DIVISIBLE.format(gpus=spec.gpus, nodes=spec.nodes))
+            return None
+        job.state = RUNNABLE
+        return self._enqueue(job)
+
+    def _enqueue(self, job: SimJob) -> RunnableJob:
+        spec = job.spec
+        view = RunnableJob(
+            id=spec.id,
+            share=spec.share,
+            gpu_type=spec.gpu_type,
+            gpus=spec.gpus,
+            nodes=spec.nodes,
+            priority=spec.priority,
+            submitted=spec.submit,
+        )
+        self.runnable.setdefault(spec.gpu_type, {})[spec.id] = view
+        return view
+
+    def _dequeue(self, job: SimJob) -> None:
+        del self.runnable[job.spec.gpu_type][job.spec.id]
+
+    def _reject(self, now: float, job: SimJob, reason: str) -> None:
+        job.state = FAILED
+        job.finished = now
+        job.reason = reason
+        self._event(now, job, "reject", (), 0)
+
+    def _release(self, now: float, job_id: str, attempt: int) -> str | None:
+        """A job's GPUs come free: it finished, or its grace period after a preemption ended."""
+        job = self.jobs[job_id]
+        if job.attempt != attempt:
+            return None  # the finish of a run that was preempted
+        spec = job.spec
+        placed = self.placed.pop(job_id)
+        del self.placed_by_type[spec.gpu_type][job_id]
+        self.held[spec.gpu_type] -= spec.gpus
+        if placed.stopping:
+            self.stopping[spec.gpu_type] -= spec.gpus
+        for allocation in placed.allocations:
+            mask = 0
+            for index in allocation.gpu_indices:
+                mask |= 1 << index
+            self.used_gpus[allocation.node] &= ~mask
+        self.usage[spec.share, spec.gpu_type] -= spec.gpus
+        self._last_release = now
+        if job.state == RUNNING:
+            job.state = SUCCEEDED
+            job.finished = now
+            job.reason = None
+            self._event(now, job, "finish", job.node_names, job.borrowed)
+        else:  # PREEMPTING: its grace period is over
+            if placed.preempted_for is not None:
+                left = self.promised[placed.preempted_for] - 1
+                if left:
+                    self.promised[placed.preempted_for] = left
+                else:
+                    del self.promised[placed.preempted_for]
+            job.attempt += 1
+            if job.fail_on_release:
+                job.state = FAILED
+                job.finished = now
+                self._event(now, job, "fail", job.node_names, job.borrowed)
+            else:
+                job.state = RUNNABLE
+                self._enqueue(job)
+        return spec.gpu_type
+
+    def _apply_change(self, change: ShareChange) -> None:
+        self.shares[change.share] = share_with(self.shares[change.share], change.fields)
+        self._refresh_snapshot_parts()
+
+    def _refresh_snapshot_parts(self) -> None:
+        self._share_views = tuple(self.shares.values())
+
+    # ---- cycles -----------------------------------------------------------------------------
+
+    def _cycles(self, now: float, dirty: set[str], new_jobs: list[RunnableJob]) -> None:
+        acted: set[str] = set()
+        for _ in range(MAX_CYCLES_PER_INSTANT):
+            gpu_types, runnable = self._runnable_for_cycle(dirty, new_jobs)
+            if not runnable:
+                break
+            # The engine plans each GPU type on its own, so a type with nothing to plan is left
+            # out of the snapshot: its nodes and jobs would only cost time.
+            nodes: list[NodeView] = []
+            placed: list[PlacedJob] = []
+            for gpu_type in sorted(gpu_types):
+                nodes.extend(self.nodes_by_type.get(gpu_type, ()))
+                placed.extend(self.placed_by_type.get(gpu_type, {}).values())
+            snapshot = Snapshot(
+                nodes=tuple(nodes),
+                shares=self._share_views,
+                placed=tuple(placed),
+                runnable=runnable,
+                borrow_order=self.scenario.borrow_order,
+            )
+            plan = self.engine(snapshot)
+            acted_now, freed = self._apply(now, plan)
+            acted |= acted_now
+            if not freed:
+                break
+            # Grace 0: the victims' GPUs are free now, so the reclaimer can start at this instant.
+            dirty, new_jobs = freed, []
+        else:
+            raise EngineContractError(
+                f"t={now}: more than {MAX_CYCLES_PER_INSTANT} cycles at one instant "
+                "(the engine keeps preempting with grace 0)"
+            )
+        self.unsettled = acted
+
+    def _runnable_for_cycle(
+        self, dirty: set[str], new_jobs: list[RunnableJob]
+    ) -> tuple[set[str], tuple[RunnableJob, ...]]:
+        """The GPU types to plan and the runnable jobs the engine must see to plan them.
+
+        Every job of a GPU type where something changed since the last cycle (GPUs freed, a
+        share change, or a placement or preemption the last plan made). In a type where nothing
+        changed, the jobs already waiting were refused against this very state, and new jobs
+        only take GPUs and quota, so they would be refused again: only the new jobs go in, with
+        the jobs the engine must still see to keep its word: a reclaimer whose victims are
+        stopping (their GPUs are promised to it) and, in a strict-FIFO share, the older jobs
+        that block the new ones.
+        """
+        runnable: list[RunnableJob] = []
+        gpu_types = set()
+        if not self.skip_settled:
+            dirty = set(self.runnable)
+        for gpu_type in dirty:
+            queue = self.runnable.get(gpu_type)
+            if queue:
+                gpu_types.add(gpu_type)
+                runnable.extend(queue.values())
+        sent = {view.id for view in runnable}
+        extra: dict[str, RunnableJob] = {}
+        for view in new_jobs:
+            if view.id in sent or view.id not in self.runnable.get(view.gpu_type, {}):
+                continue
+            extra[view.id] = view
+            if self.shares[view.share].strict_fifo:
+                for older in self.runnable[view.gpu_type].values():
+                    if older.share == view.share and older.id not in sent:
+                        extra.setdefault(older.id, older)
+        for job_id in self.promised:
+            job = self.jobs[job_id]
+            if job.state == RUNNABLE and job_id not in sent:
+                extra.setdefault(job_id, self.runnable[job.spec.gpu_type][job_id])
+        if extra:
+            runnable.extend(extra.values())
+            gpu_types.update(view.gpu_type for view in extra.values())
+        return gpu_types, tuple(runnable)
+
+    def _apply(self, now: float, plan: Plan) -> tuple[set[str], set[str]]:
+        """Carry out a plan; return the GPU types it acted on and those whose GPUs came free."""
+        acted: set[str] = set()
+        for rejection in plan.rejections:
+            job = self._runnable_job(rejection.job_id, "rejected")
+            self._dequeue(job)
+            self._reject(now, job, rejection.reason)
+            acted.add(job.spec.gpu_type)
+        for placement in plan.placements:
+            self._start(now, placement)
+            acted.add(self.jobs[placement.job_id].spec.gpu_type)
+        grace_over: list[SimJob] = []
+        for preemption in plan.preemptions:
+            job = self._preempt(now, preemption.job_id, preemption.for_job_id)
+            acted.add(job.spec.gpu_type)
+            if self.shares[job.spec.share].grace_seconds == 0:
+                grace_over.append(job)
+        for job_id, reason in plan.waiting.items():
+            self.jobs[job_id].reason = reason
+        freed: set[str] = set()
+        for job in grace_over:
+            gpu_type = self._release(now, job.spec.id, job.attempt)
+            if gpu_type is not None:
+                freed.add(gpu_type)
+        return acted, freed
+
+    def _runnable_job(self, job_id: str, what: str) -> SimJob:
+        job = self.jobs.get(job_id)
+        if job is None or job.state != RUNNABLE:
+            state = job.state if job else "unknown"
+            raise EngineContractError(f"the engine {what} job {job_id}, which is {state}")
+        return job
+
+    def _start(self, now: float, placement: Any) -> None:
+        job = self._runnable_job(placement.job_id, "placed")
+        spec = job.spec
+        if len({a.node for a in placement.allocations}) != spec.nodes:
+            raise EngineContractError(f"job {spec.id} wants {spec.nodes} distinct nodes")
+        per_node = spec.gpus // spec.nodes
+        for allocation in placement.allocations:
+            indices = allocation.gpu_indices
+            mask = 0
+            for index in indices:
+                mask |= 1 << index
+            node_gpus = self.node_gpus.get(allocation.node)
+            if (
+                node_gpus is None
+                or len(indices) != per_node
+                or mask.bit_count() != per_node
+                or mask >> node_gpus
+                or self.used_gpus[allocation.node] & mask
+            ):
+                raise EngineContractError(
+                    f"t={now}: job {spec.id} placed on {allocation.node} GPUs {indices}, "
+                    "which are not free (or not there)"
+                )
+            self.used_gpus[allocation.node] |= mask
+        self._dequeue(job)
+        self.placed[spec.id] = self.placed_by_type[spec.gpu_type][spec.id] = PlacedJob(
+            id=spec.id,
+            share=spec.share,
+            gpu_type=spec.gpu_type,
+            gpus=spec.gpus,
+            priority=spec.priority,
+            submitted=spec.submit,
+            started=now,
+            allocations=placement.allocations,
+        )
+        key = (spec.share, spec.gpu_type)
+        self.usage[key] = self.usage.get(key, 0) + spec.gpus
+        self.held[spec.gpu_type] += spec.gpus
+        job.state = RUNNING
+        job.run_start = now
+        job.reason = None
+        job.borrowed = placement.borrowed
+        job.node_names = tuple(a.node for a in placement.allocations)
+        if job.started is None:
+            job.started = now
+        self._event(now, job, "start", job.node_names, job.borrowed)
+        self._push(now + spec.duration - job.work_done, _RELEASE, (spec.id, job.attempt))
+
+    def _preempt(self, now: float, job_id: str, for_job_id: str) -> SimJob:
+        job = self.jobs.get(job_id)
+        placed = self.placed.get(job_id)
+        if job is None or placed is None or placed.stopping:
+            raise EngineContractError(
+                f"t={now}: the engine preempted {job_id}, which is not running"
+            )
+        spec = job.spec
+        # Work after the last checkpoint is lost; without checkpoints the job starts over.
+        progress = job.work_done + (now - job.run_start)
+        if spec.checkpoint_interval:
+            job.work_done = min(
+                spec.duration, (progress // spec.checkpoint_interval) * spec.checkpoint_interval
+            )
+        else:
+            job.work_done = 0.0
+        job.attempt += 1  # its pending finish is void: it cannot finish during its grace period
+        job.state = PREEMPTING
+        job.preemptions += 1
+        self._share_preemptions[self.share_index[spec.share]] += 1
+        if spec.max_preemptions is not None and job.preemptions > spec.max_preemptions:
+            job.fail_on_release = True
+            job.reason = TOO_MANY_PREEMPTIONS.format(
+                count=job.preemptions, limit=spec.max_preemptions
+            )
+        self.stopping[spec.gpu_type] += spec.gpus
+        self.placed[job_id] = self.placed_by_type[spec.gpu_type][job_id] = PlacedJob(
+            id=placed.id,
+            share=placed.share,
+            gpu_type=placed.gpu_type,
+            gpus=placed.gpus,
+            priority=placed.priority,
+            submitted=placed.submitted,
+            started=placed.started,
+            allocations=placed.allocations,
+            stopping=True,
+            preempted_for=for_job_id,
+        )
+        self.promised[for_job_id] = self.promised.get(for_job_id, 0) + 1
+        self._event(now, job, "preempt", job.node_names, job.borrowed)
+        grace = self.shares[spec.share].grace_seconds
+        if grace > 0:
+            self._push(now + grace, _RELEASE, (job_id, job.attempt))
+        return job
+
+    def _event(
+        self, now: float, job: SimJob, kind: str, nodes: Iterable[str], borrowed: int
+    ) -> None:
+        self.events.append(
+            {
+                "t": _num(now),
+                "job": job.spec.id,
+                "type": kind,
+                "nodes": list(nodes),
+                "borrowed": borrowed,
+            }
+        )
+
+    # ---- accounting -------------------------------------------------------------------------
+
+    def _integrate_to(self, now: float) -> None:
+        elapsed = now - self._now
+        if elapsed > 0:
+            for i in range(len(self.share_names)):
+                self._used_seconds[i] += self._used_rate[i] * elapsed
+                self._borrowed_seconds[i] += self._borrowed_rate[i] * elapsed
+                self._lent_seconds[i] += self._lent_rate[i] * elapsed
+        self._now = now
+
+    def _update_rates(self, now: float) -> None:
+        """GPUs each share uses, borrows and lends from now until the next instant.
+
+        What is borrowed is drawn first on the free pool (GPUs no share's limit covers), then on
+        the lenders in proportion to what each can lend (DESIGN §2, "lent").
+        """
+        n = len(self.share_names)
+        used = [0.0] * n
+        borrowed = [0.0] * n
+        lent = [0.0] * n
+        usage = self.usage
+        for gpu_type in self.gpu_types:
+            covered = 0
+            borrowed_total = 0
+            lendable: list[tuple[int, int]] = []
+            for i, share in enumerate(self._share_views):
+                limit = share.capacity_limits.get(gpu_type, 0)
+                covered += limit
+                held = usage.get((share.name, gpu_type), 0)
+                used[i] += held
+                if held > limit:
+                    borrowed[i] += held - limit
+                    borrowed_total += held - limit
+                elif share.strategy in (LEND, LEND_AND_BORROW) and held < limit:
+                    idle = limit - held
+                    if share.lend_limit is not None and gpu_type in share.lend_limit:
+                        idle = min(idle, share.lend_limit[gpu_type])
+                    if idle:
+                        lendable.append((i, idle))
+            from_lenders = borrowed_total - max(0, self.cluster_gpus[gpu_type] - covered)
+            if from_lenders > 0 and lendable:
+                can_lend = sum(idle for _, idle in lendable)
+                taken = min(from_lenders, can_lend)
+                for i, idle in lendable:
+                    lent[i] += taken * idle / can_lend
+        self._used_rate, self._borrowed_rate, self._lent_rate = used, borrowed, lent
+        if self.record_series:
+            own = tuple(u - b for u, b in zip(used, borrowed, strict=True))
+            point = (now, own, tuple(borrowed), tuple(lent))
+            if not self.series or self.series[-1][1:] != point[1:]:
+                self.series.append(point)
+
+    # ---- the result -------------------------------------------------------------------------
+
+    def _result(self) -> SimulationResult:
+        jobs_out = []
+        waits: dict[str, list[float]] = {name: [] for name in self.share_names}
+        for job in self.jobs.values():
+            spec = job.spec
+            wait = None if job.started is None else job.started - spec.submit
+            if wait is not None:
+                waits[spec.share].append(wait)
+            jobs_out.append(
+                {
+                    "id": spec.id,
+                    "share": spec.share,
+                    "state": job.state,
+                    "submitted": _num(spec.submit),
+                    "started": _num(job.started),
+                    "finished": _num(job.finished),
+                    "wait_seconds": _num(wait),
+                    "preemptions": job.preemptions,
+                    "reason": job.reason if job.state in (RUNNABLE, FAILED) else None,
+                }
+            )
+        shares_out = {}
+        for i, name in enumerate(self.share_names):
+            share_waits = sorted(waits[name])
+            shares_out[name] = {
+                "gpu_hours_used": _hours(self._used_seconds[i]),
+                "gpu_hours_borrowed": _hours(self._borrowed_seconds[i]),
+                "gpu_hours_lent": _hours(self._lent_seconds[i]),
+                "mean_wait": _num(sum(share_waits) / len(share_waits)) if share_waits else 0,
+                "p95_wait": _num(percentile(share_waits, 95)) if share_waits else 0,
+                "preemptions": self._share_preemptions[i],
+            }
+        first_submit = min((job.spec.submit for job in self.jobs.values()), default=0.0)
+        last_release = self._last_release if self._last_release is not None else first_submit
+        makespan = max(0.0, last_release - first_submit)
+        capacity_seconds = self.total_gpus * makespan
+        used_seconds = sum(self._used_seconds)
+        cluster = {
+            "gpu_hours_capacity": _hours(capacity_seconds),
+            "gpu_hours_used": _hours(used_seconds),
+            "utilization": round(used_seconds / capacity_seconds, 6) if capacity_seconds else 0,
+            "makespan": _num(makespan),
+        }
+        data = {"events": self.events, "jobs": jobs_out, "shares": shares_out, "cluster": cluster}
+        return SimulationResult(data=data, share_names=self.share_names, series=self.series)
+
+
+def simulate(
+    scenario: Scenario,
+    *,
+    engine: Engine | None = None,
+    record_series: bool = False,
+    skip_settled: bool = True,
+) -> SimulationResult:
+    """Replay `scenario` through the engine and return the result of DESIGN §4.
+
+    `skip_settled=False` sends every waiting job to every cycle; the result is the same (a test
+    checks it), only slower.
+    """
+    return Simulation(
+        scenario, engine=engine, record_series=record_series, skip_settled=skip_settled
+    ).run()
+
+
+def percentile(sorted_values: list[float], pct: float) -> float:
+    """The `pct` percentile, interpolating between ranks (as numpy's default does)."""
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    rank = (len(sorted_values) - 1) * pct / 100
+    low = int(rank)
+    high = min(low + 1, len(sorted_values) - 1)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (rank - low)
+
+
+def _num(value: float | None) -> float | int | None:
+    """Whole seconds print as integers; the rest is rounded to the millisecond."""
+    if value is None:
+        return None
+    if float(value).is_integer():
+        return int(value)
+    return round(value, 3)
+
+
+def _hours(gpu_seconds: float) -> float:
+    return round(gpu_seconds / 3600, 6)

@@ -1,0 +1,482 @@
+"""Read a scenario (YAML, plus an optional CSV trace) and check it strictly.
+
+Everything the scenario says is checked here, before the clock starts, so that a typo fails
+fast with a message naming the entry ("shares[1] (vision): ...") instead of a silent default.
+Rules that are about one job and that the portal would enforce at submission (a job larger than
+any node set, a GPU type its share has no limit for) are not errors: the job gets a `reject` event.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from scheduler.engine.snapshot import (
+    DISABLED,
+    ENABLED,
+    FAIR,
+    FIFO,
+    LEND_AND_BORROW,
+    STRATEGIES,
+    UNLIMITED,
+    NodeView,
+    ShareView,
+)
+
+MAX_GPU_TYPES = 5
+MAX_PRIORITY = 9999
+
+TOP_LEVEL_KEYS = {"borrow_order", "nodes", "shares", "jobs", "trace", "changes"}
+NODE_KEYS = {"name", "gpu_type", "gpus", "count"}
+SHARE_KEYS = {
+    "name",
+    "team",
+    "capacity_limits",
+    "strategy",
+    "borrow_limit",
+    "lend_limit",
+    "in_share_preemption",
+    "grace_seconds",
+    "state",
+    "weight",
+    "strict_fifo",
+}
+REQUIRED_SHARE_KEYS = ("name", "capacity_limits", "strategy")
+JOB_KEYS = {
+    "id",
+    "share",
+    "gpu_type",
+    "gpus",
+    "submit",
+    "duration",
+    "priority",
+    "nodes",
+    "max_preemptions",
+    "checkpoint_interval",
+}
+REQUIRED_JOB_KEYS = ("id", "share", "gpu_type", "gpus", "submit", "duration")
+TRACE_COLUMNS = ("id", "share", "gpu_type", "gpus", "submit", "duration", "priority")
+OPTIONAL_TRACE_COLUMNS = ("nodes", "max_preemptions", "checkpoint_interval")
+CHANGE_KEYS = {"at", "share", "set"}
+
+SLUG = re.compile(r"^[a-z0-9]([a-z0-9_-]*[a-z0-9])?$")
+
+
+class ScenarioError(ValueError):
+    """The scenario breaks a rule; the message names the entry and the rule."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A job of the scenario: `duration` seconds of work, submitted at `submit`."""
+
+    id: str
+    share: str
+    gpu_type: str
+    gpus: int
+    submit: float
+    duration: float
+    priority: int = 0
+    nodes: int = 1
+    max_preemptions: int | None = None
+    checkpoint_interval: float | None = None
+
+
+@dataclass(frozen=True)
+class ShareChange:
+    """Share settings replaced at time `at` (a whole new `ShareView`, already checked)."""
+
+    at: float
+    share: str
+    fields: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    nodes: tuple[NodeView, ...]
+    shares: tuple[ShareView, ...]
+    jobs: tuple[JobSpec, ...]
+    changes: tuple[ShareChange, ...] = ()
+    borrow_order: str = FIFO
+    source: str = field(default="<scenario>", compare=False)
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and check the scenario at `path` (its `trace`, if any, is relative to it)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ScenarioError(f"cannot read scenario {path}: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"{path}: not valid YAML: {exc}") from exc
+    return parse_scenario(data, base_dir=path.parent, source=str(path))
+
+
+def parse_scenario(
+    data: Any, *, base_dir: Path | None = None, source: str = "<scenario>"
+) -> Scenario:
+    """Check a scenario already read from YAML (a mapping) and build it."""
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{source}: the scenario must be a mapping of {sorted(TOP_LEVEL_KEYS)}")
+    _no_unknown_keys(data, TOP_LEVEL_KEYS, "scenario")
+    borrow_order = data.get("borrow_order", FIFO)
+    if borrow_order not in (FIFO, FAIR):
+        raise ScenarioError(f"borrow_order: must be {FIFO!r} or {FAIR!r}, not {borrow_order!r}")
+
+    nodes = _parse_nodes(data.get("nodes"))
+    shares = _parse_shares(data.get("shares"))
+    share_by_name = {s.name: s for s in shares}
+
+    jobs: list[JobSpec] = []
+    raw_jobs = data.get("jobs") or []
+    if not isinstance(raw_jobs, list):
+        raise ScenarioError("jobs: must be a list")
+    for index, raw in enumerate(raw_jobs):
+        jobs.append(_parse_job(raw, f"jobs[{index}]", share_by_name))
+    if "trace" in data:
+        trace = data["trace"]
+        if not isinstance(trace, str) or not trace:
+            raise ScenarioError("trace: must be a path to a CSV file")
+        trace_path = Path(trace)
+        if not trace_path.is_absolute():
+            trace_path = (base_dir or Path.cwd()) / trace_path
+        jobs.extend(read_trace(trace_path, share_by_name))
+    if not jobs:
+        raise ScenarioError("scenario: give `jobs`, a `trace`, or both")
+    seen: set[str] = set()
+    for job in jobs:
+        if job.id in seen:
+            raise ScenarioError(f"job {job.id}: the id is used twice")
+        seen.add(job.id)
+
+    changes = _parse_changes(data.get("changes"), share_by_name)
+    return Scenario(
+        nodes=nodes,
+        shares=shares,
+        jobs=tuple(jobs),
+        changes=changes,
+        borrow_order=borrow_order,
+        source=source,
+    )
+
+
+def read_trace(path: Path, share_by_name: Mapping[str, ShareView]) -> list[JobSpec]:
+    """Jobs of a CSV trace; each bad row is reported with its line number and job id."""
+    try:
+        handle = path.open(newline="")
+    except OSError as exc:
+        raise ScenarioError(f"trace {path}: cannot read it: {exc.strerror}") from exc
+    with handle:
+        reader = csv.DictReader(handle)
+        columns = reader.fieldnames or []
+        missing = [c for c in TRACE_COLUMNS if c not in columns]
+        if missing:
+            raise ScenarioError(f"trace {path.name}: missing columns {', '.join(missing)}")
+        unknown = [c for c in columns if c not in TRACE_COLUMNS + OPTIONAL_TRACE_COLUMNS]
+        if unknown:
+            raise ScenarioError(f"trace {path.name}: unknown columns {', '.join(unknown)}")
+        jobs = []
+        for row in reader:
+            # An empty optional cell means "not set", like a key left out in YAML.
+            raw = {k: v for k, v in row.items() if v not in ("", None)}
+            where = f"trace {path.name} line {reader.line_num}"
+            jobs.append(_parse_job(raw, where, share_by_name, from_text=True))
+    return jobs
+
+
+def _parse_nodes(raw: Any) -> tuple[NodeView, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise ScenarioError("nodes: must be a non-empty list")
+    nodes: list[NodeView] = []
+    for index, entry in enumerate(raw):
+        where = f"nodes[{index}]"
+        if not isinstance(entry, dict):
+            raise ScenarioError(f"{where}: must be a mapping")
+        if "name" in entry:
+            where = f"{where} ({entry['name']})"
+        _no_unknown_keys(entry, NODE_KEYS, where)
+        for key in ("name", "gpu_type", "gpus"):
+            if key not in entry:
+                raise ScenarioError(f"{where}: `{key}` is required")
+        name = _text(entry["name"], where, "name")
+        gpu_type = _text(entry["gpu_type"], where, "gpu_type")
+        gpus = _int(entry["gpus"], where, "gpus", minimum=1)
+        if "count" in entry:
+            count = _int(entry["count"], where, "count", minimum=1)
+            names = [f"{name}-{i}" for i in range(count)]
+        else:
+            names = [name]
+        nodes.extend(NodeView(name=n, gpu_type=gpu_type, gpus=gpus) for n in names)
+    seen: set[str] = set()
+    for node in nodes:
+        if node.name in seen:
+            raise ScenarioError(f"nodes: the node name {node.name} is used twice")
+        seen.add(node.name)
+    return tuple(nodes)
+
+
+def _parse_shares(raw: Any) -> tuple[ShareView, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise ScenarioError("shares: must be a non-empty list")
+    shares: list[ShareView] = []
+    for index, entry in enumerate(raw):
+        where = f"shares[{index}]"
+        if not isinstance(entry, dict):
+            raise ScenarioError(f"{where}: must be a mapping")
+        if "name" in entry:
+            where = f"{where} ({entry['name']})"
+        _no_unknown_keys(entry, SHARE_KEYS, where)
+        for key in REQUIRED_SHARE_KEYS:
+            if key not in entry:
+                raise ScenarioError(f"{where}: `{key}` is required")
+        name = _text(entry["name"], where, "name")
+        if not SLUG.match(name):
+            raise ScenarioError(f"{where}: name must be a slug (lower-case letters, digits, - _)")
+        fields = {k: v for k, v in entry.items() if k not in ("name", "team")}
+        shares.append(_build_share(name, fields, where))
+    seen: set[str] = set()
+    for share in shares:
+        if share.name in seen:
+            raise ScenarioError(f"shares: the share name {share.name} is used twice")
+        seen.add(share.name)
+    return tuple(shares)
+
+
+def _build_share(name: str, fields: Mapping[str, Any], where: str) -> ShareView:
+    """A `ShareView` from scenario fields, checked against the rules of DESIGN §2."""
+    limits_raw = fields["capacity_limits"]
+    if not isinstance(limits_raw, dict):
+        raise ScenarioError(f"{where}: capacity_limits must be a map of GPU type to GPUs")
+    if not 1 <= len(limits_raw) <= MAX_GPU_TYPES:
+        raise ScenarioError(
+            f"{where}: capacity_limits must name 1 to {MAX_GPU_TYPES} GPU types, "
+            f"not {len(limits_raw)}"
+        )
+    limits = {
+        _text(t, where, "capacity_limits type"): _int(n, where, f"capacity_limits[{t}]", minimum=1)
+        for t, n in limits_raw.items()
+    }
+    strategy = fields["strategy"]
+    if strategy not in STRATEGIES:
+        raise ScenarioError(f"{where}: strategy must be one of {', '.join(STRATEGIES)}")
+    borrow_limit = _int(fields.get("borrow_limit", UNLIMITED), where, "borrow_limit", minimum=-1)
+    if borrow_limit != UNLIMITED and strategy != LEND_AND_BORROW:
+        raise ScenarioError(
+            f"{where}: borrow_limit {borrow_limit} is only allowed with LEND_AND_BORROW "
+            f"(a {strategy} share never borrows; use -1)"
+        )
+    lend_limit = _parse_lend_limit(fields.get("lend_limit"), limits, where)
+    grace = fields.get("grace_seconds", 120)
+    if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
+        raise ScenarioError(f"{where}: grace_seconds must be a number of seconds >= 0")
+    state = fields.get("state", ENABLED)
+    if state not in (ENABLED, DISABLED):
+        raise ScenarioError(f"{where}: state must be {ENABLED} or {DISABLED}")
+    weight = fields.get("weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or weight <= 0:
+        raise ScenarioError(f"{where}: weight must be a number > 0")
+    return ShareView(
+        name=name,
+        capacity_limits=limits,
+        strategy=strategy,
+        borrow_limit=borrow_limit,
+        lend_limit=lend_limit,
+        in_share_preemption=_bool(
+            fields.get("in_share_preemption", False), where, "in_share_preemption"
+        ),
+        grace_seconds=grace,
+        state=state,
+        weight=float(weight),
+        strict_fifo=_bool(fields.get("strict_fifo", False), where, "strict_fifo"),
+    )
+
+
+def _parse_lend_limit(raw: Any, limits: Mapping[str, int], where: str) -> dict[str, int] | None:
+    if raw is None:
+        return None
+    if isinstance(raw, dict):
+        lend = {}
+        for gpu_type, gpus in raw.items():
+            if gpu_type not in limits:
+                raise ScenarioError(
+                    f"{where}: lend_limit names {gpu_type}, which capacity_limits does not"
+                )
+            lend[gpu_type] = _int(gpus, where, f"lend_limit[{gpu_type}]", minimum=0)
+    else:
+        # A plain number is the same for every GPU type (DESIGN §2).
+        gpus = _int(raw, where, "lend_limit", minimum=0)
+        lend = dict.fromkeys(limits, gpus)
+    for gpu_type, gpus in lend.items():
+        if gpus > limits[gpu_type]:
+            raise ScenarioError(
+                f"{where}: lend_limit {gpus} {gpu_type} is above the limit {limits[gpu_type]}"
+            )
+    return lend
+
+
+def _parse_job(
+    raw: Any, where: str, share_by_name: Mapping[str, ShareView], *, from_text: bool = False
+) -> JobSpec:
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{where}: must be a mapping")
+    if "id" in raw:
+        where = f"{where} ({raw['id']})"
+    _no_unknown_keys(raw, JOB_KEYS, where)
+    for key in REQUIRED_JOB_KEYS:
+        if key not in raw:
+            raise ScenarioError(f"{where}: `{key}` is required")
+    share = str(raw["share"])
+    if share not in share_by_name:
+        raise ScenarioError(f"{where}: unknown share {share!r}")
+    number = _number_from_text if from_text else _number
+    priority = _int(number(raw.get("priority", 0), where, "priority"), where, "priority", minimum=0)
+    if priority > MAX_PRIORITY:
+        raise ScenarioError(f"{where}: priority must be 0 to {MAX_PRIORITY}")
+    max_preemptions = raw.get("max_preemptions")
+    if max_preemptions is not None:
+        max_preemptions = _int(
+            number(max_preemptions, where, "max_preemptions"), where, "max_preemptions", minimum=0
+        )
+    checkpoint = raw.get("checkpoint_interval")
+    if checkpoint is not None:
+        checkpoint = number(checkpoint, where, "checkpoint_interval")
+        if checkpoint <= 0:
+            raise ScenarioError(f"{where}: checkpoint_interval must be > 0 seconds")
+    submit = number(raw["submit"], where, "submit")
+    if submit < 0:
+        raise ScenarioError(f"{where}: submit must be >= 0")
+    duration = number(raw["duration"], where, "duration")
+    if duration <= 0:
+        raise ScenarioError(f"{where}: duration must be > 0 seconds")
+    return JobSpec(
+        id=str(raw["id"]),
+        share=share,
+        gpu_type=_text(raw["gpu_type"], where, "gpu_type"),
+        gpus=_int(number(raw["gpus"], where, "gpus"), where, "gpus", minimum=1),
+        submit=submit,
+        duration=duration,
+        priority=priority,
+        nodes=_int(number(raw.get("nodes", 1), where, "nodes"), where, "nodes", minimum=1),
+        max_preemptions=max_preemptions,
+        checkpoint_interval=checkpoint,
+    )
+
+
+def _parse_changes(raw: Any, share_by_name: Mapping[str, ShareView]) -> tuple[ShareChange, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ScenarioError("changes: must be a list")
+    entries = []
+    for index, entry in enumerate(raw):
+        where = f"changes[{index}]"
+        if not isinstance(entry, dict):
+            raise ScenarioError(f"{where}: must be a mapping")
+        _no_unknown_keys(entry, CHANGE_KEYS, where)
+        for key in ("at", "share", "set"):
+            if key not in entry:
+                raise ScenarioError(f"{where}: `{key}` is required")
+        at = _number(entry["at"], where, "at")
+        if at < 0:
+            raise ScenarioError(f"{where}: at must be >= 0")
+        share = str(entry["share"])
+        if share not in share_by_name:
+            raise ScenarioError(f"{where}: unknown share {share!r}")
+        settings = entry["set"]
+        if not isinstance(settings, dict) or not settings:
+            raise ScenarioError(f"{where}: set must be a non-empty map of share fields")
+        _no_unknown_keys(settings, SHARE_KEYS - {"name"}, f"{where} set")
+        entries.append((at, index, share, settings, where))
+
+    # Apply the changes in time order to check each resulting share (e.g. a strategy switch to
+    # RESERVE while borrow_limit is still 50 is an error at that change, not at run time).
+    current = {name: _share_fields(share) for name, share in share_by_name.items()}
+    changes = []
+    for at, _index, share, settings, where in sorted(entries, key=lambda e: (e[0], e[1])):
+        fields = {**current[share], **{k: v for k, v in settings.items() if k != "team"}}
+        if "capacity_limits" in settings and "lend_limit" not in settings:
+            # A new set of GPU types drops lend limits for the types it no longer names.
+            lend = fields.get("lend_limit")
+            if isinstance(lend, dict):
+                fields["lend_limit"] = {
+                    t: n for t, n in lend.items() if t in settings["capacity_limits"]
+                } or None
+        built = _build_share(share, fields, f"{where} ({share})")
+        current[share] = _share_fields(built)
+        changes.append(ShareChange(at=at, share=share, fields=current[share]))
+    return tuple(changes)
+
+
+def _share_fields(share: ShareView) -> dict[str, Any]:
+    return {
+        "capacity_limits": dict(share.capacity_limits),
+        "strategy": share.strategy,
+        "borrow_limit": share.borrow_limit,
+        "lend_limit": dict(share.lend_limit) if share.lend_limit is not None else None,
+        "in_share_preemption": share.in_share_preemption,
+        "grace_seconds": share.grace_seconds,
+        "state": share.state,
+        "weight": share.weight,
+        "strict_fifo": share.strict_fifo,
+    }
+
+
+def share_with(share: ShareView, fields: Mapping[str, Any]) -> ShareView:
+    """`share` with the (already checked) settings of a change."""
+    return replace(share, **fields)
+
+
+def _no_unknown_keys(entry: Mapping[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(str(k) for k in entry if k not in allowed)
+    if unknown:
+        raise ScenarioError(
+            f"{where}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
+            f"(allowed: {', '.join(sorted(allowed))})"
+        )
+
+
+def _text(value: Any, where: str, key: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, str | int) or value == "":
+        raise ScenarioError(f"{where}: {key} must be a non-empty name")
+    return str(value)
+
+
+def _int(value: Any, where: str, key: str, *, minimum: int) -> int:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ScenarioError(f"{where}: {key} must be a whole number, not {value!r}")
+    if value < minimum:
+        raise ScenarioError(f"{where}: {key} must be >= {minimum}, not {value}")
+    return value
+
+
+def _bool(value: Any, where: str, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ScenarioError(f"{where}: {key} must be true or false")
+    return value
+
+
+def _number(value: Any, where: str, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ScenarioError(f"{where}: {key} must be a number, not {value!r}")
+    return value
+
+
+def _number_from_text(value: Any, where: str, key: str) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return value
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ScenarioError(f"{where}: {key} must be a number, not {value!r}") from None
+    return int(number) if number.is_integer() else number
