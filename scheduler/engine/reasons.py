@@ -1,0 +1,103 @@
+"""Every message the engine writes for a person: why a job waits, fails, or is preempted.
+
+Tests and the layers above compare against these functions, so the wording lives in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+# --- why a runnable job waits -------------------------------------------------------------
+
+
+def at_limit(share: str, used: int, limit: int, gpu_type: str) -> str:
+    return f"share {share} at its limit ({used}/{limit} {gpu_type})"
+
+
+def borrow_limit_reached(borrowed: int, cap: int, gpu_type: str) -> str:
+    return f"borrow limit reached ({borrowed}/{cap} extra {gpu_type})"
+
+
+def no_lendable(gpu_type: str) -> str:
+    return f"no lendable {gpu_type} idle"
+
+
+def quota_lent_out(share: str, gpu_type: str) -> str:
+    return f"share {share}'s {gpu_type} quota is lent out; waiting for borrowers to release it"
+
+
+def no_node(gpus_per_node: int, nodes: int, gpu_type: str) -> str:
+    if nodes == 1:
+        return f"no node with {gpus_per_node} free {gpu_type} GPUs"
+    return f"no {nodes} nodes with {gpus_per_node} free {gpu_type} GPUs each"
+
+
+def reclaiming(gpus: int, gpu_type: str, shares: Iterable[str], jobs: int) -> str:
+    names = sorted(shares)
+    label = "share" if len(names) == 1 else "shares"
+    return (
+        f"reclaiming {gpus} {gpu_type} from {label} {', '.join(names)} "
+        f"({_count(jobs, 'job')} stopping)"
+    )
+
+
+def preempting_in_share(gpus: int, gpu_type: str, share: str, jobs: int) -> str:
+    return (
+        f"preempting {gpus} {gpu_type} of lower priority in share {share} "
+        f"({_count(jobs, 'job')} stopping)"
+    )
+
+
+def waiting_for_release(gpus: int, gpu_type: str) -> str:
+    return f"waiting for {gpus} {gpu_type} being released"
+
+
+def strict_fifo(job_id: str) -> str:
+    return f"strict FIFO: behind job {job_id}"
+
+
+# --- why a placed job is preempted ----------------------------------------------------------
+
+
+def reclaimed_by(share: str, job_id: str) -> str:
+    return f"reclaimed by share {share} for job {job_id}"
+
+
+def preempted_in_share(share: str, job_id: str) -> str:
+    return f"preempted in share {share} for higher-priority job {job_id}"
+
+
+# --- why a runnable job is rejected (FAILED) ----------------------------------------------
+
+
+def unknown_share(share: str) -> str:
+    return f"unknown share {share}"
+
+
+def no_limit_for_type(share: str, gpu_type: str) -> str:
+    return f"share {share} has no limit for {gpu_type}"
+
+
+def bad_size(gpus: int, nodes: int) -> str:
+    return f"a job needs at least 1 GPU on at least 1 node (asked {gpus} GPUs on {nodes} nodes)"
+
+
+def not_divisible(gpus: int, nodes: int) -> str:
+    return f"{gpus} GPUs cannot be spread evenly over {nodes} nodes"
+
+
+def no_nodes_of_type(gpu_type: str) -> str:
+    return f"the cluster has no {gpu_type} nodes"
+
+
+def node_too_small(gpus_per_node: int, gpu_type: str, largest: int) -> str:
+    return f"{gpus_per_node} GPUs per node asked, the largest {gpu_type} node has {largest}"
+
+
+def too_few_nodes(nodes: int, gpus_per_node: int, gpu_type: str, existing: int) -> str:
+    return f"{nodes} nodes with {gpus_per_node} {gpu_type} GPUs asked, the cluster has {existing}"
