@@ -40,6 +40,8 @@ def job_cancel(*, job: Job, user) -> Job:
     if job.cancel_requested:
         return job
     job.cancel_requested = True
+    # The cycle turns this into a stop order for the job's node(s).
+    request_cycle()
     return job_transition(
         job=job,
         to_state=Job.State.PREEMPTING,
@@ -47,10 +49,37 @@ def job_cancel(*, job: Job, user) -> Job:
     )
 
 
+def jobs_transition(*, to_state: str, changes: list[tuple[int, str, str]], **fields) -> int:
+    """Move many jobs to `to_state` at once, as `job_transition` does one: `changes` is
+    [(job id, from state, reason)], `fields` are set on every job. The caller has locked the
+    rows and checked their state (conditional update). Returns the number of jobs moved."""
+    if not changes:
+        return 0
+    now = timezone.now()
+    final = to_state in Job.FINAL_STATES
+    jobs = []
+    for job_id, _from_state, reason in changes:
+        job = Job(pk=job_id, state=to_state, reason=reason, updated_at=now, **fields)
+        if final:
+            job.finished_at = now
+        jobs.append(job)
+    names = ["state", "reason", "updated_at", *fields, *(["finished_at"] if final else [])]
+    Job.objects.bulk_update(jobs, names, batch_size=500)
+    JobEvent.objects.bulk_create(
+        [
+            JobEvent(job_id=job_id, from_state=from_state, to_state=to_state, reason=reason)
+            for job_id, from_state, reason in changes
+        ],
+        batch_size=1000,
+    )
+    return len(changes)
+
+
 def node_set_state(*, node: Node, state: str) -> Node:
     """Drain (finish running jobs, take no new ones), undrain, or mark a node down."""
     Node.objects.filter(pk=node.pk).update(state=state)
     node.state = state
+    request_cycle()
     return node
 
 

@@ -1,0 +1,60 @@
+"""Shared personas and helpers.
+
+Personas: Vera leads the lender team (share `vision`, LEND, 8 h100); Bruno leads the borrower
+team (share `research`, LEND_AND_BORROW, 8 h100 + 2 l4); Olga is an outsider with no team;
+Ada is the admin."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+
+from scheduler.models import Node
+from shares.models import Membership, QuotaShare, Team
+from shares.services import share_create
+
+
+@pytest.fixture
+def personas(db):
+    User = get_user_model()
+    lender = Team.objects.create(name="Vision", slug="vision")
+    borrower = Team.objects.create(name="ML Research", slug="ml-research")
+    vera = User.objects.create_user("vera")
+    bruno = User.objects.create_user("bruno")
+    olga = User.objects.create_user("olga")
+    ada = User.objects.create_superuser("ada", password=None)
+    Membership.objects.create(team=lender, user=vera, role=Membership.Role.LEAD)
+    Membership.objects.create(team=borrower, user=bruno, role=Membership.Role.LEAD)
+    vision = share_create(
+        name="vision",
+        team=lender,
+        capacity_limits={"h100": 8},
+        strategy=QuotaShare.Strategy.LEND,
+        grace_seconds=2,
+    )
+    research = share_create(
+        name="research",
+        team=borrower,
+        capacity_limits={"h100": 8, "l4": 2},
+        strategy=QuotaShare.Strategy.LEND_AND_BORROW,
+        grace_seconds=2,
+    )
+    return type(
+        "Personas",
+        (),
+        {
+            "vera": vera,
+            "bruno": bruno,
+            "olga": olga,
+            "ada": ada,
+            "vision": vision,
+            "research": research,
+        },
+    )
+
+
+def make_node(name: str, gpu_type: str = "h100", gpus: int = 8, **fields) -> Node:
+    return Node.objects.create(
+        name=name, gpu_type=gpu_type, gpus=gpus, last_heartbeat=timezone.now(), **fields
+    )
