@@ -124,7 +124,13 @@ def node_orders(*, node: Node) -> Orders:
         job = attempt.job
         grace = job.share.grace_seconds
         if attempt.stop_requested_at is not None:
-            stop.append({"attempt": attempt.pk, "grace_seconds": grace})
+            stop.append(
+                {
+                    "attempt": attempt.pk,
+                    "grace_seconds": grace,
+                    "started": attempt.started_at is not None,
+                }
+            )
             continue
         run.append(
             {

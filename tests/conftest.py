@@ -58,3 +58,30 @@ def make_node(name: str, gpu_type: str = "h100", gpus: int = 8, **fields) -> Nod
     return Node.objects.create(
         name=name, gpu_type=gpu_type, gpus=gpus, last_heartbeat=timezone.now(), **fields
     )
+
+
+@pytest.fixture
+def live(request, tmp_path, transactional_db):
+    """Start real processes with `live.start(...)`; they are stopped, and their logs printed on
+    failure, at the end of the test."""
+    from tests.live import LiveSystem
+
+    systems: list[LiveSystem] = []
+
+    def make(**env: str) -> LiveSystem:
+        system = LiveSystem(tmp_path, **env)
+        systems.append(system)
+        return system
+
+    yield make
+    for system in systems:
+        system.stop_all()
+        if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
+            print(system.logs())
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report

@@ -110,7 +110,7 @@ def test_reclaim_preempts_the_borrower_then_requeues_it(personas, two_nodes):
     assert reload(owner).state == Job.State.RUNNABLE
     assert "reclaim" in reload(owner).reason
     stop = node_orders(node=Node.objects.get(name=attempt.allocations[0]["node"])).stop
-    assert stop == [{"attempt": attempt.pk, "grace_seconds": 2}]
+    assert stop == [{"attempt": attempt.pk, "grace_seconds": 2, "started": True}]
 
     assert cycle_run(force=True).preempted == 0  # the stop order is not repeated
     exit_everywhere(victim, exit_code=0, signalled=True)
@@ -254,7 +254,8 @@ def test_cancel_of_a_running_job_stops_it_then_cancels(personas, two_nodes):
     attempt = attempt_of(job)
     assert attempt.stop_requested_at is not None
     node = Node.objects.get(name=attempt.allocations[0]["node"])
-    assert node_orders(node=node).stop == [{"attempt": attempt.pk, "grace_seconds": 2}]
+    stop = node_orders(node=node).stop
+    assert stop == [{"attempt": attempt.pk, "grace_seconds": 2, "started": True}]
     exit_everywhere(job, exit_code=-15, signalled=True)
     job = reload(job)
     assert job.state == Job.State.CANCELLED
