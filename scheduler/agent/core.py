@@ -75,6 +75,11 @@ class Process:
     last_log: float = field(default_factory=time.monotonic)
 
 
+def _short(error: Exception) -> str:
+    """'ConnectionError' rather than urllib3's paragraph."""
+    return type(error).__name__
+
+
 class Backoff:
     def __init__(self) -> None:
         self.delay = 0.0
@@ -147,7 +152,7 @@ class Agent:
                 response = self.http.post(f"{self.portal}/api/v1/agent/register/", json=body,
                                           timeout=10)  # fmt: skip
             except requests.RequestException as error:
-                logger.warning("portal unreachable (%s); retrying", error)
+                logger.warning("portal unreachable (%s); retrying", _short(error))
             else:
                 if response.status_code == 201:
                     self.token = response.json()["token"]
@@ -183,7 +188,7 @@ class Agent:
                     timeout=self.poll_wait + 15,
                 )
             except requests.RequestException as error:
-                logger.warning("poll failed (%s); jobs keep running", error)
+                logger.warning("poll failed (%s); jobs keep running", _short(error))
                 backoff.failed()
                 self.stopping.wait(backoff.delay)
                 continue
@@ -217,7 +222,7 @@ class Agent:
                 timeout=10,
             )
         except requests.RequestException as error:
-            logger.warning("report failed (%s); %d event(s) kept", error, len(events))
+            logger.warning("report failed (%s); %d event(s) kept", _short(error), len(events))
             self.report_backoff.failed()
             return
         if response.status_code == 401:
