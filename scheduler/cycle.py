@@ -37,6 +37,8 @@ CYCLE_LOCK_KEY = 0x67707563796C65
 FINGERPRINT_KEY = "portal:cycle:fingerprint:{db}"
 
 SCHEDULED_REASON = "scheduled on {where}"
+# The job row's reason while its agents pick it up; where it runs is in its attempt and event.
+SCHEDULED_JOB_REASON = "scheduled: waiting for its node agent(s) to start it"
 NODE_LOST_REASON = "node {node} lost (no heartbeat for {seconds:g} s); requeued"
 NODE_LOST_CANCELLED = "node {node} lost while the job was being cancelled"
 NODE_DOWN_ATTEMPT = "node {node} stopped sending heartbeats"
@@ -476,7 +478,12 @@ def _apply_placements(
         by_count[job["attempt_count"] + 1].append((job["pk"], job["state"], reason))
         result.nodes_to_notify.update(ready[a.node] for a in placement.allocations)
     for count, changes in by_count.items():
-        jobs_transition(to_state=Job.State.SCHEDULED, changes=changes, attempt_count=count)
+        jobs_transition(
+            to_state=Job.State.SCHEDULED,
+            changes=changes,
+            job_reason=SCHEDULED_JOB_REASON,
+            attempt_count=count,
+        )
     result.placed += len(accepted)
 
 
@@ -496,14 +503,15 @@ def _apply_rejections(rejections: tuple[engine.Rejection, ...], *, result: Cycle
 def _apply_waiting(waiting, context: SnapshotContext, *, result: CycleResult) -> None:
     """Write why each job waits, only where it changed (an idle cycle writes nothing). Not a
     state change, so no event; the update is conditional on the job still being RUNNABLE."""
-    changed = [
-        (int(job_id), reason)
-        for job_id, reason in waiting.items()
-        if context.reasons.get(int(job_id)) != reason
-    ]
-    for job_id, reason in changed:
-        Job.objects.filter(pk=job_id, state=Job.State.RUNNABLE).update(reason=reason)
-    result.reasons_updated += len(changed)
+    by_reason: dict[str, list[int]] = defaultdict(list)
+    for job_id, reason in waiting.items():
+        if context.reasons.get(int(job_id)) != reason:
+            by_reason[reason].append(int(job_id))
+    # Many jobs wait for the same reason: one UPDATE per reason, not per job.
+    for reason, ids in by_reason.items():
+        for chunk in _chunks(ids):
+            Job.objects.filter(pk__in=chunk, state=Job.State.RUNNABLE).update(reason=reason)
+        result.reasons_updated += len(ids)
 
 
 # --- Idle cycles ----------------------------------------------------------------------------

@@ -49,22 +49,26 @@ def job_cancel(*, job: Job, user) -> Job:
     )
 
 
-def jobs_transition(*, to_state: str, changes: list[tuple[int, str, str]], **fields) -> int:
+def jobs_transition(
+    *, to_state: str, changes: list[tuple[int, str, str]], job_reason: str | None = None, **fields
+) -> int:
     """Move many jobs to `to_state` at once, as `job_transition` does one: `changes` is
-    [(job id, from state, reason)], `fields` are set on every job. The caller has locked the
-    rows and checked their state (conditional update). Returns the number of jobs moved."""
+    [(job id, from state, reason)], `fields` are set on every job. Each job's event gets its own
+    reason; the jobs' `reason` is `job_reason` when given (one UPDATE for all), else their own.
+    The caller has locked the rows and checked their state (conditional update). Returns the
+    number of jobs moved."""
     if not changes:
         return 0
     now = timezone.now()
-    final = to_state in Job.FINAL_STATES
-    jobs = []
+    values = {"state": to_state, "updated_at": now, **fields}
+    if to_state in Job.FINAL_STATES:
+        values["finished_at"] = now
+    by_reason: dict[str, list[int]] = {}
     for job_id, _from_state, reason in changes:
-        job = Job(pk=job_id, state=to_state, reason=reason, updated_at=now, **fields)
-        if final:
-            job.finished_at = now
-        jobs.append(job)
-    names = ["state", "reason", "updated_at", *fields, *(["finished_at"] if final else [])]
-    Job.objects.bulk_update(jobs, names, batch_size=500)
+        by_reason.setdefault(job_reason or reason, []).append(job_id)
+    for reason, ids in by_reason.items():
+        for start in range(0, len(ids), 900):
+            Job.objects.filter(pk__in=ids[start : start + 900]).update(reason=reason, **values)
     JobEvent.objects.bulk_create(
         [
             JobEvent(job_id=job_id, from_state=from_state, to_state=to_state, reason=reason)
