@@ -80,6 +80,11 @@ WSGI_APPLICATION = "portal.wsgi.application"
 DEFAULT_SQLITE_URL = f"sqlite:///{VAR_DIR / 'portal.sqlite3'}"
 DATABASES = {"default": env.db("DATABASE_URL", default=DEFAULT_SQLITE_URL)}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Tests start real web, worker and agent processes: the test database must be a file
+    # they can open too, not :memory:.
+    DATABASES["default"].setdefault("TEST", {}).setdefault(
+        "NAME", str(Path(DATABASES["default"]["NAME"]).with_name("test-portal.sqlite3"))
+    )
     # The cycle, the web server and the agents' long polls write concurrently: wait for the
     # write lock instead of failing at once.
     DATABASES["default"].setdefault("OPTIONS", {}).update(
@@ -138,6 +143,16 @@ if BORROW_ORDER not in ("fifo", "fair"):
     raise ImproperlyConfigured(f"BORROW_ORDER must be 'fifo' or 'fair', not {BORROW_ORDER!r}.")
 # A node whose agent has not been heard from for this long is marked DOWN.
 NODE_HEARTBEAT_TIMEOUT_SECONDS = env.float("NODE_HEARTBEAT_TIMEOUT_SECONDS", default=30.0)
+# The join token agents register with, used when the cluster settings row is first created
+# (afterwards the admin shows and edits it there).
+AGENT_JOIN_TOKEN = env.str("AGENT_JOIN_TOKEN", default="")
+# Longest an agent's long poll for orders waits; kept well below the heartbeat timeout, since
+# each poll is the node's heartbeat.
+AGENT_POLL_MAX_WAIT_SECONDS = min(
+    env.float("AGENT_POLL_MAX_WAIT_SECONDS", default=20.0), NODE_HEARTBEAT_TIMEOUT_SECONDS / 3
+)
+# A full cycle runs at least this often even when nothing changed (idle cycles are skipped).
+CYCLE_FULL_EVERY_SECONDS = env.float("CYCLE_FULL_EVERY_SECONDS", default=60.0)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.http import HttpRequest
 
-from scheduler.models import Job, JobAttempt, JobEvent, Node
+from scheduler.models import ClusterSettings, Job, JobAttempt, JobEvent, Node
 from scheduler.services import job_cancel, node_set_state
 
 
@@ -13,6 +13,7 @@ class NodeAdmin(admin.ModelAdmin):
     list_filter = ["state", "gpu_type"]
     search_fields = ["name"]
     actions = ["drain", "undrain"]
+    readonly_fields = ["gpu_details", "last_heartbeat"]
 
     @admin.action(description="Drain: finish running jobs, take no new ones")
     def drain(self, request: HttpRequest, queryset) -> None:
@@ -95,3 +96,20 @@ class JobAdmin(admin.ModelAdmin):
         for job in queryset:
             job_cancel(job=job, user=request.user)
         self.message_user(request, f"{queryset.count()} job(s) cancelled or stopping.")
+
+
+@admin.register(ClusterSettings)
+class ClusterSettingsAdmin(admin.ModelAdmin):
+    """One row: the join token node agents register with (shown here to the admin)."""
+
+    list_display = ["__str__", "agent_join_token"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return not ClusterSettings.objects.exists()
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def changelist_view(self, request: HttpRequest, extra_context=None):
+        ClusterSettings.load()
+        return super().changelist_view(request, extra_context)

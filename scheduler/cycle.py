@@ -1,5 +1,559 @@
-"""The scheduling cycle: load a snapshot, ask the engine for a plan, apply it."""
+"""The scheduling cycle: load a snapshot, ask the engine for a plan, apply it.
+
+One call of `cycle_run()` is one cycle, in one transaction, under one lock (a PostgreSQL
+advisory lock; on SQLite the IMMEDIATE transaction is the database's write lock), so two
+workers never run it at once. Applying a plan uses conditional updates: a job is placed only if
+it is still RUNNABLE and not being cancelled, on nodes still READY, on GPUs nobody holds; a job
+is preempted only if it still runs and is not already stopping. A stale plan therefore changes
+nothing it should not.
+
+The steps are separate functions so tests can run one step at a time:
+`nodes_mark_lost`, `cancels_to_stop_orders`, `cycle_snapshot`, `cycle_apply`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Count, Max, Sum
+from django.utils import timezone
+
+from scheduler import engine
+from scheduler.models import GpuAssignment, Job, JobAttempt, JobEvent, Node
+from scheduler.notify import notify_nodes
+from scheduler.services import jobs_transition
+from shares.models import QuotaShare, ShareChange
+
+logger = logging.getLogger(__name__)
+
+# pg_advisory_xact_lock key of the cycle ("gpucycle" as a number).
+CYCLE_LOCK_KEY = 0x67707563796C65
+FINGERPRINT_KEY = "portal:cycle:fingerprint:{db}"
+
+SCHEDULED_REASON = "scheduled on {where}"
+# The job row's reason while its agents pick it up; where it runs is in its attempt and event.
+SCHEDULED_JOB_REASON = "scheduled: waiting for its node agent(s) to start it"
+NODE_LOST_REASON = "node {node} lost (no heartbeat for {seconds:g} s); requeued"
+NODE_LOST_CANCELLED = "node {node} lost while the job was being cancelled"
+NODE_DOWN_ATTEMPT = "node {node} stopped sending heartbeats"
+CANCELLED_NOT_RUNNING = "cancelled: the job was not running any more"
+CHUNK = 900  # ids per IN (...) query: below SQLite's bound-parameter limit
 
 
-def cycle_run() -> None:
-    """Placeholder until the cycle lands: nothing is scheduled yet."""
+@dataclass
+class CycleResult:
+    """What one cycle did."""
+
+    skipped: bool = False
+    placed: int = 0
+    preempted: int = 0
+    rejected: int = 0
+    stop_orders: int = 0
+    nodes_lost: int = 0
+    attempts_lost: int = 0
+    reasons_updated: int = 0
+    stale: list[str] = field(default_factory=list)  # plan entries refused at apply
+    nodes_to_notify: set[int] = field(default_factory=set)
+
+
+@dataclass
+class SnapshotContext:
+    """What applying a plan needs to know about the snapshot it came from."""
+
+    reasons: dict[int, str]  # runnable job id → its reason when loaded
+    node_ids: dict[str, int]  # node name → id
+
+
+def cycle_run(*, force: bool = False) -> CycleResult:
+    """Run one scheduling cycle. When nothing changed since the last cycle (same jobs, nodes,
+    shares and held GPUs) it skips the engine: an idle cycle is a handful of small queries.
+    `force` plans anyway."""
+    result = CycleResult()
+    now = timezone.now()
+    with transaction.atomic():
+        _lock()
+        nodes_mark_lost(now=now, result=result)
+        cancels_to_stop_orders(now=now, result=result)
+        before = _fingerprint()
+        if not force and not result.nodes_to_notify and before == _last_fingerprint():
+            result.skipped = True
+            return result
+        snapshot, context = cycle_snapshot()
+        plan = engine.plan(snapshot)
+        cycle_apply(plan, context, now=now, result=result)
+        # Safe to remember before the commit: after a rollback the database is back in the
+        # state of `before`, which differs from `after` unless this cycle changed nothing.
+        _remember_fingerprint(_fingerprint())
+        nodes = set(result.nodes_to_notify)
+        transaction.on_commit(lambda: notify_nodes(nodes))
+    if result.placed or result.preempted or result.rejected or result.attempts_lost:
+        logger.info(
+            "cycle: placed %d, preempted %d, rejected %d, lost %d attempts",
+            result.placed,
+            result.preempted,
+            result.rejected,
+            result.attempts_lost,
+        )
+    return result
+
+
+def _lock() -> None:
+    """Hold the cycle lock until the transaction ends."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [CYCLE_LOCK_KEY])
+    # SQLite: settings open every transaction with BEGIN IMMEDIATE, which takes the database's
+    # write lock at once, so this transaction already excludes every other cycle.
+
+
+# --- Nodes that stopped sending heartbeats --------------------------------------------------
+
+
+def nodes_mark_lost(*, now: datetime, result: CycleResult) -> None:
+    """Mark DOWN every node not heard from for NODE_HEARTBEAT_TIMEOUT_SECONDS; end its attempts
+    as NODE_LOST, release their GPUs (on every node of a gang) and requeue their jobs."""
+    timeout = settings.NODE_HEARTBEAT_TIMEOUT_SECONDS
+    cutoff = now - timedelta(seconds=timeout)
+    silent = Node.objects.exclude(state=Node.State.DOWN).filter(last_heartbeat__lt=cutoff)
+    never = Node.objects.exclude(state=Node.State.DOWN).filter(
+        last_heartbeat__isnull=True, created_at__lt=cutoff
+    )
+    lost = {node.pk: node.name for node in (*silent, *never)}
+    if not lost:
+        return
+    Node.objects.filter(pk__in=lost).update(state=Node.State.DOWN)
+    result.nodes_lost += len(lost)
+    attempt_nodes: dict[int, int] = {}
+    for attempt_id, node_id in GpuAssignment.objects.filter(
+        node_id__in=lost, released=False
+    ).values_list("attempt_id", "node_id"):
+        attempt_nodes.setdefault(attempt_id, node_id)
+    if not attempt_nodes:
+        return
+    attempts = list(
+        JobAttempt.objects.filter(pk__in=attempt_nodes, ended_at__isnull=True).values_list(
+            "pk", "job_id"
+        )
+    )
+    job_ids = [job_id for _, job_id in attempts]
+    jobs = {
+        row["pk"]: row
+        for row in Job.objects.select_for_update()
+        .filter(pk__in=job_ids, state__in=Job.PLACED_STATES)
+        .values("pk", "state", "cancel_requested")
+    }
+    for peer in GpuAssignment.objects.filter(
+        attempt_id__in=attempt_nodes, released=False
+    ).values_list("node_id", flat=True):
+        result.nodes_to_notify.add(peer)
+    GpuAssignment.objects.filter(attempt_id__in=attempt_nodes, released=False).update(released=True)
+    requeue, cancel = [], []
+    for attempt_id, job_id in attempts:
+        node = lost[attempt_nodes[attempt_id]]
+        JobAttempt.objects.filter(pk=attempt_id, ended_at__isnull=True).update(
+            ended_at=now,
+            outcome=JobAttempt.Outcome.NODE_LOST,
+            end_reason=NODE_DOWN_ATTEMPT.format(node=node),
+        )
+        job = jobs.get(job_id)
+        if job is None:
+            continue
+        if job["cancel_requested"]:
+            cancel.append((job_id, job["state"], NODE_LOST_CANCELLED.format(node=node)))
+        else:
+            reason = NODE_LOST_REASON.format(node=node, seconds=timeout)
+            requeue.append((job_id, job["state"], reason))
+    result.attempts_lost += len(attempts)
+    jobs_transition(to_state=Job.State.RUNNABLE, changes=requeue)
+    jobs_transition(to_state=Job.State.CANCELLED, changes=cancel)
+
+
+# --- Cancels of placed jobs -----------------------------------------------------------------
+
+
+def cancels_to_stop_orders(*, now: datetime, result: CycleResult) -> None:
+    """A job cancelled while it held GPUs (PREEMPTING, cancel_requested) gets a stop order on
+    its attempt; one with no attempt left ends CANCELLED."""
+    pending = dict(
+        Job.objects.filter(state=Job.State.PREEMPTING, cancel_requested=True).values_list(
+            "pk", "state"
+        )
+    )
+    if not pending:
+        return
+    open_attempts = dict(
+        JobAttempt.objects.filter(job_id__in=pending, ended_at__isnull=True).values_list(
+            "job_id", "pk"
+        )
+    )
+    to_stop = [
+        attempt_id
+        for attempt_id in JobAttempt.objects.filter(
+            pk__in=open_attempts.values(), stop_requested_at__isnull=True
+        ).values_list("pk", flat=True)
+    ]
+    if to_stop:
+        JobAttempt.objects.filter(pk__in=to_stop, stop_requested_at__isnull=True).update(
+            stop_requested_at=now
+        )
+        result.stop_orders += len(to_stop)
+        result.nodes_to_notify.update(
+            GpuAssignment.objects.filter(attempt_id__in=to_stop, released=False).values_list(
+                "node_id", flat=True
+            )
+        )
+    orphans = [
+        (job_id, state, CANCELLED_NOT_RUNNING)
+        for job_id, state in pending.items()
+        if job_id not in open_attempts
+    ]
+    jobs_transition(to_state=Job.State.CANCELLED, changes=orphans)
+
+
+# --- Snapshot -------------------------------------------------------------------------------
+
+
+def _epoch(value: datetime | None) -> float:
+    return value.timestamp() if value is not None else 0.0
+
+
+def cycle_snapshot() -> tuple[engine.Snapshot, SnapshotContext]:
+    """Load what the engine needs: nodes, shares, placed jobs (open attempts) and runnable jobs."""
+    nodes = list(Node.objects.values_list("pk", "name", "gpu_type", "gpus", "state"))
+    node_views = tuple(
+        engine.NodeView(name=name, gpu_type=gpu_type, gpus=gpus, state=state)
+        for _, name, gpu_type, gpus, state in nodes
+    )
+    share_views = []
+    for share in QuotaShare.objects.prefetch_related("capacity_limits"):
+        limits = share.capacity_limits.all()
+        share_views.append(
+            engine.ShareView(
+                name=share.name,
+                capacity_limits={limit.gpu_type: limit.max_gpus for limit in limits},
+                strategy=share.strategy,
+                borrow_limit=share.borrow_limit,
+                lend_limit={
+                    limit.gpu_type: limit.lend_limit
+                    for limit in limits
+                    if limit.lend_limit is not None
+                }
+                or None,
+                in_share_preemption=share.in_share_preemption,
+                grace_seconds=share.grace_seconds,
+                state=share.state,
+                weight=share.weight,
+                strict_fifo=share.strict_fifo,
+            )
+        )
+    placed = []
+    attempts = JobAttempt.objects.filter(
+        ended_at__isnull=True, job__state__in=Job.PLACED_STATES
+    ).values_list(
+        "job_id",
+        "job__share__name",
+        "job__gpu_type",
+        "job__gpus",
+        "job__priority",
+        "job__submitted_at",
+        "job__state",
+        "started_at",
+        "scheduled_at",
+        "stop_requested_at",
+        "preempted_for_id",
+        "allocations",
+    )
+    for (
+        job_id,
+        share,
+        gpu_type,
+        gpus,
+        priority,
+        submitted_at,
+        state,
+        started_at,
+        scheduled_at,
+        stop_requested_at,
+        preempted_for,
+        allocations,
+    ) in attempts:
+        placed.append(
+            engine.PlacedJob(
+                id=str(job_id),
+                share=share,
+                gpu_type=gpu_type,
+                gpus=gpus,
+                priority=priority,
+                submitted=_epoch(submitted_at),
+                started=_epoch(started_at or scheduled_at),
+                allocations=tuple(
+                    engine.Allocation(node=a["node"], gpu_indices=tuple(a["gpu_indices"]))
+                    for a in allocations
+                ),
+                stopping=stop_requested_at is not None or state == Job.State.PREEMPTING,
+                preempted_for=str(preempted_for) if preempted_for else None,
+            )
+        )
+    runnable = []
+    reasons = {}
+    for job_id, share, gpu_type, gpus, nodes_wanted, priority, submitted_at, reason in (
+        Job.objects.filter(state=Job.State.RUNNABLE)
+        .order_by()
+        .values_list(
+            "pk", "share__name", "gpu_type", "gpus", "nodes", "priority", "submitted_at", "reason"
+        )
+    ):
+        reasons[job_id] = reason
+        runnable.append(
+            engine.RunnableJob(
+                id=str(job_id),
+                share=share,
+                gpu_type=gpu_type,
+                gpus=gpus,
+                nodes=nodes_wanted,
+                priority=priority,
+                submitted=_epoch(submitted_at),
+            )
+        )
+    snapshot = engine.Snapshot(
+        nodes=node_views,
+        shares=tuple(share_views),
+        placed=tuple(placed),
+        runnable=tuple(runnable),
+        borrow_order=settings.BORROW_ORDER,
+    )
+    context = SnapshotContext(reasons=reasons, node_ids={name: pk for pk, name, *_ in nodes})
+    return snapshot, context
+
+
+# --- Applying a plan ------------------------------------------------------------------------
+
+
+def _chunks(ids: list[int]):
+    for start in range(0, len(ids), CHUNK):
+        yield ids[start : start + CHUNK]
+
+
+def _lock_jobs(ids: list[int], **conditions) -> dict[int, dict]:
+    """Lock the jobs among `ids` that still meet `conditions` (the conditional part of every
+    update below) and return their rows by id. Rows are locked in id order."""
+    rows: dict[int, dict] = {}
+    for chunk in _chunks(sorted(ids)):
+        for row in (
+            Job.objects.select_for_update()
+            .filter(pk__in=chunk, **conditions)
+            .order_by("pk")
+            .values("pk", "state", "attempt_count", "started_at")
+        ):
+            rows[row["pk"]] = row
+    return rows
+
+
+def cycle_apply(
+    plan: engine.Plan, context: SnapshotContext, *, now: datetime, result: CycleResult
+) -> None:
+    """Apply a plan with conditional updates; entries that no longer hold are skipped."""
+    _apply_preemptions(plan.preemptions, now=now, result=result)
+    _apply_placements(plan.placements, context, now=now, result=result)
+    _apply_rejections(plan.rejections, result=result)
+    _apply_waiting(plan.waiting, context, result=result)
+
+
+def _apply_preemptions(
+    preemptions: tuple[engine.Preemption, ...], *, now: datetime, result: CycleResult
+) -> None:
+    """Preempted jobs get a stop order: PREEMPTING, attempt.stop_requested_at, preempted_for."""
+    if not preemptions:
+        return
+    by_job = {int(p.job_id): p for p in preemptions}
+    running = (Job.State.SCHEDULED, Job.State.STARTING, Job.State.RUNNING)
+    jobs = _lock_jobs(list(by_job), state__in=running, cancel_requested=False)
+    attempts = list(
+        JobAttempt.objects.filter(
+            job_id__in=jobs, ended_at__isnull=True, stop_requested_at__isnull=True
+        ).only("pk", "job_id")
+    )
+    stopping_jobs = set()
+    for attempt in attempts:
+        attempt.stop_requested_at = now
+        attempt.preempted_for_id = int(by_job[attempt.job_id].for_job_id)
+        stopping_jobs.add(attempt.job_id)
+    JobAttempt.objects.bulk_update(attempts, ["stop_requested_at", "preempted_for"], batch_size=500)
+    for job_id in set(by_job) - stopping_jobs:
+        result.stale.append(f"preempt {job_id}: no longer running")
+    jobs_transition(
+        to_state=Job.State.PREEMPTING,
+        changes=[
+            (job_id, jobs[job_id]["state"], by_job[job_id].reason) for job_id in stopping_jobs
+        ],
+    )
+    result.preempted += len(stopping_jobs)
+    result.nodes_to_notify.update(
+        GpuAssignment.objects.filter(
+            attempt_id__in=[a.pk for a in attempts], released=False
+        ).values_list("node_id", flat=True)
+    )
+
+
+def _describe(allocations: tuple[engine.Allocation, ...]) -> str:
+    return ", ".join(
+        f"{a.node} (GPU {','.join(str(i) for i in a.gpu_indices)})" for a in allocations
+    )
+
+
+def _apply_placements(
+    placements: tuple[engine.Placement, ...],
+    context: SnapshotContext,
+    *,
+    now: datetime,
+    result: CycleResult,
+) -> None:
+    """Placements become attempts with their GPU assignments; jobs go SCHEDULED."""
+    if not placements:
+        return
+    jobs = _lock_jobs(
+        [int(p.job_id) for p in placements], state=Job.State.RUNNABLE, cancel_requested=False
+    )
+    names = {a.node for p in placements for a in p.allocations}
+    ready = dict(
+        Node.objects.filter(name__in=names, state=Node.State.READY).values_list("name", "pk")
+    )
+    held = set(
+        GpuAssignment.objects.filter(node_id__in=ready.values(), released=False).values_list(
+            "node_id", "gpu_index"
+        )
+    )
+    accepted: list[tuple[engine.Placement, dict]] = []
+    for placement in placements:
+        job = jobs.get(int(placement.job_id))
+        if job is None:
+            result.stale.append(f"place {placement.job_id}: no longer runnable")
+            continue
+        wanted = set()
+        for allocation in placement.allocations:
+            node_id = ready.get(allocation.node)
+            if node_id is None:
+                wanted = None
+                break
+            wanted.update((node_id, index) for index in allocation.gpu_indices)
+        if wanted is None or wanted & held:
+            result.stale.append(f"place {placement.job_id}: node not ready or GPU held")
+            continue
+        held |= wanted
+        accepted.append((placement, job))
+    attempts = JobAttempt.objects.bulk_create(
+        [
+            JobAttempt(
+                job_id=job["pk"],
+                number=job["attempt_count"] + 1,
+                allocations=[
+                    {"node": a.node, "gpu_indices": list(a.gpu_indices)}
+                    for a in placement.allocations
+                ],
+                borrowed_gpus=placement.borrowed,
+            )
+            for placement, job in accepted
+        ],
+        batch_size=500,
+    )
+    GpuAssignment.objects.bulk_create(
+        [
+            GpuAssignment(attempt_id=attempt.pk, node_id=ready[a.node], gpu_index=index)
+            for attempt, (placement, _) in zip(attempts, accepted, strict=True)
+            for a in placement.allocations
+            for index in a.gpu_indices
+        ],
+        batch_size=1000,
+    )
+    # Jobs differ in attempt_count, so they are moved in groups of equal count.
+    by_count: dict[int, list[tuple[int, str, str]]] = defaultdict(list)
+    for placement, job in accepted:
+        reason = SCHEDULED_REASON.format(where=_describe(placement.allocations))
+        by_count[job["attempt_count"] + 1].append((job["pk"], job["state"], reason))
+        result.nodes_to_notify.update(ready[a.node] for a in placement.allocations)
+    for count, changes in by_count.items():
+        jobs_transition(
+            to_state=Job.State.SCHEDULED,
+            changes=changes,
+            job_reason=SCHEDULED_JOB_REASON,
+            attempt_count=count,
+        )
+    result.placed += len(accepted)
+
+
+def _apply_rejections(rejections: tuple[engine.Rejection, ...], *, result: CycleResult) -> None:
+    """Jobs that could never run here end FAILED with the engine's reason."""
+    if not rejections:
+        return
+    by_job = {int(r.job_id): r.reason for r in rejections}
+    jobs = _lock_jobs(list(by_job), state=Job.State.RUNNABLE)
+    jobs_transition(
+        to_state=Job.State.FAILED,
+        changes=[(job_id, row["state"], by_job[job_id]) for job_id, row in jobs.items()],
+    )
+    result.rejected += len(jobs)
+
+
+def _apply_waiting(waiting, context: SnapshotContext, *, result: CycleResult) -> None:
+    """Write why each job waits, only where it changed (an idle cycle writes nothing). Not a
+    state change, so no event; the update is conditional on the job still being RUNNABLE."""
+    by_reason: dict[str, list[int]] = defaultdict(list)
+    for job_id, reason in waiting.items():
+        if context.reasons.get(int(job_id)) != reason:
+            by_reason[reason].append(int(job_id))
+    # Many jobs wait for the same reason: one UPDATE per reason, not per job.
+    for reason, ids in by_reason.items():
+        for chunk in _chunks(ids):
+            Job.objects.filter(pk__in=chunk, state=Job.State.RUNNABLE).update(reason=reason)
+        result.reasons_updated += len(ids)
+
+
+# --- Idle cycles ----------------------------------------------------------------------------
+
+
+def _fingerprint() -> str:
+    """A digest of everything the plan depends on. Equal digests: the plan would be the same."""
+    active = Job.objects.filter(state__in=(Job.State.RUNNABLE, *Job.PLACED_STATES)).aggregate(
+        n=Count("pk"), t=Max("updated_at"), p=Sum("priority")
+    )
+    held = GpuAssignment.objects.filter(released=False).aggregate(n=Count("pk"), m=Max("pk"))
+    attempts = JobAttempt.objects.filter(ended_at__isnull=True).aggregate(
+        n=Count("pk"), s=Count("stop_requested_at")
+    )
+    nodes = list(Node.objects.order_by("pk").values_list("pk", "state", "gpus", "gpu_type"))
+    shares = QuotaShare.objects.aggregate(n=Count("pk"), t=Max("updated_at"))
+    changes = ShareChange.objects.aggregate(m=Max("pk"))
+    events = JobEvent.objects.aggregate(m=Max("pk"))
+    text = repr((active, held, attempts, nodes, shares, changes, events, settings.BORROW_ORDER))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _fingerprint_key() -> str:
+    return FINGERPRINT_KEY.format(db=connection.settings_dict["NAME"])
+
+
+def _last_fingerprint() -> str | None:
+    from scheduler.notify import redis_client
+
+    try:
+        value = redis_client().get(_fingerprint_key())
+    except Exception:  # noqa: BLE001 — without Redis every cycle is a full one
+        return None
+    return value.decode() if value else None
+
+
+def _remember_fingerprint(value: str) -> None:
+    from scheduler.notify import redis_client
+
+    try:
+        redis_client().set(
+            _fingerprint_key(), value, ex=max(1, int(settings.CYCLE_FULL_EVERY_SECONDS))
+        )
+    except Exception:  # noqa: BLE001
+        logger.warning("could not store the cycle fingerprint", exc_info=True)

@@ -42,6 +42,11 @@ class Node(models.Model):
     labels = models.JSONField(default=dict, blank=True)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # The node agent's token, as sha256 hex: the token itself is shown to the agent once.
+    token_hash = models.CharField(max_length=64, blank=True, editable=False)
+    gpu_details = models.JSONField(
+        default=list, blank=True, help_text="What the agent discovered: index, uuid, model, memory."
+    )
 
     class Meta:
         ordering = ["name"]
@@ -49,6 +54,10 @@ class Node(models.Model):
             models.CheckConstraint(
                 condition=Q(gpus__gte=1) & Q(gpus__lte=MAX_GPUS_PER_NODE), name="node_gpus_range"
             )
+        ]
+        indexes = [
+            # Agent requests authenticate by WHERE token_hash = sha256(token).
+            models.Index(fields=["token_hash"], name="node_token_hash"),
         ]
 
     def __str__(self) -> str:
@@ -216,6 +225,10 @@ class JobAttempt(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["job", "number"], name="attempt_number_once_per_job")
         ]
+        indexes = [
+            # The cycle loads the placed jobs' attempts: WHERE ended_at IS NULL.
+            models.Index(fields=["job"], condition=Q(ended_at__isnull=True), name="attempt_open"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.job} attempt {self.number}"
@@ -245,3 +258,37 @@ class GpuAssignment(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node.name}:{self.gpu_index}"
+
+
+class ClusterSettings(models.Model):
+    """Settings of the whole cluster, one row, edited in the admin."""
+
+    agent_join_token = models.CharField(
+        max_length=128,
+        help_text="Node agents register with this token (agent flag --join-token or "
+        "AGENT_JOIN_TOKEN); each then gets a token of its own. Changing it stops new "
+        "registrations with the old one; registered nodes keep working.",
+    )
+
+    class Meta:
+        verbose_name = "cluster settings"
+        verbose_name_plural = "cluster settings"
+
+    def __str__(self) -> str:
+        return "Cluster settings"
+
+    @classmethod
+    def load(cls) -> ClusterSettings:
+        """The one row, created on first use with AGENT_JOIN_TOKEN from the environment or a
+        random token."""
+        import secrets
+
+        from django.conf import settings as django_settings
+
+        row, _ = cls.objects.get_or_create(
+            pk=1,
+            defaults={
+                "agent_join_token": django_settings.AGENT_JOIN_TOKEN or secrets.token_urlsafe(24)
+            },
+        )
+        return row

@@ -40,6 +40,8 @@ def job_cancel(*, job: Job, user) -> Job:
     if job.cancel_requested:
         return job
     job.cancel_requested = True
+    # The cycle turns this into a stop order for the job's node(s).
+    request_cycle()
     return job_transition(
         job=job,
         to_state=Job.State.PREEMPTING,
@@ -47,10 +49,41 @@ def job_cancel(*, job: Job, user) -> Job:
     )
 
 
+def jobs_transition(
+    *, to_state: str, changes: list[tuple[int, str, str]], job_reason: str | None = None, **fields
+) -> int:
+    """Move many jobs to `to_state` at once, as `job_transition` does one: `changes` is
+    [(job id, from state, reason)], `fields` are set on every job. Each job's event gets its own
+    reason; the jobs' `reason` is `job_reason` when given (one UPDATE for all), else their own.
+    The caller has locked the rows and checked their state (conditional update). Returns the
+    number of jobs moved."""
+    if not changes:
+        return 0
+    now = timezone.now()
+    values = {"state": to_state, "updated_at": now, **fields}
+    if to_state in Job.FINAL_STATES:
+        values["finished_at"] = now
+    by_reason: dict[str, list[int]] = {}
+    for job_id, _from_state, reason in changes:
+        by_reason.setdefault(job_reason or reason, []).append(job_id)
+    for reason, ids in by_reason.items():
+        for start in range(0, len(ids), 900):
+            Job.objects.filter(pk__in=ids[start : start + 900]).update(reason=reason, **values)
+    JobEvent.objects.bulk_create(
+        [
+            JobEvent(job_id=job_id, from_state=from_state, to_state=to_state, reason=reason)
+            for job_id, from_state, reason in changes
+        ],
+        batch_size=1000,
+    )
+    return len(changes)
+
+
 def node_set_state(*, node: Node, state: str) -> Node:
     """Drain (finish running jobs, take no new ones), undrain, or mark a node down."""
     Node.objects.filter(pk=node.pk).update(state=state)
     node.state = state
+    request_cycle()
     return node
 
 

@@ -1,7 +1,9 @@
 """`make run`: the whole system in the foreground on its embedded default.
 
 Migrates, seeds the demo data, starts the embedded Redis (unless REDIS_URL is set), then the
-web server, a Celery worker and Celery beat. Ctrl-C stops them all."""
+web server, a Celery worker and Celery beat, four node agents with fake GPUs (the demo nodes)
+and a small demo workload (borrowing, then a reclaim). Ctrl-C stops them all.
+DEMO_WORKLOAD=0 skips the workload."""
 
 from __future__ import annotations
 
@@ -17,6 +19,10 @@ PYTHON = str(ROOT / ".venv" / "bin" / "python")
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import embedded_redis  # noqa: E402
+
+# The demo nodes of seed_demo, each run by an agent with fake GPUs.
+DEMO_NODES = [("node-h100-0", "h100", 8), ("node-h100-1", "h100", 8),
+              ("node-l4-0", "l4", 4), ("node-l4-1", "l4", 4)]  # fmt: skip
 
 
 def main() -> int:
@@ -34,9 +40,25 @@ def main() -> int:
         "beat": [PYTHON, "-m", "celery", "-A", "portal", "beat", "-l", "info",
                  "-s", str(ROOT / "var" / "celerybeat-schedule")],
     }  # fmt: skip
+    join_token = subprocess.run(
+        [*manage, "agent_join_token"], check=True, env=env, cwd=ROOT, capture_output=True,
+        text=True,
+    ).stdout.strip()  # fmt: skip
+    portal = f"http://{address}"
+    for name, gpu_type, gpus in DEMO_NODES:
+        commands[f"agent-{name}"] = [
+            PYTHON, "-m", "scheduler.agent", "--portal", portal, "--name", name,
+            "--fake-gpus", str(gpus), "--gpu-type", gpu_type, "--join-token", join_token,
+            "--work-dir", str(ROOT / "var" / "agents" / name),
+            "--checkpoint-root", str(ROOT / "var" / "checkpoints"),
+        ]  # fmt: skip
     processes = {
         name: subprocess.Popen(command, env=env, cwd=ROOT) for name, command in commands.items()
     }
+    one_shots = []
+    if env.get("DEMO_WORKLOAD", "1") == "1":
+        # Submits the demo jobs once the agents are up, then exits; not supervised.
+        one_shots.append(subprocess.Popen([*manage, "demo_workload"], env=env, cwd=ROOT))
     print(f"Portal at http://{address}/admin/ — Ctrl-C stops everything.", flush=True)
     stopping = False
 
@@ -55,7 +77,7 @@ def main() -> int:
                 stopping = True
                 break
         time.sleep(0.5)
-    for process in processes.values():
+    for process in [*processes.values(), *one_shots]:
         if process.poll() is None:
             process.terminate()
     for process in processes.values():

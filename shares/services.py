@@ -79,6 +79,11 @@ def share_record_changes(
         if before.get(name, "") != value
     ]
     ShareChange.objects.bulk_create(changes)
+    if changes:
+        from scheduler.services import request_cycle
+
+        # A share change can let queued jobs run (or make running ones reclaimable) now.
+        request_cycle()
     return changes
 
 

@@ -1,0 +1,153 @@
+"""Benchmark of one scheduling cycle on PostgreSQL: 1,000 nodes × 8 GPUs, 20,000 runnable jobs.
+
+Creates a scratch database on the server of DATABASE_URL (default
+postgres://postgres@127.0.0.1:5432/test), migrates it, and for each of --runs runs: a cycle
+that places everything it can (admissions per second), an idle cycle (nothing changed: skipped)
+and a forced re-plan with nothing to place. Baseline, measured in the same run: the engine's
+plan() alone on the same snapshot, so the ratio shows what loading and applying cost on top.
+Prints medians. `python bench/cycle.py [--runs 3] [--nodes 1000] [--jobs 20000]`"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def scratch_database(url: str) -> tuple[str, str]:
+    """Create a scratch database next to `url`'s; returns (its URL, its name)."""
+    import psycopg
+
+    name = f"bench_cycle_{os.getpid()}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{name}")), name
+
+
+def drop_database(url: str, name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def populate(nodes: int, jobs: int) -> None:
+    import random
+
+    from django.contrib.auth import get_user_model
+
+    from scheduler.models import Job, Node
+    from shares.models import QuotaShare, Team
+    from shares.services import share_create
+
+    user = get_user_model().objects.create(username="bench")
+    teams = [Team.objects.create(name=f"team {i}", slug=f"team-{i}") for i in range(10)]
+    shares = [
+        share_create(name=f"share-{i}", team=team, capacity_limits={"h100": nodes * 8 // 10},
+                     strategy=QuotaShare.Strategy.LEND_AND_BORROW)
+        for i, team in enumerate(teams)
+    ]  # fmt: skip
+    from django.utils import timezone
+
+    now = timezone.now()
+    Node.objects.bulk_create(
+        [Node(name=f"node-{i:04d}", gpu_type="h100", gpus=8, last_heartbeat=now)
+         for i in range(nodes)]
+    )  # fmt: skip
+    rng = random.Random(7)
+    Job.objects.bulk_create(
+        [
+            Job(share=shares[i % len(shares)], submitted_by=user, gpu_type="h100",
+                gpus=rng.choice((1, 2, 4, 8)), command="true", state=Job.State.RUNNABLE,
+                priority=rng.randrange(10), reason="queued")
+            for i in range(jobs)
+        ],
+        batch_size=2000,
+    )  # fmt: skip
+
+
+def reset() -> None:
+    """Back to everything runnable, nothing placed."""
+    from django.db import connection
+    from django.utils import timezone
+
+    from scheduler.models import GpuAssignment, Job, JobAttempt, JobEvent, Node
+
+    Node.objects.update(last_heartbeat=timezone.now(), state=Node.State.READY)
+    GpuAssignment.objects.all().delete()
+    JobAttempt.objects.all().delete()
+    JobEvent.objects.all().delete()
+    Job.objects.update(state=Job.State.RUNNABLE, attempt_count=0, reason="queued")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--jobs", type=int, default=20000)
+    args = parser.parse_args()
+    server = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")
+    if not server.startswith("postgres"):
+        sys.exit("bench/cycle.py needs PostgreSQL: set DATABASE_URL=postgres://...")
+    url, name = scratch_database(server)
+    try:
+        os.environ["DATABASE_URL"] = url
+        os.environ.setdefault("LOG_LEVEL", "WARNING")
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+
+        from scheduler import engine
+        from scheduler.cycle import cycle_run, cycle_snapshot
+
+        call_command("migrate", verbosity=0)
+        populate(args.nodes, args.jobs)
+        placing, placed, idle, replan, plan_only = [], [], [], [], []
+        for _ in range(args.runs):
+            reset()
+            start = time.perf_counter()
+            result = cycle_run(force=True)
+            placing.append(time.perf_counter() - start)
+            placed.append(result.placed)
+            start = time.perf_counter()
+            assert cycle_run().skipped
+            idle.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            cycle_run(force=True)
+            replan.append(time.perf_counter() - start)
+            reset()
+            snapshot, _ = cycle_snapshot()
+            start = time.perf_counter()
+            engine.plan(snapshot)
+            plan_only.append(time.perf_counter() - start)
+        med = statistics.median
+        print(f"cycle bench on PostgreSQL: {args.nodes} nodes × 8 GPUs, {args.jobs} runnable "
+              f"jobs, {args.runs} runs (medians)")  # fmt: skip
+        print(f"  placing cycle:        {med(placing):8.3f} s, {med(placed):.0f} jobs placed")
+        print(f"  admissions per second: {med(placed) / med(placing):8.0f}")
+        print(f"  idle cycle (skipped):  {med(idle) * 1000:8.1f} ms")
+        print(f"  forced re-plan, nothing to place: {med(replan):8.3f} s")
+        print(f"  baseline engine.plan() alone on the same snapshot: {med(plan_only):8.3f} s")
+        print(f"  ratio placing cycle / plan alone: {med(placing) / med(plan_only):8.2f}")
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        drop_database(server, name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,422 @@
+"""The agent's work: register, long-poll for orders, run and stop job processes, report.
+
+Threads: the poller long-polls the portal and hands each answer to the main thread, which
+alone starts and signals processes and writes reports. Orders are declarative (every attempt
+that should run here, every attempt to stop); the agent reconciles them with what it runs.
+When the portal is unreachable, jobs keep running and events wait in the outbox, retried with
+backoff and sent in order when the portal answers again."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import queue
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+from scheduler.agent.gpus import Gpu
+
+logger = logging.getLogger("scheduler.agent")
+
+LOG_TAIL_BYTES = 8000
+LOG_EVERY_SECONDS = 15.0
+MAX_BACKOFF_SECONDS = 10.0
+# Variables of the agent itself that a job must not see.
+PRIVATE_ENV = ("AGENT_JOIN_TOKEN",)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: its own process group, and SIGKILL when the agent dies (Linux),
+    so a dead agent leaves no job holding GPUs behind."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+SHELL_SYNTAX = set("|&;<>()$`\\\"'*?[]#~=%{}\n")
+
+
+def _argv(command: str) -> list[str]:
+    """A plain command runs as is, so signals reach it directly and its exit code is its own;
+    anything with shell syntax runs under /bin/sh."""
+    if SHELL_SYNTAX & set(command):
+        return ["/bin/sh", "-c", command]
+    return shlex.split(command)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+@dataclass
+class Process:
+    attempt: int
+    job: int
+    popen: subprocess.Popen
+    log_path: Path
+    started: float  # time.monotonic()
+    timeout: float | None
+    grace: float
+    term_sent_at: float | None = None
+    killed: bool = False
+    timed_out: bool = False
+    last_log: float = field(default_factory=time.monotonic)
+
+
+def _short(error: Exception) -> str:
+    """'ConnectionError' rather than urllib3's paragraph."""
+    return type(error).__name__
+
+
+class Backoff:
+    def __init__(self) -> None:
+        self.delay = 0.0
+        self.next_try = 0.0
+
+    def ready(self) -> bool:
+        return time.monotonic() >= self.next_try
+
+    def failed(self) -> None:
+        self.delay = min(MAX_BACKOFF_SECONDS, max(0.25, self.delay * 2))
+        self.next_try = time.monotonic() + self.delay
+
+    def succeeded(self) -> None:
+        self.delay = 0.0
+        self.next_try = 0.0
+
+
+class Agent:
+    def __init__(
+        self,
+        *,
+        portal: str,
+        join_token: str,
+        name: str,
+        gpu_type: str,
+        gpus: list[Gpu],
+        work_dir: Path,
+        checkpoint_root: Path,
+        poll_wait: float = 10.0,
+    ) -> None:
+        self.portal = portal.rstrip("/")
+        self.join_token = join_token
+        self.name = name
+        self.gpu_type = gpu_type
+        self.gpus = gpus
+        self.work_dir = work_dir
+        self.checkpoint_root = checkpoint_root
+        self.poll_wait = poll_wait
+        self.token: str | None = None
+        self.processes: dict[int, Process] = {}
+        self.finished: set[int] = set()  # attempts done here; never started again
+        self.outbox: list[dict] = []
+        self.lock = threading.Lock()
+        self.answers: queue.Queue[dict] = queue.Queue()
+        self.applied = threading.Event()
+        self.stopping = threading.Event()
+        self.report_backoff = Backoff()
+        self.http = requests.Session()
+        (work_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (work_dir / "running").mkdir(parents=True, exist_ok=True)
+        checkpoint_root.mkdir(parents=True, exist_ok=True)
+
+    # --- Talking to the portal ---------------------------------------------------------------
+
+    def _headers(self) -> dict:
+        return {"Authorization": f"Node {self.token}"}
+
+    def register(self) -> None:
+        """Register until the portal answers; a refused join token is fatal."""
+        backoff = Backoff()
+        body = {
+            "join_token": self.join_token,
+            "name": self.name,
+            "gpu_type": self.gpu_type,
+            "gpus": len(self.gpus),
+            "gpu_details": [g.as_json() for g in self.gpus],
+        }
+        while not self.stopping.is_set():
+            try:
+                response = self.http.post(f"{self.portal}/api/v1/agent/register/", json=body,
+                                          timeout=10)  # fmt: skip
+            except requests.RequestException as error:
+                logger.warning("portal unreachable (%s); retrying", _short(error))
+            else:
+                if response.status_code == 201:
+                    self.token = response.json()["token"]
+                    logger.info("registered as %s (%d × %s)", self.name, len(self.gpus),
+                                self.gpu_type)  # fmt: skip
+                    return
+                if 400 <= response.status_code < 500:
+                    raise SystemExit(f"registration refused: {response.text}")
+                logger.warning("registration failed (%s); retrying", response.status_code)
+            backoff.failed()
+            self.stopping.wait(backoff.delay)
+
+    def _poll_body(self) -> dict:
+        with self.lock:
+            pending = {e["attempt"] for e in self.outbox if e["type"] == "exited"}
+            return {
+                "running": sorted(set(self.processes) | pending),
+                "stopping": sorted(
+                    {a for a, p in self.processes.items() if p.term_sent_at is not None} | pending
+                ),
+                "wait": self.poll_wait,
+            }
+
+    def poller(self) -> None:
+        """Long-poll for orders; hand each answer to the main thread and wait until applied."""
+        backoff = Backoff()
+        while not self.stopping.is_set():
+            try:
+                response = self.http.post(
+                    f"{self.portal}/api/v1/agent/poll/",
+                    json=self._poll_body(),
+                    headers=self._headers(),
+                    timeout=self.poll_wait + 15,
+                )
+            except requests.RequestException as error:
+                logger.warning("poll failed (%s); jobs keep running", _short(error))
+                backoff.failed()
+                self.stopping.wait(backoff.delay)
+                continue
+            if response.status_code == 401:
+                logger.warning("the portal no longer knows this node's token; registering again")
+                self.register()
+                continue
+            if response.status_code != 200:
+                logger.warning("poll answered %s: %s", response.status_code, response.text[:200])
+                backoff.failed()
+                self.stopping.wait(backoff.delay)
+                continue
+            backoff.succeeded()
+            self.applied.clear()
+            self.answers.put(response.json())
+            while not self.applied.wait(0.5):
+                if self.stopping.is_set():
+                    return
+
+    def flush(self) -> None:
+        """Send the outbox in order; on failure keep it and back off."""
+        with self.lock:
+            events = list(self.outbox)
+        if not events or not self.report_backoff.ready():
+            return
+        try:
+            response = self.http.post(
+                f"{self.portal}/api/v1/agent/report/",
+                json={"events": events},
+                headers=self._headers(),
+                timeout=10,
+            )
+        except requests.RequestException as error:
+            logger.warning("report failed (%s); %d event(s) kept", _short(error), len(events))
+            self.report_backoff.failed()
+            return
+        if response.status_code == 401:
+            self.report_backoff.failed()  # the poller registers again
+            return
+        if response.status_code != 200:
+            logger.error("report refused (%s): %s", response.status_code, response.text[:500])
+            self.report_backoff.failed()
+            return
+        self.report_backoff.succeeded()
+        with self.lock:
+            del self.outbox[: len(events)]
+
+    def _event(self, **event) -> None:
+        with self.lock:
+            self.outbox.append(event)
+
+    # --- Orders ------------------------------------------------------------------------------
+
+    def apply(self, orders: dict) -> None:
+        for order in orders.get("run", []):
+            attempt = order["attempt"]
+            if attempt in self.processes or attempt in self.finished:
+                continue
+            if order.get("started"):
+                # The portal saw it start here, but this agent does not have it: it restarted.
+                self._end(attempt, end="lost", detail="the agent restarted")
+                continue
+            self.start(order)
+        for order in orders.get("stop", []):
+            attempt = order["attempt"]
+            process = self.processes.get(attempt)
+            if process is not None:
+                if process.term_sent_at is None:
+                    process.grace = float(order.get("grace_seconds", 0))
+                    self.terminate(process)
+            elif attempt not in self.finished:
+                if order.get("started"):
+                    self._end(attempt, end="lost", detail="the agent restarted")
+                else:
+                    self._end(attempt, end="never_started", detail="stopped before it started")
+
+    def _end(self, attempt: int, *, end: str, exit_code=None, signalled=False, log_tail="",
+             detail="") -> None:  # fmt: skip
+        self.finished.add(attempt)
+        self._event(type="exited", attempt=attempt, end=end, exit_code=exit_code,
+                    signalled=signalled, log_tail=log_tail, detail=detail)  # fmt: skip
+
+    def start(self, order: dict) -> None:
+        attempt, job = order["attempt"], order["job"]
+        checkpoint_dir = self.checkpoint_root / f"job-{job}"
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.work_dir / "logs" / f"job-{job}-attempt-{order['number']}.log"
+        env = {k: v for k, v in os.environ.items() if k not in PRIVATE_ENV}
+        env.update({str(k): str(v) for k, v in (order.get("env") or {}).items()})
+        env.update(
+            {
+                "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in order["gpu_indices"]),
+                "JOB_ID": str(job),
+                "ATTEMPT": str(order["number"]),
+                "CHECKPOINT_DIR": str(checkpoint_dir),
+                "PREEMPT_GRACE_SECONDS": str(order["grace_seconds"]),
+            }
+        )
+        try:
+            with open(log_path, "ab") as log:
+                popen = subprocess.Popen(
+                    _argv(order["command"]),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=checkpoint_dir,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,
+                )
+        except OSError as error:
+            self._end(attempt, end="never_started", detail=f"could not start: {error}")
+            return
+        (self.work_dir / "running" / f"{attempt}.pgid").write_text(str(popen.pid))
+        timeout = order.get("timeout_seconds")
+        self.processes[attempt] = Process(
+            attempt=attempt,
+            job=job,
+            popen=popen,
+            log_path=log_path,
+            started=time.monotonic(),
+            timeout=float(timeout) if timeout else None,
+            grace=float(order["grace_seconds"]),
+        )
+        logger.info("attempt %s (job %s) started, pid %s, GPUs %s", attempt, job, popen.pid,
+                    order["gpu_indices"])  # fmt: skip
+        self._event(type="started", attempt=attempt)
+
+    def terminate(self, process: Process) -> None:
+        """SIGTERM to the process group; SIGKILL follows after the grace period."""
+        process.term_sent_at = time.monotonic()
+        logger.info("attempt %s: SIGTERM, %.0f s grace", process.attempt, process.grace)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.popen.pid, signal.SIGTERM)
+
+    # --- Supervising -------------------------------------------------------------------------
+
+    def supervise(self) -> None:
+        now = time.monotonic()
+        for attempt, process in list(self.processes.items()):
+            code = process.popen.poll()
+            if (
+                code is not None
+                and process.term_sent_at is not None
+                and now - process.term_sent_at < process.grace
+                and _group_alive(process.popen.pid)
+            ):
+                # The leader is gone but the rest of the group is still saving its work: it
+                # keeps its grace period.
+                continue
+            if code is not None:
+                # Whatever of the group outlives its leader is taken down with it.
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.popen.pid, signal.SIGKILL)
+                del self.processes[attempt]
+                (self.work_dir / "running" / f"{attempt}.pgid").unlink(missing_ok=True)
+                logger.info("attempt %s exited with %s", attempt, code)
+                self._end(
+                    attempt,
+                    end="timeout" if process.timed_out else "exit",
+                    exit_code=code,
+                    signalled=process.term_sent_at is not None,
+                    log_tail=self._tail(process),
+                )
+                continue
+            if process.term_sent_at is None:
+                if process.timeout is not None and now - process.started >= process.timeout:
+                    process.timed_out = True
+                    self.terminate(process)
+                elif now - process.last_log >= LOG_EVERY_SECONDS:
+                    process.last_log = now
+                    self._event(type="log", attempt=attempt, log_tail=self._tail(process))
+            elif not process.killed and now - process.term_sent_at >= process.grace:
+                process.killed = True
+                logger.info("attempt %s: grace over, SIGKILL", attempt)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.popen.pid, signal.SIGKILL)
+
+    def _tail(self, process: Process) -> str:
+        try:
+            with open(process.log_path, "rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(0, log.tell() - LOG_TAIL_BYTES))
+                return log.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def kill_leftovers(self) -> None:
+        """Process groups left by a previous run of this agent are not ours any more: the portal
+        hears they are lost and runs them again. Kill them so they free their GPUs."""
+        for pgid_file in (self.work_dir / "running").glob("*.pgid"):
+            with contextlib.suppress(ValueError, ProcessLookupError, PermissionError):
+                os.killpg(int(pgid_file.read_text()), signal.SIGKILL)
+                logger.info("killed leftover process group of attempt %s", pgid_file.stem)
+            pgid_file.unlink(missing_ok=True)
+
+    # --- Main loop ---------------------------------------------------------------------------
+
+    def step(self, wait: float = 0.05) -> None:
+        """One turn of the main loop: apply an answer if one came, supervise, report."""
+        try:
+            orders = self.answers.get(timeout=wait)
+        except queue.Empty:
+            orders = None
+        if orders is not None:
+            self.apply(orders)
+        self.supervise()
+        if orders is not None:
+            self.applied.set()
+        self.flush()
+
+    def run(self) -> None:
+        self.kill_leftovers()
+        self.register()
+        poller = threading.Thread(target=self.poller, name="poller", daemon=True)
+        poller.start()
+        while not self.stopping.is_set():
+            self.step()
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """On SIGTERM/SIGINT the agent stops its jobs (SIGTERM, grace, SIGKILL) and reports."""
+        for process in self.processes.values():
+            if process.term_sent_at is None:
+                self.terminate(process)
+        deadline = time.monotonic() + max((p.grace for p in self.processes.values()), default=0)
+        while self.processes and time.monotonic() < deadline + 5:
+            self.supervise()
+            time.sleep(0.05)
+        self.report_backoff.succeeded()
+        self.flush()

@@ -1,0 +1,234 @@
+"""HTTP endpoints of the node agent (`/api/v1/agent/`): register, poll for orders, report.
+
+Agents authenticate with `Authorization: Node <token>`, the token they got when they
+registered (stored hashed). User API tokens are not accepted here, and node tokens are not
+accepted anywhere else. Bad input gets a 400 naming the field."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
+
+from scheduler.models import MAX_GPUS_PER_NODE, Node
+from scheduler.node_services import (
+    END_REASONS,
+    EVENT_EXITED,
+    EVENT_LOG,
+    EVENT_STARTED,
+    EVENT_TYPES,
+    attempt_exited,
+    attempt_log,
+    attempt_started,
+    node_for_token,
+    node_heartbeat,
+    node_orders,
+    node_register,
+    orphan_stops,
+    poll_wait_seconds,
+)
+from scheduler.notify import OrderWaiter
+
+AUTH_SCHEME = "Node"
+NOT_AUTHENTICATED = (
+    "Authorization: send 'Node <token>' with the token this node got when it registered."
+)
+BODY_NOT_JSON = "body: must be a JSON object."
+MAX_EVENTS = 1000
+
+
+class BadRequest(Exception):
+    def __init__(self, field: str, message: str) -> None:
+        self.errors = {field: message}
+
+
+def _body(request: HttpRequest) -> dict:
+    try:
+        data = json.loads(request.body or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        raise BadRequest("body", BODY_NOT_JSON) from None
+    if not isinstance(data, dict):
+        raise BadRequest("body", BODY_NOT_JSON)
+    return data
+
+
+def _int(data: dict, name: str, *, low: int = 0, high: int = 2**62, required=True) -> int | None:
+    value = data.get(name)
+    if value is None and not required:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise BadRequest(name, f"{name}: must be an integer between {low} and {high}.")
+    return value
+
+
+def _str(data: dict, name: str, *, max_length: int, required=True) -> str:
+    value = data.get(name, None if required else "")
+    if not isinstance(value, str) or (required and not value) or len(value) > max_length:
+        raise BadRequest(name, f"{name}: must be a non-empty string of at most {max_length}.")
+    return value
+
+
+def _ids(data: dict, name: str) -> set[int]:
+    value = data.get(name, [])
+    if not isinstance(value, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value
+    ):
+        raise BadRequest(name, f"{name}: must be a list of attempt ids (positive integers).")
+    return set(value)
+
+
+def _authenticated_node(request: HttpRequest) -> Node | None:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme != AUTH_SCHEME:
+        return None
+    return node_for_token(token.strip())
+
+
+def agent_view(authenticated: bool = True):
+    """POST-only JSON view; `authenticated`: the node is passed in, or 401."""
+
+    def decorate(view):
+        @csrf_exempt
+        @require_POST
+        def wrapper(request: HttpRequest) -> JsonResponse:
+            try:
+                if not authenticated:
+                    return view(request, _body(request))
+                node = _authenticated_node(request)
+                if node is None:
+                    return JsonResponse({"detail": NOT_AUTHENTICATED}, status=401)
+                return view(request, node, _body(request))
+            except BadRequest as error:
+                return JsonResponse(error.errors, status=400)
+            except ValidationError as error:
+                return JsonResponse(error.message_dict, status=400)
+
+        return wrapper
+
+    return decorate
+
+
+@agent_view(authenticated=False)
+def register(request: HttpRequest, data: dict) -> JsonResponse:
+    """{join_token, name, gpu_type, gpus, gpu_details?} → {node, token, ...}."""
+    join_token = _str(data, "join_token", max_length=128)
+    name = _str(data, "name", max_length=253)
+    gpu_type = _str(data, "gpu_type", max_length=32)
+    gpus = _int(data, "gpus", low=1, high=MAX_GPUS_PER_NODE)
+    details = data.get("gpu_details", [])
+    if not isinstance(details, list) or not all(isinstance(d, dict) for d in details):
+        raise BadRequest("gpu_details", "gpu_details: must be a list of objects.")
+    try:
+        node, token = node_register(
+            join_token=join_token, name=name, gpu_type=gpu_type, gpus=gpus, gpu_details=details
+        )
+    except PermissionError as error:
+        return JsonResponse({"join_token": str(error)}, status=403)
+    return JsonResponse(
+        {
+            "node": node.name,
+            "token": token,
+            "poll_wait_seconds": settings.AGENT_POLL_MAX_WAIT_SECONDS,
+            "heartbeat_timeout_seconds": settings.NODE_HEARTBEAT_TIMEOUT_SECONDS,
+        },
+        status=201,
+    )
+
+
+@agent_view()
+def poll(request: HttpRequest, node: Node, data: dict) -> JsonResponse:
+    """Heartbeat and long poll: {running: [attempt ids], stopping: [attempt ids], wait: s} →
+    {run: [...], stop: [...]}. Answers at once when the orders differ from what the agent
+    reports; otherwise waits up to `wait` seconds for them to change."""
+    running = _ids(data, "running")
+    stopping = _ids(data, "stopping")
+    wait = data.get("wait")
+    if wait is not None and (isinstance(wait, bool) or not isinstance(wait, int | float)):
+        raise BadRequest("wait", "wait: must be a number of seconds.")
+    node_heartbeat(node=node)
+    waiter = OrderWaiter(node.pk)
+    try:
+        orders = _orders(node, running)
+        if not _news(orders, running, stopping) and waiter.wait(poll_wait_seconds(wait)):
+            orders = _orders(node, running)
+    finally:
+        waiter.close()
+    return JsonResponse(orders)
+
+
+def _orders(node: Node, running: set[int]) -> dict[str, Any]:
+    orders = node_orders(node=node)
+    stop = orders.stop + orphan_stops(node=node, running=running, orders=orders)
+    return {"run": orders.run, "stop": stop}
+
+
+def _news(orders: dict, running: set[int], stopping: set[int]) -> bool:
+    to_run = {o["attempt"] for o in orders["run"]}
+    to_stop = {o["attempt"] for o in orders["stop"]}
+    return bool(to_run - running) or bool(to_stop - stopping)
+
+
+@agent_view()
+def report(request: HttpRequest, node: Node, data: dict) -> JsonResponse:
+    """{events: [{type: started|exited|log, attempt, ...}]} → {results: ["ok"|"ignored"]}.
+    An exited event has `end` (exit, timeout, never_started, lost), `exit_code`,
+    `signalled` (SIGTERM had been sent), `log_tail`, `detail`. Events are applied in order;
+    replays are ignored."""
+    events = data.get("events")
+    if not isinstance(events, list) or len(events) > MAX_EVENTS:
+        raise BadRequest("events", f"events: must be a list of at most {MAX_EVENTS} events.")
+    checked = [_event(event, i) for i, event in enumerate(events)]
+    node_heartbeat(node=node)
+    results = []
+    for event in checked:
+        kind, attempt_id = event["type"], event["attempt"]
+        if kind == EVENT_STARTED:
+            results.append(attempt_started(node=node, attempt_id=attempt_id))
+        elif kind == EVENT_LOG:
+            results.append(attempt_log(node=node, attempt_id=attempt_id, log_tail=event["log"]))
+        else:
+            results.append(
+                attempt_exited(
+                    node=node,
+                    attempt_id=attempt_id,
+                    end=event["end"],
+                    exit_code=event["exit_code"],
+                    signalled=event["signalled"],
+                    log_tail=event["log"],
+                    detail=event["detail"],
+                )
+            )
+    return JsonResponse({"results": results})
+
+
+def _event(event: Any, i: int) -> dict:
+    where = f"events[{i}]"
+    if not isinstance(event, dict):
+        raise BadRequest(where, f"{where}: must be an object.")
+    kind = event.get("type")
+    if kind not in EVENT_TYPES:
+        raise BadRequest(f"{where}.type", f"{where}.type: one of {', '.join(EVENT_TYPES)}.")
+    try:
+        attempt = _int(event, "attempt", low=1)
+        log = _str(event, "log_tail", max_length=1_000_000, required=False)
+        checked = {"type": kind, "attempt": attempt, "log": log}
+        if kind == EVENT_EXITED:
+            end = event.get("end")
+            if end not in END_REASONS:
+                raise BadRequest("end", f"end: one of {', '.join(END_REASONS)}.")
+            checked["end"] = end
+            checked["exit_code"] = _int(event, "exit_code", low=-255, high=255, required=False)
+            signalled = event.get("signalled", False)
+            if not isinstance(signalled, bool):
+                raise BadRequest("signalled", "signalled: must be true or false.")
+            checked["signalled"] = signalled
+            checked["detail"] = _str(event, "detail", max_length=2000, required=False)
+    except BadRequest as error:
+        ((field, message),) = error.errors.items()
+        raise BadRequest(f"{where}.{field}", f"{where}.{message}") from None
+    return checked

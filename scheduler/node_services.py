@@ -1,0 +1,351 @@
+"""Writes that come from node agents: registration, heartbeats, orders, and what became of
+each attempt. Reports may arrive late, twice or out of order (an agent retries after the
+portal was unreachable): every write is conditional on the attempt still holding GPUs on the
+reporting node, so a replayed or stale report changes nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections import defaultdict
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from scheduler.models import ClusterSettings, GpuAssignment, Job, JobAttempt, Node
+from scheduler.services import job_transition, request_cycle
+
+JOIN_TOKEN_INVALID = (
+    "join_token: not this cluster's join token (see Cluster settings in the admin)."
+)
+
+STARTING_REASON = "order delivered to {node}; starting"
+RUNNING_REASON = "running on {where}"
+SUCCEEDED_REASON = "exited with code 0"
+FAILED_FINAL_REASON = "exited with code {code}; no retries left ({retries} allowed)"
+FAILED_RETRY_REASON = "exited with code {code}; retry {retry} of {retries}"
+NEVER_STARTED_FAILED = "{node} could not start the command: {detail}"
+TIMEOUT_REASON = "timed out after {seconds} s (timeout_seconds); stopped"
+PREEMPTED_REQUEUE_REASON = "preempted ({count} so far); requeued, resumes from its checkpoint"
+PREEMPTED_FINAL_REASON = "preempted {count} times; max_preemptions is {limit}"
+CANCELLED_REASON = "cancelled; stopped on {node}"
+LOST_REASON = "the agent on {node} no longer has the job (agent restarted); requeued"
+
+EVENT_STARTED = "started"
+EVENT_EXITED = "exited"
+EVENT_LOG = "log"
+EVENT_TYPES = (EVENT_STARTED, EVENT_EXITED, EVENT_LOG)
+# Why a process ended, as the agent saw it.
+END_EXIT = "exit"  # it exited by itself, or after a stop order
+END_TIMEOUT = "timeout"  # the agent stopped it at timeout_seconds
+END_NEVER_STARTED = "never_started"  # stopped before it started, or could not start
+END_LOST = "lost"  # the agent does not have it (restarted since)
+END_REASONS = (END_EXIT, END_TIMEOUT, END_NEVER_STARTED, END_LOST)
+LOG_TAIL_CHARS = 8000
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def node_for_token(token: str) -> Node | None:
+    if not token:
+        return None
+    return Node.objects.filter(token_hash=hash_token(token)).first()
+
+
+@transaction.atomic
+def node_register(
+    *, join_token: str, name: str, gpu_type: str, gpus: int, gpu_details: list[dict]
+) -> tuple[Node, str]:
+    """Register (or re-register) a node; returns it and its new token. The token is stored
+    hashed; registering again replaces it, so a replaced agent's old token stops working.
+    Raises PermissionError on a wrong join token."""
+    expected = ClusterSettings.load().agent_join_token
+    if not join_token or not secrets.compare_digest(join_token.encode(), expected.encode()):
+        raise PermissionError(JOIN_TOKEN_INVALID)
+    token = secrets.token_urlsafe(32)
+    node, created = Node.objects.select_for_update().get_or_create(
+        name=name,
+        defaults={"gpu_type": gpu_type, "gpus": gpus},
+    )
+    node.gpu_type = gpu_type
+    node.gpus = gpus
+    node.gpu_details = gpu_details
+    node.token_hash = hash_token(token)
+    node.last_heartbeat = timezone.now()
+    if node.state == Node.State.DOWN:
+        node.state = Node.State.READY
+    node.full_clean(exclude=["token_hash"])
+    node.save()
+    request_cycle()
+    return node, token
+
+
+def node_heartbeat(*, node: Node) -> None:
+    """The agent is alive. A node marked DOWN for missing heartbeats is READY again."""
+    now = timezone.now()
+    Node.objects.filter(pk=node.pk).update(last_heartbeat=now)
+    if node.state == Node.State.DOWN:
+        with transaction.atomic():
+            if Node.objects.filter(pk=node.pk, state=Node.State.DOWN).update(
+                state=Node.State.READY
+            ):
+                request_cycle()
+        node.state = Node.State.READY
+
+
+@dataclass
+class Orders:
+    run: list[dict]
+    stop: list[dict]
+
+    def as_json(self) -> dict:
+        return {"run": self.run, "stop": self.stop}
+
+
+def node_orders(*, node: Node) -> Orders:
+    """What the node should be doing: every attempt holding GPUs on it, to run or to stop.
+    Orders are declarative; the agent reconciles them with what it runs (and kills what is
+    in neither list, see `orphan_stops`). Delivering a run order moves its job from SCHEDULED to
+    STARTING."""
+    indices: dict[int, list[int]] = defaultdict(list)
+    for attempt_id, index in GpuAssignment.objects.filter(node=node, released=False).values_list(
+        "attempt_id", "gpu_index"
+    ):
+        indices[attempt_id].append(index)
+    run, stop, scheduled = [], [], []
+    attempts = JobAttempt.objects.filter(pk__in=indices, ended_at__isnull=True).select_related(
+        "job", "job__share"
+    )
+    for attempt in attempts:
+        job = attempt.job
+        grace = job.share.grace_seconds
+        if attempt.stop_requested_at is not None:
+            stop.append(
+                {
+                    "attempt": attempt.pk,
+                    "grace_seconds": grace,
+                    "started": attempt.started_at is not None,
+                }
+            )
+            continue
+        run.append(
+            {
+                "attempt": attempt.pk,
+                "job": job.pk,
+                "number": attempt.number,
+                "command": job.command,
+                "env": job.env,
+                "gpu_indices": sorted(indices[attempt.pk]),
+                "timeout_seconds": job.timeout_seconds,
+                "grace_seconds": grace,
+                # Already started once: an agent that does not have it lost it.
+                "started": attempt.started_at is not None,
+            }
+        )
+        if job.state == Job.State.SCHEDULED:
+            scheduled.append(job.pk)
+    for job_id in scheduled:
+        with transaction.atomic():
+            job = Job.objects.select_for_update().get(pk=job_id)
+            if job.state == Job.State.SCHEDULED:
+                job_transition(
+                    job=job, to_state=Job.State.STARTING, reason=STARTING_REASON.format(node=node)
+                )
+    return Orders(run=run, stop=stop)
+
+
+def orphan_stops(*, node: Node, running: set[int], orders: Orders) -> list[dict]:
+    """Processes the agent runs that hold no GPUs here any more (their attempt ended, e.g. as
+    NODE_LOST while the agent was cut off): stop them with their share's grace."""
+    known = {o["attempt"] for o in orders.run} | {o["attempt"] for o in orders.stop}
+    extra = running - known
+    if not extra:
+        return []
+    graces = dict(
+        JobAttempt.objects.filter(pk__in=extra).values_list("pk", "job__share__grace_seconds")
+    )
+    return [{"attempt": a, "grace_seconds": graces.get(a, 0)} for a in sorted(extra)]
+
+
+def _holds_gpus_here(attempt_id: int, node: Node) -> bool:
+    return GpuAssignment.objects.filter(attempt_id=attempt_id, node=node, released=False).exists()
+
+
+def attempt_started(*, node: Node, attempt_id: int) -> str:
+    """The agent started the attempt's command: the job is RUNNING."""
+    with transaction.atomic():
+        job_id = JobAttempt.objects.filter(pk=attempt_id).values_list("job_id", flat=True).first()
+        if job_id is None or not _holds_gpus_here(attempt_id, node):
+            return "ignored"
+        job = Job.objects.select_for_update().get(pk=job_id)
+        attempt = JobAttempt.objects.select_for_update().get(pk=attempt_id)
+        if attempt.ended_at is not None:
+            return "ignored"
+        now = timezone.now()
+        if attempt.started_at is None:
+            attempt.started_at = now
+            attempt.save(update_fields=["started_at"])
+        if job.state in (Job.State.SCHEDULED, Job.State.STARTING):
+            job_transition(
+                job=job,
+                to_state=Job.State.RUNNING,
+                reason=RUNNING_REASON.format(
+                    where=", ".join(
+                        f"{a['node']} (GPU {','.join(map(str, a['gpu_indices']))})"
+                        for a in attempt.allocations
+                    )
+                ),
+                started_at=job.started_at or now,
+            )
+        return "ok"
+
+
+def attempt_log(*, node: Node, attempt_id: int, log_tail: str) -> str:
+    if not _holds_gpus_here(attempt_id, node):
+        return "ignored"
+    JobAttempt.objects.filter(pk=attempt_id, ended_at__isnull=True).update(
+        log_tail=log_tail[-LOG_TAIL_CHARS:]
+    )
+    return "ok"
+
+
+def attempt_exited(
+    *,
+    node: Node,
+    attempt_id: int,
+    end: str,
+    exit_code: int | None = None,
+    signalled: bool = False,
+    log_tail: str = "",
+    detail: str = "",
+) -> str:
+    """The attempt's process on this node ended. Releases its GPUs here; when no node of the
+    attempt holds GPUs any more, the attempt ends with its outcome and the job moves on:
+    SUCCEEDED, FAILED (or RUNNABLE for a retry), RUNNABLE after a preemption (or FAILED past
+    max_preemptions), CANCELLED. `signalled`: the agent had sent SIGTERM before the exit.
+    Returns "ok", or "ignored" for a report that no longer applies (replayed, stale)."""
+    with transaction.atomic():
+        job_id = JobAttempt.objects.filter(pk=attempt_id).values_list("job_id", flat=True).first()
+        if job_id is None:
+            return "ignored"
+        job = Job.objects.select_for_update().get(pk=job_id)
+        attempt = JobAttempt.objects.select_for_update().get(pk=attempt_id)
+        released = GpuAssignment.objects.filter(attempt=attempt, node=node, released=False).update(
+            released=True
+        )
+        if not released or attempt.ended_at is not None:
+            return "ignored"
+        now = timezone.now()
+        if log_tail:
+            attempt.log_tail = log_tail[-LOG_TAIL_CHARS:]
+        outcome = _outcome(attempt, end=end, exit_code=exit_code, signalled=signalled)
+        if exit_code is not None and (attempt.exit_code is None or attempt.exit_code == 0):
+            attempt.exit_code = exit_code
+        still_held = GpuAssignment.objects.filter(attempt=attempt, released=False).exists()
+        if still_held:
+            # A gang: one node's end that fails the attempt stops the others.
+            if outcome in (JobAttempt.Outcome.FAILED, JobAttempt.Outcome.TIMEOUT) or (
+                end == END_LOST
+            ):
+                attempt.outcome = attempt.outcome or outcome
+                if attempt.stop_requested_at is None:
+                    attempt.stop_requested_at = now
+                    _notify_peers(attempt)
+            attempt.save()
+            return "ok"
+        if attempt.outcome in (JobAttempt.Outcome.FAILED, JobAttempt.Outcome.TIMEOUT):
+            outcome = attempt.outcome  # decided by an earlier node of the gang
+        if job.cancel_requested:
+            outcome = JobAttempt.Outcome.CANCELLED
+        attempt.outcome = outcome
+        attempt.ended_at = now
+        attempt.end_reason = _job_after(job, attempt, outcome, node=node, detail=detail)
+        attempt.save()
+        request_cycle()
+        return "ok"
+
+
+def _outcome(attempt: JobAttempt, *, end: str, exit_code: int | None, signalled: bool) -> str:
+    if end == END_LOST:
+        return JobAttempt.Outcome.NODE_LOST
+    if end == END_TIMEOUT:
+        return JobAttempt.Outcome.TIMEOUT
+    if attempt.stop_requested_at is not None and attempt.preempted_for_id is not None:
+        # A job that finished on its own before its SIGTERM succeeded all the same.
+        if exit_code == 0 and not signalled:
+            return JobAttempt.Outcome.SUCCEEDED
+        return JobAttempt.Outcome.PREEMPTED
+    if end == END_NEVER_STARTED:
+        return (
+            JobAttempt.Outcome.PREEMPTED
+            if attempt.stop_requested_at is not None
+            else JobAttempt.Outcome.FAILED
+        )
+    if exit_code == 0:
+        return JobAttempt.Outcome.SUCCEEDED
+    return JobAttempt.Outcome.FAILED
+
+
+def _notify_peers(attempt: JobAttempt) -> None:
+    from scheduler.notify import notify_nodes
+
+    nodes = set(
+        GpuAssignment.objects.filter(attempt=attempt, released=False).values_list(
+            "node_id", flat=True
+        )
+    )
+    transaction.on_commit(lambda: notify_nodes(nodes))
+
+
+def _job_after(job: Job, attempt: JobAttempt, outcome: str, *, node: Node, detail: str) -> str:
+    """Move the job on after its attempt ended; returns the reason, for the attempt too."""
+    if job.state not in Job.PLACED_STATES:
+        return f"attempt ended ({outcome}) while the job was {job.state}"
+    code = attempt.exit_code
+    if outcome == JobAttempt.Outcome.CANCELLED:
+        reason = CANCELLED_REASON.format(node=node.name)
+        job_transition(job=job, to_state=Job.State.CANCELLED, reason=reason)
+    elif outcome == JobAttempt.Outcome.SUCCEEDED:
+        job_transition(job=job, to_state=Job.State.SUCCEEDED, reason=SUCCEEDED_REASON)
+        reason = SUCCEEDED_REASON
+    elif outcome == JobAttempt.Outcome.PREEMPTED:
+        count = job.preemption_count + 1
+        if job.max_preemptions is not None and count > job.max_preemptions:
+            reason = PREEMPTED_FINAL_REASON.format(count=count, limit=job.max_preemptions)
+            to_state = Job.State.FAILED
+        else:
+            reason = PREEMPTED_REQUEUE_REASON.format(count=count)
+            to_state = Job.State.RUNNABLE
+        job_transition(job=job, to_state=to_state, reason=reason, preemption_count=count)
+    elif outcome == JobAttempt.Outcome.NODE_LOST:
+        reason = LOST_REASON.format(node=node.name)
+        job_transition(job=job, to_state=Job.State.RUNNABLE, reason=reason)
+    elif outcome == JobAttempt.Outcome.TIMEOUT:
+        reason = TIMEOUT_REASON.format(seconds=job.timeout_seconds)
+        job_transition(job=job, to_state=Job.State.FAILED, reason=reason)
+    else:
+        failures = job.failure_count + 1
+        if code is None and detail:
+            reason = NEVER_STARTED_FAILED.format(node=node.name, detail=detail)
+        elif failures <= job.retry_attempts:
+            reason = FAILED_RETRY_REASON.format(
+                code=code, retry=failures, retries=job.retry_attempts
+            )
+        else:
+            reason = FAILED_FINAL_REASON.format(code=code, retries=job.retry_attempts)
+        to_state = Job.State.RUNNABLE if failures <= job.retry_attempts else Job.State.FAILED
+        job_transition(job=job, to_state=to_state, reason=reason, failure_count=failures)
+    return reason
+
+
+def poll_wait_seconds(requested: float | None) -> float:
+    """How long a long poll may wait: what the agent asks, capped well below the heartbeat
+    timeout (each poll is the node's heartbeat)."""
+    cap = settings.AGENT_POLL_MAX_WAIT_SECONDS
+    if requested is None:
+        return cap
+    return max(0.0, min(float(requested), cap))

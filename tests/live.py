@@ -1,0 +1,159 @@
+"""Real processes for end-to-end tests: a web server (`manage.py runserver --noreload` on a
+free port), a Celery worker with embedded beat, and node agents with fake GPUs (the one
+stand-in: no GPU machine runs these tests). They share the test database (its settings are
+passed through DATABASE_URL) and the Redis of REDIS_URL."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import requests
+from django.conf import settings
+
+ROOT = Path(__file__).resolve().parent.parent
+JOB_SCRIPT = ROOT / "scripts" / "demo_job.py"
+JOIN_TOKEN = "live-test-join-token"
+
+
+def database_url() -> str:
+    """The test database (pytest-django has created it) as a URL for the subprocesses."""
+    db = settings.DATABASES["default"]
+    if db["ENGINE"] == "django.db.backends.sqlite3":
+        return f"sqlite:///{db['NAME']}"
+    user = db.get("USER") or ""
+    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
+    auth = f"{user}{password}@" if user else ""
+    return f"postgres://{auth}{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(check: Callable[[], object], *, timeout: float = 30, what: str = "condition"):
+    """Poll `check` until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def job_command(steps: int, step_seconds: float, *extra: str) -> str:
+    args = " ".join(extra)
+    return f"{sys.executable} {JOB_SCRIPT} --steps {steps} --step-seconds {step_seconds} {args}"
+
+
+class LiveSystem:
+    def __init__(self, tmp: Path, **env: str) -> None:
+        self.tmp = tmp
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.checkpoints = tmp / "checkpoints"
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": database_url(),
+            "PORTAL_VAR_DIR": str(tmp / "var"),
+            "CYCLE_INTERVAL_SECONDS": "1",
+            "AGENT_JOIN_TOKEN": JOIN_TOKEN,
+            "PYTHONUNBUFFERED": "1",
+            **env,
+        }
+        (tmp / "var").mkdir(parents=True, exist_ok=True)
+        self.web: subprocess.Popen | None = None
+        self.worker: subprocess.Popen | None = None
+        self.agents: dict[str, subprocess.Popen] = {}
+
+    def _spawn(self, name: str, command: list[str], **env: str) -> subprocess.Popen:
+        log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 — closed with the process
+        return subprocess.Popen(
+            command, cwd=ROOT, env={**self.env, **env}, stdout=log, stderr=subprocess.STDOUT
+        )
+
+    def start_web(self) -> None:
+        self.web = self._spawn(
+            "web",
+            [sys.executable, "manage.py", "runserver", f"127.0.0.1:{self.port}", "--noreload"],
+        )
+        wait_for(self._healthy, timeout=30, what="the web server")
+
+    def _healthy(self) -> bool:
+        try:
+            return requests.get(f"{self.url}/health/", timeout=1).ok
+        except requests.RequestException:
+            return False
+
+    def stop_web(self) -> None:
+        stop(self.web)
+        self.web = None
+
+    def start_worker(self) -> None:
+        self.worker = self._spawn(
+            "worker",
+            [sys.executable, "-m", "celery", "-A", "portal", "worker", "-B", "--pool", "solo",
+             "-l", "info", "-s", str(self.tmp / "var" / "beat-schedule")],
+        )  # fmt: skip
+
+    def start_agent(self, name: str, gpus: int = 8, gpu_type: str = "h100") -> None:
+        self.agents[name] = self._spawn(
+            f"agent-{name}",
+            [sys.executable, "-m", "scheduler.agent", "--portal", self.url, "--name", name,
+             "--fake-gpus", str(gpus), "--gpu-type", gpu_type, "--poll-wait", "5",
+             "--work-dir", str(self.tmp / "agents" / name),
+             "--checkpoint-root", str(self.checkpoints)],
+        )  # fmt: skip
+
+    def kill_agent(self, name: str) -> None:
+        """SIGKILL the agent, like a machine that dies (its jobs die with it)."""
+        process = self.agents.pop(name)
+        process.kill()
+        process.wait(10)
+        for pgid_file in (self.tmp / "agents" / name / "running").glob("*.pgid"):
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.killpg(int(pgid_file.read_text()), signal.SIGKILL)
+
+    def checkpoint_dir(self, job_id: int) -> Path:
+        return self.checkpoints / f"job-{job_id}"
+
+    def start(self, agents: dict[str, tuple[int, str]]) -> None:
+        self.start_web()
+        self.start_worker()
+        for name, (gpus, gpu_type) in agents.items():
+            self.start_agent(name, gpus, gpu_type)
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"===== {path.name}\n{path.read_text(errors='replace')[-4000:]}"
+            for path in sorted(self.tmp.glob("*.log"))
+        )
+
+    def stop_all(self) -> None:
+        for process in self.agents.values():
+            stop(process)
+        self.agents.clear()
+        stop(self.worker)
+        stop(self.web)
+
+
+def stop(process: subprocess.Popen | None) -> None:
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(5)

@@ -1,0 +1,148 @@
+"""The agent endpoints over HTTP (Django's test client, real database): authentication,
+clear 400s naming the field, and replayed reports that change nothing."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+from rest_framework.authtoken.models import Token
+
+from scheduler.agent.gpus import gpu_type_for_model
+from scheduler.cycle import cycle_run
+from scheduler.models import ClusterSettings, Job, Node
+from scheduler.node_services import hash_token
+from scheduler.services import job_submit
+
+pytestmark = pytest.mark.django_db
+
+JOIN = "the-join-token"
+
+
+@pytest.fixture
+def client_():
+    ClusterSettings.objects.update_or_create(pk=1, defaults={"agent_join_token": JOIN})
+    return Client()
+
+
+def post(client, path, body, token=None, scheme="Node"):
+    headers = {"HTTP_AUTHORIZATION": f"{scheme} {token}"} if token else {}
+    return client.post(f"/api/v1/agent/{path}/", body, content_type="application/json", **headers)
+
+
+def register(client, name="node-a", gpus=8):
+    response = post(client, "register", {"join_token": JOIN, "name": name, "gpu_type": "h100",
+                                         "gpus": gpus})  # fmt: skip
+    assert response.status_code == 201, response.content
+    return response.json()["token"]
+
+
+def test_register_stores_the_node_token_hashed(client_):
+    """Registering creates a READY node; only the token's hash is stored."""
+    token = register(client_)
+    node = Node.objects.get(name="node-a")
+    assert node.state == Node.State.READY and node.gpus == 8
+    assert node.token_hash == hash_token(token) and token not in node.token_hash
+
+
+def test_wrong_join_token_is_refused(client_):
+    response = post(client_, "register", {"join_token": "nope", "name": "n", "gpu_type": "h100",
+                                          "gpus": 8})  # fmt: skip
+    assert response.status_code == 403
+    assert "join_token" in response.json()
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"join_token": JOIN, "name": "n", "gpu_type": "h100", "gpus": 0}, "gpus"),
+        ({"join_token": JOIN, "name": "n", "gpu_type": "H 100", "gpus": 8}, "gpu_type"),
+        ({"join_token": JOIN, "gpu_type": "h100", "gpus": 8}, "name"),
+        ([1, 2], "body"),
+    ],
+)
+def test_bad_registration_names_the_field(client_, body, field):
+    response = post(client_, "register", body)
+    assert response.status_code == 400
+    assert field in response.json()
+
+
+def test_user_tokens_do_not_reach_agent_endpoints(client_, personas):
+    """A user's API token is not a node token, in either header scheme."""
+    register(client_)
+    key = Token.objects.create(user=personas.ada).key
+    assert post(client_, "poll", {"wait": 0}, key, scheme="Token").status_code == 401
+    assert post(client_, "poll", {"wait": 0}, key).status_code == 401
+    assert post(client_, "report", {"events": []}).status_code == 401
+
+
+def test_bad_events_name_the_field(client_):
+    token = register(client_)
+    bad = [
+        ({"events": "x"}, "events"),
+        ({"events": [{"type": "boom", "attempt": 1}]}, "events[0].type"),
+        ({"events": [{"type": "exited", "attempt": 1, "end": "eh"}]}, "events[0].end"),
+        ({"events": [{"type": "started", "attempt": -4}]}, "events[0].attempt"),
+        ({"running": ["a"]}, "running"),
+    ]
+    for body, field in bad:
+        path = "poll" if "running" in body else "report"
+        response = post(client_, path, body, token)
+        assert response.status_code == 400, body
+        assert field in response.json(), response.json()
+
+
+def test_orders_and_reports_end_to_end_over_http(client_, personas):
+    """A node polls, gets its run order, reports start and exit; the replay of the exit and a
+    report about another node's attempt are ignored."""
+    token = register(client_)
+    other = register(client_, name="node-b")
+    job, _ = job_submit(user=personas.bruno, share_name="research", gpu_type="h100", gpus=8,
+                        command="python train.py")  # fmt: skip
+    cycle_run(force=True)
+    mine, theirs = (
+        (token, other)
+        if Job.objects.get(pk=job.pk).attempts.get().allocations[0]["node"] == "node-a"
+        else (other, token)
+    )
+    orders = post(client_, "poll", {"running": [], "wait": 0}, mine).json()
+    (run,) = orders["run"]
+    assert run["command"] == "python train.py" and run["gpu_indices"] == list(range(8))
+    assert Job.objects.get(pk=job.pk).state == Job.State.STARTING
+    started = {"events": [{"type": "started", "attempt": run["attempt"]}]}
+    assert post(client_, "report", started, mine).json() == {"results": ["ok"]}
+    exited = {"events": [{"type": "exited", "attempt": run["attempt"], "end": "exit",
+                          "exit_code": 0, "log_tail": "bye"}]}  # fmt: skip
+    assert post(client_, "report", exited, theirs).json() == {"results": ["ignored"]}
+    assert post(client_, "report", exited, mine).json() == {"results": ["ok"]}
+    assert post(client_, "report", exited, mine).json() == {"results": ["ignored"]}
+    job = Job.objects.get(pk=job.pk)
+    assert job.state == Job.State.SUCCEEDED
+    assert job.attempts.get().log_tail == "bye"
+
+
+@pytest.mark.parametrize(
+    ("model", "gpu_type"),
+    [
+        ("NVIDIA H100 80GB HBM3", "h100"),
+        ("NVIDIA A100-SXM4-80GB", "a100-80g"),
+        ("NVIDIA A100-PCIE-40GB", "a100-40g"),
+        ("NVIDIA L4", "l4"),
+        ("NVIDIA L40S", "l40s"),
+        ("NVIDIA A10G", "a10g"),
+        ("Tesla T4", "t4"),
+        ("NVIDIA GH200 480GB", "gh200"),
+        ("Tesla P100-PCIE-16GB", "tesla-p100-pcie-16gb"),
+    ],
+)
+def test_gpu_model_names_map_to_gpu_types(model, gpu_type):
+    assert gpu_type_for_model(model) == gpu_type
+
+
+def test_the_agent_without_nvml_or_fake_gpus_says_what_to_do(capsys):
+    """No NVML and no --fake-gpus: a clear error naming both ways out (exit code 2)."""
+    from scheduler.agent.__main__ import main
+
+    code = main(["--join-token", "x", "--name", "n"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "NVML" in err and "--fake-gpus" in err
