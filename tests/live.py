@@ -66,6 +66,9 @@ class LiveSystem:
         self.env = {
             **os.environ,
             "DATABASE_URL": database_url(),
+            # The same Redis as this test process (the embedded one by default), not one
+            # under the temporary var directory.
+            "REDIS_URL": settings.REDIS_URL,
             "PORTAL_VAR_DIR": str(tmp / "var"),
             "CYCLE_INTERVAL_SECONDS": "1",
             "AGENT_JOIN_TOKEN": JOIN_TOKEN,
