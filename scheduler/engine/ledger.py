@@ -91,27 +91,14 @@ class Ledger:
 
         `within_limit` (reclaim tries 1 and 3) also demands the share stays within its limit.
         """
-        limit = self._limit[share]
-        used = self._usage[share]
-        after = used + deltas.get(share, 0)
-        if after > limit:
-            if within_limit or self._shares[share].strategy != LEND_AND_BORROW:
-                return reasons.at_limit(share, used, limit, self.gpu_type)
-            cap = self._borrow_cap[share]
-            if cap is not None and after - limit > cap:
-                return reasons.borrow_limit_reached(self._borrowed(share, used), cap, self.gpu_type)
-        borrowed = self.borrowed_total
-        lendable = self.lendable_total
+        trial = self.trial(share, within_limit)
         for name, delta in deltas.items():
-            if delta and name in self._usage:
-                old = self._usage[name]
-                borrowed += self._borrowed(name, old + delta) - self._borrowed(name, old)
-                lendable += self._lendable(name, old + delta) - self._lendable(name, old)
-        if borrowed > self.free_pool + lendable:
-            if after > limit:
-                return reasons.no_lendable(self.gpu_type)
-            return reasons.quota_lent_out(share, self.gpu_type)
-        return None
+            trial.change(name, delta)
+        return trial.reason()
+
+    def trial(self, share: str, within_limit: bool) -> Trial:
+        """A what-if on top of the ledger, changed one share at a time at constant cost."""
+        return Trial(self, share, within_limit)
 
     def apply(self, deltas: Mapping[str, int]) -> None:
         """Record usage changes: an admitted job, or a committed reclaim and its victims."""
@@ -122,3 +109,51 @@ class Ledger:
                 self.borrowed_total += self._borrowed(name, new) - self._borrowed(name, old)
                 self.lendable_total += self._lendable(name, new) - self._lendable(name, old)
                 self._usage[name] = new
+
+
+class Trial:
+    """Usage changes being tried for one admission (the job, its victims), with the borrowed
+    and lendable totals kept current so each check costs the same however many shares change."""
+
+    def __init__(self, ledger: Ledger, share: str, within_limit: bool) -> None:
+        self._ledger = ledger
+        self._share = share
+        self._within_limit = within_limit
+        self.deltas: dict[str, int] = {}
+        self._borrowed = ledger.borrowed_total
+        self._lendable = ledger.lendable_total
+
+    def change(self, name: str, delta: int) -> None:
+        ledger = self._ledger
+        if not delta or name not in ledger._usage:
+            return
+        base = ledger._usage[name]
+        old = base + self.deltas.get(name, 0)
+        new = old + delta
+        self.deltas[name] = new - base
+        self._borrowed += ledger._borrowed(name, new) - ledger._borrowed(name, old)
+        self._lendable += ledger._lendable(name, new) - ledger._lendable(name, old)
+
+    def usage(self, name: str) -> int:
+        return self._ledger._usage[name] + self.deltas.get(name, 0)
+
+    def reason(self) -> str | None:
+        """None if the quota rules hold with these changes; else why not."""
+        ledger = self._ledger
+        share = self._share
+        limit = ledger._limit[share]
+        used = ledger._usage[share]
+        after = used + self.deltas.get(share, 0)
+        if after > limit:
+            if self._within_limit or ledger._shares[share].strategy != LEND_AND_BORROW:
+                return reasons.at_limit(share, used, limit, ledger.gpu_type)
+            cap = ledger._borrow_cap[share]
+            if cap is not None and after - limit > cap:
+                return reasons.borrow_limit_reached(
+                    ledger._borrowed(share, used), cap, ledger.gpu_type
+                )
+        if self._borrowed > ledger.free_pool + self._lendable:
+            if after > limit:
+                return reasons.no_lendable(ledger.gpu_type)
+            return reasons.quota_lent_out(share, ledger.gpu_type)
+        return None

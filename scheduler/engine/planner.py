@@ -22,7 +22,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
 from scheduler.engine import reasons
-from scheduler.engine.ledger import Ledger
+from scheduler.engine.ledger import Ledger, Trial
 from scheduler.engine.pool import NodePool
 from scheduler.engine.snapshot import (
     FAIR,
@@ -57,10 +57,11 @@ def plan(snapshot: Snapshot) -> Plan:
     for node in snapshot.nodes:
         nodes_by_type[node.gpu_type].append(node)
 
+    sizes = {gpu_type: NodeSizes(nodes) for gpu_type, nodes in nodes_by_type.items()}
     rejections: list[Rejection] = []
     jobs_by_type: dict[str, list[tuple[int, RunnableJob]]] = defaultdict(list)
     for position, job in enumerate(snapshot.runnable):
-        reason = rejection_reason(job, shares, nodes_by_type.get(job.gpu_type, ()))
+        reason = rejection_reason(job, shares, sizes.get(job.gpu_type))
         if reason is not None:
             rejections.append(Rejection(job.id, reason))
         else:
@@ -94,8 +95,24 @@ def plan(snapshot: Snapshot) -> Plan:
     return Plan(tuple(placements), tuple(preemptions), tuple(rejections), waiting)
 
 
+class NodeSizes:
+    """How many nodes of one GPU type have at least g GPUs, for every g; node states ignored."""
+
+    def __init__(self, nodes: Sequence[NodeView]) -> None:
+        self.largest = max((node.gpus for node in nodes), default=0)
+        at_least = [0] * (self.largest + 2)
+        for node in nodes:
+            at_least[node.gpus] += 1
+        for gpus in range(self.largest - 1, -1, -1):
+            at_least[gpus] += at_least[gpus + 1]
+        self._at_least = at_least
+
+    def count_at_least(self, gpus: int) -> int:
+        return self._at_least[gpus] if gpus <= self.largest else 0
+
+
 def rejection_reason(
-    job: RunnableJob, shares: Mapping[str, ShareView], nodes: Sequence[NodeView]
+    job: RunnableJob, shares: Mapping[str, ShareView], sizes: NodeSizes | None
 ) -> str | None:
     """Why the job can never run (it is FAILED), or None.
 
@@ -112,13 +129,12 @@ def rejection_reason(
         return reasons.bad_size(job.gpus, job.nodes)
     if job.gpus % job.nodes:
         return reasons.not_divisible(job.gpus, job.nodes)
-    if not nodes:
+    if sizes is None:
         return reasons.no_nodes_of_type(job.gpu_type)
     per_node = job.gpus // job.nodes
-    largest = max(node.gpus for node in nodes)
-    if per_node > largest:
-        return reasons.node_too_small(per_node, job.gpu_type, largest)
-    big_enough = sum(1 for node in nodes if node.gpus >= per_node)
+    if per_node > sizes.largest:
+        return reasons.node_too_small(per_node, job.gpu_type, sizes.largest)
+    big_enough = sizes.count_at_least(per_node)
     if job.nodes > big_enough:
         return reasons.too_few_nodes(job.nodes, per_node, job.gpu_type, big_enough)
     return None
@@ -205,6 +221,7 @@ class _TypeCycle:
         self._releasing_version = 0
         self._boost_cache: dict[int, tuple[int, int]] = {}
         self.victims: set[str] = set()
+        self._first_untaken: dict[str, int] = {}
 
         self.placements: list[Placement] = []
         self.preemptions: list[Preemption] = []
@@ -396,6 +413,14 @@ class _TypeCycle:
         self, heap: list[tuple[tuple, str, int]], job: RunnableJob, name: str, position: int
     ) -> None:
         queue = self.candidates[name]
+        if position == 0:
+            # Victims taken by earlier reclaims of this plan mostly sit at the front.
+            position = self._first_untaken.get(name, 0)
+            start = position
+            while position < len(queue) and queue[position].id in self.victims:
+                position += 1
+            if position != start:
+                self._first_untaken[name] = position
         while position < len(queue) and queue[position].id in self.victims:
             position += 1
         if position == len(queue):
@@ -422,26 +447,23 @@ class _TypeCycle:
         if not heap:
             return None
         capacity = self._capacity(job.gpus // job.nodes, promised)
-        deltas = dict(base_deltas)
+        trial = self.ledger.trial(job.share, within_limit)
+        for name, delta in base_deltas.items():
+            trial.change(name, delta)
 
         def fits() -> bool:
-            return (
-                capacity.nodes >= job.nodes
-                and self.ledger.check(job.share, deltas, within_limit) is None
-            )
+            return capacity.nodes >= job.nodes and trial.reason() is None
 
         chosen: list[PlacedJob | None] = []
         found = False
         while heap:
             _, name, position = heapq.heappop(heap)
             candidate = self.candidates[name][position]
-            if name != job.share:
-                used = self.ledger.usage(name) + deltas.get(name, 0)
-                if used <= self.ledger.limit(name):
-                    continue  # victims only while their share is above its limit
+            if name != job.share and trial.usage(name) <= self.ledger.limit(name):
+                continue  # victims only while their share is above its limit
             self._push_next(heap, job, name, position + 1)
             chosen.append(candidate)
-            self._add_victim(candidate, capacity, deltas, +1)
+            self._add_victim(candidate, capacity, trial, +1)
             if fits():
                 found = True
                 break
@@ -451,17 +473,15 @@ class _TypeCycle:
         for index in range(len(chosen) - 1, -1, -1):
             victim = chosen[index]
             assert victim is not None
-            self._add_victim(victim, capacity, deltas, -1)
+            self._add_victim(victim, capacity, trial, -1)
             if fits():
                 chosen[index] = None
             else:
-                self._add_victim(victim, capacity, deltas, +1)
+                self._add_victim(victim, capacity, trial, +1)
         return [victim for victim in chosen if victim is not None]
 
-    def _add_victim(
-        self, victim: PlacedJob, capacity: _Capacity, deltas: dict[str, int], sign: int
-    ) -> None:
-        deltas[victim.share] = deltas.get(victim.share, 0) - sign * victim.gpus
+    def _add_victim(self, victim: PlacedJob, capacity: _Capacity, trial: Trial, sign: int) -> None:
+        trial.change(victim.share, -sign * victim.gpus)
         for allocation in victim.allocations:
             if allocation.node in self.pool:
                 capacity.add(allocation.node, sign * len(allocation.gpu_indices))

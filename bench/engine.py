@@ -1,0 +1,183 @@
+"""How long one `plan()` takes, and how that grows with the cluster.
+
+Run: python bench/engine.py [--runs 5] [--seed 1]
+
+Builds a synthetic cluster (base size: 1,000 nodes of 8 GPUs in two GPU types, 50 shares of mixed
+strategies, 5,000 placed and 20,000 runnable jobs), then the same at 0.5x, 2x and 4x, and prints
+the median time of one plan() at each size, its ratio to the base size, and that ratio divided by
+the n·log n growth between the two sizes (<= 1: no worse than n·log n).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from scheduler.engine import (  # noqa: E402
+    Allocation,
+    NodeView,
+    PlacedJob,
+    RunnableJob,
+    ShareView,
+    Snapshot,
+    plan,
+)
+from scheduler.engine.snapshot import (  # noqa: E402
+    DRAINING,
+    FAIR,
+    FIFO,
+    LEND,
+    LEND_AND_BORROW,
+    RESERVE,
+)
+
+BASE_NODES = 1_000
+BASE_SHARES = 50
+BASE_PLACED = 5_000
+BASE_RUNNABLE = 20_000
+GPUS_PER_NODE = 8
+GPU_TYPES = ("h100", "a100-80g")
+SCALES = (0.5, 1.0, 2.0, 4.0)
+
+
+def synthetic_snapshot(scale: float, seed: int, borrow_order: str = FIFO) -> Snapshot:
+    """A busy cluster: most GPUs held, some shares over their limit, a long queue."""
+    rng = random.Random(seed)
+    node_count = int(BASE_NODES * scale)
+    share_count = max(2, int(BASE_SHARES * scale))
+    nodes = tuple(
+        NodeView(
+            f"node-{i}",
+            GPU_TYPES[i % len(GPU_TYPES)],
+            GPUS_PER_NODE,
+            DRAINING if rng.random() < 0.01 else "READY",
+        )
+        for i in range(node_count)
+    )
+    capacity = {t: sum(n.gpus for n in nodes if n.gpu_type == t) for t in GPU_TYPES}
+
+    # Limits cover about 90% of each type; the rest is the free pool.
+    shares = []
+    for i in range(share_count):
+        strategy = rng.choice((RESERVE, LEND, LEND, LEND_AND_BORROW, LEND_AND_BORROW))
+        limits = {t: max(1, int(capacity[t] * 0.9 / share_count)) for t in GPU_TYPES}
+        shares.append(
+            ShareView(
+                name=f"share-{i}",
+                capacity_limits=limits,
+                strategy=strategy,
+                borrow_limit=(
+                    rng.choice((-1, 50, 100, 200)) if strategy == LEND_AND_BORROW else -1
+                ),
+                lend_limit=(
+                    {t: limits[t] // 2 for t in GPU_TYPES}
+                    if strategy != RESERVE and rng.random() < 0.2
+                    else None
+                ),
+                in_share_preemption=rng.random() < 0.3,
+                weight=rng.choice((1.0, 2.0, 4.0)),
+                strict_fifo=rng.random() < 0.1,
+            )
+        )
+
+    runnable_count = int(BASE_RUNNABLE * scale)
+    runnable = []
+    for i in range(runnable_count):
+        share = rng.choice(shares)
+        gpus, gang = rng.choice(((1, 1), (1, 1), (2, 1), (4, 1), (8, 1), (16, 2)))
+        runnable.append(
+            RunnableJob(
+                id=f"r{i}",
+                share=share.name,
+                gpu_type=rng.choice(GPU_TYPES),
+                gpus=gpus,
+                nodes=gang,
+                priority=rng.choice((0, 0, 0, 10, 100)),
+                submitted=float(rng.randrange(100_000)),
+            )
+        )
+
+    placed = []
+    free = {n.name: list(range(n.gpus)) for n in nodes}
+    order = list(nodes)
+    rng.shuffle(order)
+    target = int(BASE_PLACED * scale)
+    cursor = 0
+    while len(placed) < target and cursor < len(order):
+        node = order[cursor]
+        left = free[node.name]
+        if not left:
+            cursor += 1
+            continue
+        gpus = min(len(left), rng.choice((1, 1, 1, 1, 1, 2, 2, 4)))
+        indices, free[node.name] = tuple(left[:gpus]), left[gpus:]
+        stopping = rng.random() < 0.02
+        placed.append(
+            PlacedJob(
+                id=f"p{len(placed)}",
+                share=rng.choice(shares).name,
+                gpu_type=node.gpu_type,
+                gpus=gpus,
+                priority=rng.choice((0, 0, 10, 100)),
+                submitted=float(rng.randrange(100_000)),
+                started=float(rng.randrange(100_000)),
+                allocations=(Allocation(node.name, indices),),
+                stopping=stopping,
+                preempted_for=(
+                    rng.choice(runnable).id if stopping and rng.random() < 0.5 else None
+                ),
+            )
+        )
+    return Snapshot(nodes, tuple(shares), tuple(placed), tuple(runnable), borrow_order)
+
+
+def median_plan_seconds(snapshot: Snapshot, runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        plan(snapshot)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+
+    for borrow_order in (FIFO, FAIR):
+        print(f"borrow_order={borrow_order}, median of {args.runs} runs per size")
+        print(
+            f"{'scale':>5} {'nodes':>6} {'placed':>7} {'runnable':>8} {'median ms':>10} "
+            f"{'x base':>7} {'/ nlogn':>8}  placed/preempted/waiting"
+        )
+        base_seconds = None
+        base_n = None
+        for scale in sorted(SCALES, key=lambda s: s != 1.0):
+            snapshot = synthetic_snapshot(scale, args.seed, borrow_order)
+            seconds = median_plan_seconds(snapshot, args.runs)
+            outcome = plan(snapshot)
+            n = len(snapshot.placed) + len(snapshot.runnable) + len(snapshot.nodes)
+            if base_seconds is None:
+                base_seconds, base_n = seconds, n
+            ratio = seconds / base_seconds
+            nlogn = (n * math.log(n)) / (base_n * math.log(base_n))
+            print(
+                f"{scale:>5} {len(snapshot.nodes):>6} {len(snapshot.placed):>7} "
+                f"{len(snapshot.runnable):>8} {seconds * 1000:>10.1f} {ratio:>7.2f} "
+                f"{ratio / nlogn:>8.2f}  {len(outcome.placements)}/"
+                f"{len(outcome.preemptions)}/{len(outcome.waiting)}"
+            )
+        print()
+
+
+if __name__ == "__main__":
+    main()

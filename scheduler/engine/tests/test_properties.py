@@ -1,0 +1,266 @@
+"""Properties of §2 that hold for every cluster, share set and job stream, checked over several
+cycles: placements start, victims stop for one cycle then return to the queue, jobs finish."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduler.engine import PlacedJob, Plan, RunnableJob, ShareView, Snapshot, plan, planner
+from scheduler.engine.snapshot import (
+    DRAINING,
+    FAIR,
+    FIFO,
+    LEND_AND_BORROW,
+    READY,
+    RECLAIM,
+    RESERVE,
+    STRATEGIES,
+    NodeView,
+)
+from scheduler.engine.tests.helpers import H100, advance
+
+WAITING_ON_RELEASE = ("reclaiming", "preempting", "waiting for")
+
+
+@st.composite
+def clusters(draw) -> Snapshot:
+    node_count = draw(st.integers(1, 4))
+    nodes = tuple(
+        NodeView(
+            f"n{i}",
+            H100,
+            draw(st.sampled_from((4, 8))),
+            draw(st.sampled_from((READY, READY, READY, DRAINING))),
+        )
+        for i in range(node_count)
+    )
+    shares = []
+    for i in range(draw(st.integers(1, 4))):
+        strategy = draw(st.sampled_from(STRATEGIES))
+        limit = draw(st.integers(1, 12))
+        shares.append(
+            ShareView(
+                f"s{i}",
+                {H100: limit},
+                strategy,
+                borrow_limit=(
+                    draw(st.sampled_from((-1, 0, 50, 100))) if strategy == LEND_AND_BORROW else -1
+                ),
+                lend_limit=draw(st.sampled_from((None, {H100: limit // 2}))),
+                in_share_preemption=draw(st.booleans()),
+                weight=draw(st.sampled_from((1.0, 2.0))),
+                strict_fifo=draw(st.integers(0, 4)) == 0,
+            )
+        )
+    jobs = []
+    for i in range(draw(st.integers(1, 12))):
+        gpus, spread = draw(st.sampled_from(((1, 1), (2, 1), (4, 1), (8, 1), (8, 2))))
+        jobs.append(
+            RunnableJob(
+                f"j{i}",
+                f"s{draw(st.integers(0, len(shares) - 1))}",
+                H100,
+                gpus,
+                spread,
+                draw(st.integers(0, 3)),
+                float(i),
+            )
+        )
+    return Snapshot(nodes, tuple(shares), (), tuple(jobs), draw(st.sampled_from((FIFO, FAIR))))
+
+
+# --- an independent recount of the quota rules -------------------------------------------------
+
+
+def _usage(jobs) -> dict[str, int]:
+    usage: dict[str, int] = defaultdict(int)
+    for job in jobs:
+        usage[job.share] += job.gpus
+    return usage
+
+
+def _borrowing_fits(snapshot: Snapshot, usage: dict[str, int]) -> bool:
+    capacity = sum(n.gpus for n in snapshot.nodes if n.state == READY)
+    free_pool = max(0, capacity - sum(s.capacity_limits[H100] for s in snapshot.shares))
+    borrowed = lendable = 0
+    for share in snapshot.shares:
+        limit = share.capacity_limits[H100]
+        borrowed += max(0, usage[share.name] - limit)
+        if share.strategy != RESERVE:
+            idle = max(0, limit - usage[share.name])
+            if share.lend_limit is not None:
+                idle = min(idle, share.lend_limit[H100])
+            lendable += idle
+    return borrowed <= free_pool + lendable
+
+
+def _within_cap(share: ShareView, usage: int) -> bool:
+    limit = share.capacity_limits[H100]
+    if share.strategy != LEND_AND_BORROW:
+        return usage <= limit
+    return share.borrow_limit == -1 or usage - limit <= limit * share.borrow_limit // 100
+
+
+def _free_gpus(snapshot: Snapshot) -> dict[str, int]:
+    held: dict[str, int] = defaultdict(int)
+    for job in snapshot.placed:
+        for allocation in job.allocations:
+            held[allocation.node] += len(allocation.gpu_indices)
+    return {n.name: n.gpus - held[n.name] for n in snapshot.nodes if n.state == READY}
+
+
+def check_plan(snapshot: Snapshot, outcome: Plan) -> None:
+    shares = {s.name: s for s in snapshot.shares}
+    nodes = {n.name: n for n in snapshot.nodes}
+    runnable = {j.id: j for j in snapshot.runnable}
+    placed = {p.id: p for p in snapshot.placed}
+
+    # Every runnable job is placed, rejected or waiting, exactly once.
+    decided = (
+        [p.job_id for p in outcome.placements]
+        + [r.job_id for r in outcome.rejections]
+        + list(outcome.waiting)
+    )
+    assert sorted(decided) == sorted(runnable)
+
+    # No node over-allocated, no GPU index given twice, gangs on distinct READY nodes.
+    taken = {(a.node, i) for p in snapshot.placed for a in p.allocations for i in a.gpu_indices}
+    for placement in outcome.placements:
+        job = runnable[placement.job_id]
+        assert len({a.node for a in placement.allocations}) == job.nodes
+        for allocation in placement.allocations:
+            node = nodes[allocation.node]
+            assert node.state == READY
+            assert len(allocation.gpu_indices) == job.gpus // job.nodes
+            for index in allocation.gpu_indices:
+                assert 0 <= index < node.gpus
+                assert (node.name, index) not in taken
+                taken.add((node.name, index))
+
+    # Victims: running jobs, cross-share only from shares above their limit.
+    before = _usage(snapshot.placed)
+    for preemption in outcome.preemptions:
+        victim = placed[preemption.job_id]
+        assert not victim.stopping
+        for_job = runnable[preemption.for_job_id]
+        if preemption.kind == RECLAIM:
+            assert victim.share != for_job.share
+            assert before[victim.share] > shares[victim.share].capacity_limits[H100]
+        else:
+            assert victim.share == for_job.share and victim.priority < for_job.priority
+
+    # Admissions: total borrowed within free pool + lendable, each share within its cap.
+    if outcome.placements:
+        preempted = {p.job_id for p in outcome.preemptions}
+        after = _usage(
+            [p for p in snapshot.placed if not p.stopping and p.id not in preempted]
+            + [runnable[p.job_id] for p in outcome.placements]
+        )
+        assert _borrowing_fits(snapshot, after)
+        for placement in outcome.placements:
+            share = shares[runnable[placement.job_id].share]
+            assert _within_cap(share, after[share.name])
+
+    # A job with victims already stopping for it triggers no new preemption.
+    promised = {p.preempted_for for p in snapshot.placed if p.stopping and p.preempted_for}
+    assert not promised & {p.for_job_id for p in outcome.preemptions}
+
+    # Work-conserving: if some job fits its share's rules on free GPUs, something happens.
+    if not outcome.placements and not outcome.preemptions:
+        if any(r.startswith(WAITING_ON_RELEASE) for r in outcome.waiting.values()):
+            return
+        free = _free_gpus(snapshot)
+        rejected = {r.job_id for r in outcome.rejections}
+        for job in snapshot.runnable:
+            share = shares.get(job.share)
+            if job.id in rejected or share is None or share.strict_fifo:
+                continue
+            usage = dict(before)
+            usage[job.share] = usage.get(job.share, 0) + job.gpus
+            usage = defaultdict(int, usage)
+            roomy = sum(1 for f in free.values() if f >= job.gpus // job.nodes)
+            assert not (
+                roomy >= job.nodes
+                and _within_cap(share, usage[job.share])
+                and _borrowing_fits(snapshot, usage)
+            ), f"{job.id} fits but nothing was placed"
+
+
+def _minimal_search(original):
+    """Wrap the victim search: every victim set it returns must be minimal."""
+
+    def search(self, job, attempt, promised, base_deltas):
+        chosen = original(self, job, attempt, promised, base_deltas)
+        if chosen:
+            for left_out in chosen:
+                capacity = self._capacity(job.gpus // job.nodes, promised)
+                trial = self.ledger.trial(job.share, attempt != planner.TRY_OWN_SHARE)
+                for name, delta in base_deltas.items():
+                    trial.change(name, delta)
+                for victim in chosen:
+                    if victim is not left_out:
+                        self._add_victim(victim, capacity, trial, +1)
+                assert not (capacity.nodes >= job.nodes and trial.reason() is None), (
+                    f"{left_out.id} is not needed for {job.id}"
+                )
+        return chosen
+
+    return search
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(cluster=clusters(), finishes=st.lists(st.booleans(), min_size=5, max_size=5))
+def test_every_cycle_keeps_the_rules(cluster, finishes):
+    """Over five cycles no GPU is double-booked, borrowing never exceeds what is lendable, caps
+    hold, only borrowers are reclaimed, victim sets are minimal, the cluster does not idle while
+    a job fits, and the same snapshot always gives the same plan."""
+    original = planner._TypeCycle._search
+    planner._TypeCycle._search = _minimal_search(original)
+    try:
+        snapshot = cluster
+        for cycle, finish in enumerate(finishes):
+            outcome = plan(snapshot)
+            assert plan(snapshot) == outcome
+            check_plan(snapshot, outcome)
+            stopped = [p for p in snapshot.placed if p.stopping]
+            snapshot = advance(snapshot, outcome, now=float(100 + cycle))
+            # Jobs that were stopping have stopped: back to the queue, keeping submission time.
+            placed = [p for p in snapshot.placed if p.id not in {s.id for s in stopped}]
+            if finish:
+                running = [p for p in placed if not p.stopping]
+                if running:
+                    placed.remove(running[0])
+            requeued = tuple(
+                RunnableJob(
+                    p.id, p.share, p.gpu_type, p.gpus, len(p.allocations), p.priority, p.submitted
+                )
+                for p in stopped
+            )
+            snapshot = Snapshot(
+                snapshot.nodes,
+                snapshot.shares,
+                tuple(placed),
+                snapshot.runnable + requeued,
+                snapshot.borrow_order,
+            )
+    finally:
+        planner._TypeCycle._search = original
+
+
+def test_placed_job_builder_keeps_fields():
+    """advance() turns a placement into a PlacedJob with the job's own fields."""
+    snapshot = Snapshot(
+        (NodeView("n0", H100, 8),),
+        (ShareView("s", {H100: 8}, RESERVE),),
+        runnable=(RunnableJob("j", "s", H100, 2, priority=3, submitted=7.0),),
+    )
+    after = advance(snapshot, plan(snapshot), now=9.0)
+    assert after.placed == (PlacedJob("j", "s", H100, 2, 3, 7.0, 9.0, after.placed[0].allocations),)
+    assert after.runnable == ()
