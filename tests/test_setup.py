@@ -75,3 +75,15 @@ def test_seed_demo_is_idempotent(settings, tmp_path, capsys):
     strategies = set(QuotaShare.objects.values_list("strategy", flat=True))
     assert strategies == {"RESERVE", "LEND", "LEND_AND_BORROW"}
     assert set(Node.objects.values_list("gpu_type", flat=True)) == {"h100", "l4"}
+
+
+def test_production_settings_pass_the_deploy_checks():
+    """`manage.py check --deploy` is clean with DEBUG off and a secret key set."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL",)}
+    env.update(DEBUG="false", SECRET_KEY="x" * 60 + "-not-a-real-key-but-long-and-random-enough")
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no issues" in result.stdout
