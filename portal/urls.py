@@ -1,7 +1,9 @@
 from django.contrib import admin
 from django.http import HttpRequest, JsonResponse
-from django.urls import path
+from django.urls import include, path
 from django.views.generic import RedirectView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.permissions import AllowAny
 
 
 def health(request: HttpRequest) -> JsonResponse:
@@ -13,4 +15,13 @@ urlpatterns = [
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
     path("admin/", admin.site.urls),
     path("health/", health, name="health"),
+    path("api/v1/", include("scheduler.api.urls")),
+    # The schema and its Swagger UI are public (they describe, they hold no data); the UI's
+    # assets come from drf-spectacular-sidecar through our static files, so it works offline.
+    path("api/schema/", SpectacularAPIView.as_view(permission_classes=[AllowAny]), name="schema"),
+    path(
+        "api/docs/",
+        SpectacularSwaggerView.as_view(url_name="schema", permission_classes=[AllowAny]),
+        name="api-docs",
+    ),
 ]

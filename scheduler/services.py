@@ -47,6 +47,31 @@ def job_cancel(*, job: Job, user) -> Job:
     )
 
 
+PRIORITY_OF_ENDED_JOB = (
+    "priority: job {job} already ended ({state}); its priority no longer matters."
+)
+
+
+@transaction.atomic
+def job_set_priority(*, job: Job, priority: int) -> Job:
+    """Change a job's priority (AWS UpdateServiceJob). A queued job moves in its share's queue at
+    the next cycle; a placed job keeps its GPUs but ranks by the new priority as a victim.
+    Raises ValidationError for a job that already ended."""
+    from django.core.exceptions import ValidationError
+
+    job = Job.objects.select_for_update().get(pk=job.pk)
+    if job.is_final:
+        raise ValidationError(
+            {"priority": PRIORITY_OF_ENDED_JOB.format(job=job.pk, state=job.state)}
+        )
+    if job.priority != priority:
+        job.priority = priority
+        job.full_clean(exclude=["share", "submitted_by"])
+        job.save(update_fields=["priority", "updated_at"])
+        request_cycle()
+    return job
+
+
 def node_set_state(*, node: Node, state: str) -> Node:
     """Drain (finish running jobs, take no new ones), undrain, or mark a node down."""
     Node.objects.filter(pk=node.pk).update(state=state)
