@@ -82,6 +82,12 @@ def build_world() -> World:
     return world
 
 
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings):
+    """Tests create many users; the production hasher takes most of a second each."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def world(db) -> World:
     return build_world()
