@@ -4,6 +4,7 @@ keeping field names and messages; an idempotency conflict a 409; an oversized bo
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import exceptions, status
 from rest_framework.parsers import JSONParser
@@ -30,20 +31,25 @@ class Conflict(exceptions.APIException):
     default_code = "conflict"
 
 
+def _too_large(request) -> PayloadTooLarge | None:
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    try:
+        size = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        size = 0
+    if limit is not None and size > limit:
+        return PayloadTooLarge(BODY_TOO_LARGE.format(size=size, limit=limit))
+    return None
+
+
 class SizeLimitedJSONParser(JSONParser):
-    """DRF reads JSON bodies without Django's DATA_UPLOAD_MAX_MEMORY_SIZE check: refuse an
-    oversized body before reading it."""
+    """DRF may read a JSON body straight from the stream, without Django's
+    DATA_UPLOAD_MAX_MEMORY_SIZE check: refuse an oversized body before reading it."""
 
     def parse(self, stream, media_type=None, parser_context=None):
         request = (parser_context or {}).get("request")
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        if request is not None and limit is not None:
-            try:
-                size = int(request.META.get("CONTENT_LENGTH") or 0)
-            except ValueError:
-                size = 0
-            if size > limit:
-                raise PayloadTooLarge(BODY_TOO_LARGE.format(size=size, limit=limit))
+        if request is not None and (error := _too_large(request)) is not None:
+            raise error
         return super().parse(stream, media_type, parser_context)
 
 
@@ -57,7 +63,10 @@ def django_validation_detail(error: DjangoValidationError) -> dict[str, list[str
 
 
 def api_exception_handler(exc, context):
-    if isinstance(exc, DjangoValidationError):
+    if isinstance(exc, RequestDataTooBig):
+        # Django's own check fired first (the body was already read): same 413.
+        exc = _too_large(context["request"]) or PayloadTooLarge()
+    elif isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(django_validation_detail(exc))
     elif isinstance(exc, ClientTokenConflict):
         return Response(
