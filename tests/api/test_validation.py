@@ -10,7 +10,7 @@ from django.contrib.staticfiles import finders
 from scheduler import services
 from scheduler.api import serializers as s
 from scheduler.api import views
-from scheduler.models import PRIORITY_RANGE, TIMEOUT_RANGE, GPUS_DIVISIBLE_BY_NODES, Job
+from scheduler.models import GPUS_DIVISIBLE_BY_NODES, PRIORITY_RANGE, TIMEOUT_RANGE, Job
 from shares.models import BORROW_LIMIT_ONLY_WITH_LEND_AND_BORROW, QuotaShare
 from shares.services import share_update
 from tests.api.conftest import job_request
