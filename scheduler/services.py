@@ -241,24 +241,31 @@ def job_submit(
     if not (command or "").strip():
         raise ValidationError({"command": COMMAND_EMPTY})
     job = Job(share=share, submitted_by=user, client_token=client_token, **request)
-    job.full_clean(exclude=["share", "submitted_by"])
+    # Field validators and Job.clean() check every rule the check constraints hold, with the
+    # messages users read; validating the constraints again would cost one query each (five
+    # per submit), and the database enforces them anyway (the client_token race included).
+    job.full_clean(exclude=["share", "submitted_by"], validate_constraints=False)
     validate_fits_nodes(gpu_type=gpu_type, gpus=gpus, nodes=nodes)
     try:
         with transaction.atomic():
             job.state = Job.State.RUNNABLE
             job.reason = QUEUED_REASON
             job.save()
-            JobEvent.objects.create(
-                job=job,
-                from_state="",
-                to_state=Job.State.SUBMITTED,
-                reason=SUBMITTED_REASON.format(user=user),
-            )
-            JobEvent.objects.create(
-                job=job,
-                from_state=Job.State.SUBMITTED,
-                to_state=Job.State.RUNNABLE,
-                reason=f"accepted into share {share.name}'s queue",
+            JobEvent.objects.bulk_create(
+                [
+                    JobEvent(
+                        job=job,
+                        from_state="",
+                        to_state=Job.State.SUBMITTED,
+                        reason=SUBMITTED_REASON.format(user=user),
+                    ),
+                    JobEvent(
+                        job=job,
+                        from_state=Job.State.SUBMITTED,
+                        to_state=Job.State.RUNNABLE,
+                        reason=f"accepted into share {share.name}'s queue",
+                    ),
+                ]
             )
             request_cycle()
     except IntegrityError:
