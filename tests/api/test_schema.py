@@ -4,7 +4,10 @@ operation so the whole run stays well under a minute."""
 
 from __future__ import annotations
 
+import pytest
 import schemathesis
+from django.core.signals import request_finished, request_started
+from django.db import close_old_connections
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -17,6 +20,18 @@ from portal.wsgi import application
 EXAMPLES_PER_OPERATION = 12
 
 schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", application)
+
+
+@pytest.fixture(autouse=True)
+def keep_the_test_connection():
+    """Schemathesis calls the WSGI app directly, so Django's end-of-request hook would close
+    the connection that holds the test's transaction (Django's own test client unhooks it the
+    same way)."""
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    yield
+    request_started.connect(close_old_connections)
+    request_finished.connect(close_old_connections)
 
 
 @schema.parametrize()
