@@ -175,7 +175,17 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
+    "DEFAULT_PARSER_CLASSES": [
+        "scheduler.api.errors.SizeLimitedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
+    "EXCEPTION_HANDLER": "scheduler.api.errors.api_exception_handler",
 }
+
+# A job request is small: a command (≤ 64 KiB) and its environment. Bigger bodies get a 413
+# (JSON) or a 400 (forms) before anything is parsed.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=1024 * 1024)
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "GPU quota sharing portal API",
@@ -185,6 +195,12 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "SERVE_INCLUDE_SCHEMA": False,
+    "ENUM_NAME_OVERRIDES": {
+        "JobStateEnum": "scheduler.models.Job.State",
+        "NodeStateEnum": "scheduler.models.Node.State",
+        "ShareStateEnum": "shares.models.QuotaShare.State",
+    },
+    "COMPONENT_SPLIT_REQUEST": True,
 }
 
 LOGGING = {

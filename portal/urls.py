@@ -1,7 +1,16 @@
 from django.contrib import admin
 from django.http import HttpRequest, JsonResponse
-from django.urls import include, path
+from django.urls import include, path, re_path
+from django.views.decorators.csrf import csrf_exempt
 from django.views.generic import RedirectView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.permissions import AllowAny
+
+
+@csrf_exempt
+def api_not_found(request: HttpRequest, rest: str = "") -> JsonResponse:
+    """API clients get JSON, not an HTML page, for a path no endpoint matches."""
+    return JsonResponse({"detail": f"no API endpoint at {request.path}"}, status=404)
 
 
 def health(request: HttpRequest) -> JsonResponse:
@@ -14,4 +23,14 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("health/", health, name="health"),
     path("api/v1/agent/", include("scheduler.agent_urls")),
+    path("api/v1/", include("scheduler.api.urls")),
+    # The schema and its Swagger UI are public (they describe, they hold no data); the UI's
+    # assets come from drf-spectacular-sidecar through our static files, so it works offline.
+    path("api/schema/", SpectacularAPIView.as_view(permission_classes=[AllowAny]), name="schema"),
+    path(
+        "api/docs/",
+        SpectacularSwaggerView.as_view(url_name="schema", permission_classes=[AllowAny]),
+        name="api-docs",
+    ),
+    re_path(r"^api/(?P<rest>.*)$", api_not_found),
 ]

@@ -79,6 +79,31 @@ def jobs_transition(
     return len(changes)
 
 
+PRIORITY_OF_ENDED_JOB = (
+    "priority: job {job} already ended ({state}); its priority no longer matters."
+)
+
+
+@transaction.atomic
+def job_set_priority(*, job: Job, priority: int) -> Job:
+    """Change a job's priority (AWS UpdateServiceJob). A queued job moves in its share's queue at
+    the next cycle; a placed job keeps its GPUs but ranks by the new priority as a victim.
+    Raises ValidationError for a job that already ended."""
+    from django.core.exceptions import ValidationError
+
+    job = Job.objects.select_for_update().get(pk=job.pk)
+    if job.is_final:
+        raise ValidationError(
+            {"priority": PRIORITY_OF_ENDED_JOB.format(job=job.pk, state=job.state)}
+        )
+    if job.priority != priority:
+        job.priority = priority
+        job.full_clean(exclude=["share", "submitted_by"])
+        job.save(update_fields=["priority", "updated_at"])
+        request_cycle()
+    return job
+
+
 def node_set_state(*, node: Node, state: str) -> Node:
     """Drain (finish running jobs, take no new ones), undrain, or mark a node down."""
     Node.objects.filter(pk=node.pk).update(state=state)
@@ -249,24 +274,31 @@ def job_submit(
     if not (command or "").strip():
         raise ValidationError({"command": COMMAND_EMPTY})
     job = Job(share=share, submitted_by=user, client_token=client_token, **request)
-    job.full_clean(exclude=["share", "submitted_by"])
+    # Field validators and Job.clean() check every rule the check constraints hold, with the
+    # messages users read; validating the constraints again would cost one query each (five
+    # per submit), and the database enforces them anyway (the client_token race included).
+    job.full_clean(exclude=["share", "submitted_by"], validate_constraints=False)
     validate_fits_nodes(gpu_type=gpu_type, gpus=gpus, nodes=nodes)
     try:
         with transaction.atomic():
             job.state = Job.State.RUNNABLE
             job.reason = QUEUED_REASON
             job.save()
-            JobEvent.objects.create(
-                job=job,
-                from_state="",
-                to_state=Job.State.SUBMITTED,
-                reason=SUBMITTED_REASON.format(user=user),
-            )
-            JobEvent.objects.create(
-                job=job,
-                from_state=Job.State.SUBMITTED,
-                to_state=Job.State.RUNNABLE,
-                reason=f"accepted into share {share.name}'s queue",
+            JobEvent.objects.bulk_create(
+                [
+                    JobEvent(
+                        job=job,
+                        from_state="",
+                        to_state=Job.State.SUBMITTED,
+                        reason=SUBMITTED_REASON.format(user=user),
+                    ),
+                    JobEvent(
+                        job=job,
+                        from_state=Job.State.SUBMITTED,
+                        to_state=Job.State.RUNNABLE,
+                        reason=f"accepted into share {share.name}'s queue",
+                    ),
+                ]
             )
             request_cycle()
     except IntegrityError:

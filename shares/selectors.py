@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import asdict, dataclass
 
-from django.db.models import Sum
+from django.db.models import QuerySet, Sum
 
-from shares.models import CapacityLimit, QuotaShare
+from shares.models import CapacityLimit, Membership, QuotaShare
 
 OVERPROMISED = "GPU type {gpu_type}: shares promise {promised} GPUs, READY nodes have {capacity}."
 NO_NODES = (
@@ -43,3 +44,155 @@ def capacity_warnings() -> list[str]:
                 OVERPROMISED.format(gpu_type=gpu_type, promised=promised[gpu_type], capacity=have)
             )
     return warnings
+
+
+# --- Who sees which share ---------------------------------------------------------------------
+
+
+def is_admin(user) -> bool:
+    return bool(user and user.is_authenticated and (user.is_staff or user.is_superuser))
+
+
+def shares_visible_to(user) -> QuerySet[QuotaShare]:
+    """Admins see every share; anyone else the shares of the teams they belong to."""
+    shares = QuotaShare.objects.select_related("team").prefetch_related("capacity_limits")
+    if is_admin(user):
+        return shares
+    if not user or not user.is_authenticated:
+        return shares.none()
+    return shares.filter(team__memberships__user=user).distinct()
+
+
+def team_roles(user) -> dict[int, str]:
+    """{team id: Membership.Role} for the user's teams."""
+    if not user or not user.is_authenticated:
+        return {}
+    return dict(Membership.objects.filter(user=user).values_list("team_id", "role"))
+
+
+# --- Live usage: own, borrowed, lent ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TypeUsage:
+    """A share's GPUs of one type right now. `own` = used within the limit, `borrowed` = used
+    above it, `lent` = its idle GPUs that borrowers use now, `lendable` = idle GPUs it could
+    still lend (0 for RESERVE; within its lend_limit)."""
+
+    limit: int
+    lend_limit: int | None
+    used: int
+    own: int
+    borrowed: int
+    lent: int
+    lendable: int
+
+    def as_dict(self) -> dict[str, int | None]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class PoolUsage:
+    """One GPU type across the cluster: READY capacity, the part no share's limit covers (the
+    free pool), and how much of it borrowers use."""
+
+    capacity: int
+    covered_by_limits: int
+    free_pool: int
+    borrowed_from_pool: int
+    used: int
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class UsageReport:
+    shares: dict[str, dict[str, TypeUsage]]
+    pool: dict[str, PoolUsage]
+
+
+def _split_in_proportion(amount: int, weights: dict[str, int]) -> dict[str, int]:
+    """Split `amount` (≤ sum of weights) in whole GPUs in proportion to `weights`, by the largest
+    remainder, never giving anyone more than its weight."""
+    total = sum(weights.values())
+    amount = min(amount, total)
+    if amount <= 0 or total <= 0:
+        return dict.fromkeys(weights, 0)
+    exact = {name: amount * weight / total for name, weight in weights.items()}
+    shares = {name: int(value) for name, value in exact.items()}
+    left = amount - sum(shares.values())
+    for name in sorted(exact, key=lambda n: (shares[n] - exact[n], n))[:left]:
+        shares[name] += 1
+    return shares
+
+
+def share_usage() -> UsageReport:
+    """Live usage of every share per GPU type (DESIGN §2 "Precise rules").
+
+    usage = GPUs of the share's placed jobs (SCHEDULED, STARTING, RUNNING, PREEMPTING);
+    borrowed = max(0, usage − limit). What borrowers use is drawn first from the free pool
+    (READY capacity not covered by any share's limit), then from lenders in proportion to what
+    each can lend: its idle quota, within its lend_limit; a RESERVE share lends nothing."""
+    from scheduler.models import Job, Node
+
+    shares = list(QuotaShare.objects.prefetch_related("capacity_limits"))
+    used: dict[tuple[int, str], int] = {
+        (row["share_id"], row["gpu_type"]): row["total"]
+        for row in Job.objects.filter(state__in=Job.PLACED_STATES)
+        .values("share_id", "gpu_type")
+        .annotate(total=Sum("gpus"))
+    }
+    capacity: dict[str, int] = dict(
+        Node.objects.filter(state=Node.State.READY)
+        .values_list("gpu_type")
+        .annotate(total=Sum("gpus"))
+        .values_list("gpu_type", "total")
+    )
+    gpu_types = set(capacity) | {gpu_type for _, gpu_type in used}
+    limits_by_share = {share.pk: share.limits for share in shares}
+    lend_limits_by_share = {share.pk: share.lend_limits for share in shares}
+    for limits in limits_by_share.values():
+        gpu_types |= set(limits)
+
+    report: dict[str, dict[str, TypeUsage]] = {share.name: {} for share in shares}
+    pool: dict[str, PoolUsage] = {}
+    for gpu_type in sorted(gpu_types):
+        rows = []
+        for share in shares:
+            limit = limits_by_share[share.pk].get(gpu_type, 0)
+            use = used.get((share.pk, gpu_type), 0)
+            if not limit and not use:
+                continue
+            lend_limit = lend_limits_by_share[share.pk].get(gpu_type)
+            idle = max(0, limit - use)
+            if share.strategy == QuotaShare.Strategy.RESERVE:
+                lendable = 0
+            else:
+                lendable = idle if lend_limit is None else min(idle, lend_limit)
+            rows.append((share, limit, lend_limit, use, lendable))
+        borrowed_total = sum(max(0, use - limit) for _, limit, _, use, _ in rows)
+        covered = sum(limit for _, limit, _, _, _ in rows)
+        free_pool = max(0, capacity.get(gpu_type, 0) - covered)
+        from_pool = min(borrowed_total, free_pool)
+        lent = _split_in_proportion(
+            borrowed_total - from_pool, {share.name: lendable for share, *_, lendable in rows}
+        )
+        for share, limit, lend_limit, use, lendable in rows:
+            report[share.name][gpu_type] = TypeUsage(
+                limit=limit,
+                lend_limit=lend_limit,
+                used=use,
+                own=min(use, limit),
+                borrowed=max(0, use - limit),
+                lent=lent[share.name],
+                lendable=lendable - lent[share.name],
+            )
+        pool[gpu_type] = PoolUsage(
+            capacity=capacity.get(gpu_type, 0),
+            covered_by_limits=covered,
+            free_pool=free_pool,
+            borrowed_from_pool=from_pool,
+            used=sum(use for _, _, _, use, _ in rows),
+        )
+    return UsageReport(shares=report, pool=pool)

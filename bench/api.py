@@ -1,0 +1,204 @@
+"""Submit throughput of the REST API: gunicorn (2 workers) on PostgreSQL, concurrent clients.
+
+    python bench/api.py [--runs 3] [--seconds 5] [--clients 8]
+
+Creates a scratch PostgreSQL database (dropped and re-created each time), migrates it, adds a
+team, a share, nodes and a user token, starts gunicorn, then per run measures
+1. GET /health/ (the same server's trivial endpoint: the ceiling), and
+2. POST /api/v1/jobs/ (a full submit: auth, membership, validation, insert, events, and the
+   cycle request — a Celery message to Redis; no worker runs, messages just accumulate),
+each for --seconds with --clients concurrent clients (processes, one keep-alive connection
+each). Prints per-run figures and the medians. Goal: ≥ 300 submits/s, p99 ≤ 100 ms,
+submit/health ratio ≥ 0.4."""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+GUNICORN = str(Path(PYTHON).parent / "gunicorn")
+ADMIN_URL = os.environ.get(
+    "BENCH_ADMIN_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"
+)
+DB_NAME = os.environ.get("BENCH_DATABASE", "portal_bench")
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+def database_url() -> str:
+    admin = urlparse(ADMIN_URL)
+    return admin._replace(path=f"/{DB_NAME}").geturl()
+
+
+def create_database() -> None:
+    import psycopg
+
+    with psycopg.connect(ADMIN_URL, autocommit=True) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)')
+        connection.execute(f'CREATE DATABASE "{DB_NAME}"')
+
+
+SETUP = """
+from django.contrib.auth import get_user_model
+from rest_framework.authtoken.models import Token
+from scheduler.models import Node
+from shares.models import Membership, Team
+from shares.services import share_create
+user = get_user_model().objects.create_user("bench")
+team = Team.objects.create(name="Bench", slug="bench")
+Membership.objects.create(team=team, user=user, role="LEAD")
+share_create(name="bench", team=team, capacity_limits={"h100": 64})
+for i in range(8):
+    Node.objects.create(name=f"bench-{i}", gpu_type="h100", gpus=8)
+print(Token.objects.create(user=user).key)
+"""
+
+
+def server_env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "REDIS_URL": REDIS_URL,
+        "DEBUG": "false",
+        "SECRET_KEY": "bench-only-secret-key-not-for-production-use-0123456789",
+        "LOG_LEVEL": "WARNING",
+    }
+
+
+def prepare() -> str:
+    create_database()
+    env = server_env()
+    manage = [PYTHON, str(ROOT / "manage.py")]
+    subprocess.run([*manage, "migrate", "--no-input", "-v0"], check=True, env=env, cwd=ROOT)
+    result = subprocess.run(
+        [*manage, "shell", "-c", SETUP], check=True, env=env, cwd=ROOT, capture_output=True,
+        text=True,
+    )  # fmt: skip
+    return result.stdout.strip().splitlines()[-1]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(port: int) -> subprocess.Popen:
+    server = subprocess.Popen(
+        [GUNICORN, "portal.wsgi", "-w", "2", "-b", f"127.0.0.1:{port}", "--log-level", "warning"],
+        env=server_env(),
+        cwd=ROOT,
+    )
+    for _ in range(100):
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return server
+        except OSError:
+            time.sleep(0.1)
+    server.kill()
+    raise SystemExit("gunicorn did not start")
+
+
+def client(args: tuple[int, str, str, float]) -> tuple[int, int, list[float]]:
+    """One client: requests back to back for `seconds`; returns (ok, errors, latencies)."""
+    port, kind, token, seconds = args
+    body = json.dumps(
+        {"share": "bench", "gpu_type": "h100", "gpus": 8, "command": "python train.py"}
+    )
+    headers = {"Authorization": f"Token {token}", "Content-Type": "application/json"}
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    ok = errors = 0
+    latencies: list[float] = []
+    deadline = time.perf_counter() + seconds
+    while (start := time.perf_counter()) < deadline:
+        try:
+            if kind == "health":
+                connection.request("GET", "/health/")
+            else:
+                connection.request("POST", "/api/v1/jobs/", body=body, headers=headers)
+            response = connection.getresponse()
+            response.read()
+            if response.status in (200, 201):
+                ok += 1
+            else:
+                errors += 1
+            if response.getheader("Connection", "").lower() == "close":
+                connection.close()
+        except (OSError, http.client.HTTPException):
+            errors += 1
+            connection.close()
+        latencies.append(time.perf_counter() - start)
+    return ok, errors, latencies
+
+
+def measure(pool, port: int, kind: str, token: str, seconds: float, clients: int) -> dict:
+    started = time.perf_counter()
+    results = pool.map(client, [(port, kind, token, seconds)] * clients)
+    elapsed = time.perf_counter() - started
+    ok = sum(r[0] for r in results)
+    latencies = sorted(x for r in results for x in r[2])
+    p = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000  # noqa: E731
+    return {
+        "rate": ok / elapsed,
+        "errors": sum(r[1] for r in results),
+        "p50": p(0.50),
+        "p99": p(0.99),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--clients", type=int, default=8)
+    args = parser.parse_args()
+    token = prepare()
+    port = free_port()
+    server = start_server(port)
+    runs = []
+    try:
+        with multiprocessing.Pool(args.clients) as pool:
+            measure(pool, port, "health", token, 1.0, args.clients)  # warm up both workers
+            measure(pool, port, "submit", token, 1.0, args.clients)
+            for number in range(1, args.runs + 1):
+                health = measure(pool, port, "health", token, args.seconds, args.clients)
+                submit = measure(pool, port, "submit", token, args.seconds, args.clients)
+                runs.append((health, submit))
+                print(
+                    f"run {number}: submit {submit['rate']:.0f}/s p50 {submit['p50']:.1f} ms "
+                    f"p99 {submit['p99']:.1f} ms errors {submit['errors']} | health "
+                    f"{health['rate']:.0f}/s p99 {health['p99']:.1f} ms | ratio "
+                    f"{submit['rate'] / health['rate']:.2f}",
+                    flush=True,
+                )
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+    median = lambda values: statistics.median(values)  # noqa: E731
+    submit_rate = median([s["rate"] for _, s in runs])
+    submit_p99 = median([s["p99"] for _, s in runs])
+    health_rate = median([h["rate"] for h, _ in runs])
+    ratio = median([s["rate"] / h["rate"] for h, s in runs])
+    print(
+        f"median of {len(runs)} runs ({args.clients} clients, gunicorn 2 workers, PostgreSQL, "
+        f"{os.cpu_count()} CPUs): submits/s {submit_rate:.0f} (goal ≥ 300), "
+        f"p99 {submit_p99:.1f} ms (goal ≤ 100), health/s {health_rate:.0f}, "
+        f"ratio {ratio:.2f} (goal ≥ 0.4)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""`python -m portal_client COMMAND`: submit, ls, show, cancel, logs, queue, shares, wait.
+
+export PORTAL_URL=http://127.0.0.1:8000 PORTAL_TOKEN=...
+python -m portal_client submit --share research --gpus 8 --gpu-type h100 -- python train.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from portal_client.client import FINAL_STATES, Client, PortalError
+
+NO_URL = "no portal URL: pass --url or set PORTAL_URL (like http://127.0.0.1:8000)."
+NO_TOKEN = "no API token: pass --token or set PORTAL_TOKEN (manage.py drf_create_token USER)."
+NO_COMMAND = "no command: put it after --, like: submit ... -- python train.py"
+BAD_ENV = "--env takes NAME=VALUE, not {value!r}."
+
+
+def parser() -> argparse.ArgumentParser:
+    main = argparse.ArgumentParser(
+        prog="python -m portal_client", description=__doc__.split("\n")[0]
+    )
+    main.add_argument("--url", default=os.environ.get("PORTAL_URL"), help="default: $PORTAL_URL")
+    main.add_argument(
+        "--token", default=os.environ.get("PORTAL_TOKEN"), help="default: $PORTAL_TOKEN"
+    )
+    main.add_argument("--json", action="store_true", help="print the API's JSON")
+    commands = main.add_subparsers(dest="command", required=True)
+
+    submit = commands.add_parser("submit", help="submit a job; the command goes after --")
+    submit.add_argument("--share", required=True)
+    submit.add_argument("--gpus", type=int, required=True)
+    submit.add_argument("--gpu-type", required=True)
+    submit.add_argument("--nodes", type=int, default=1)
+    submit.add_argument("--priority", type=int, default=0)
+    submit.add_argument("--name", default="")
+    submit.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
+    submit.add_argument("--client-token")
+    submit.add_argument("--timeout", type=int, dest="timeout_seconds")
+    submit.add_argument("--max-preemptions", type=int)
+    submit.add_argument("--retry-attempts", type=int, default=0)
+    submit.add_argument("--wait", action="store_true", help="wait until the job ends")
+    submit.add_argument("job_command", nargs=argparse.REMAINDER)
+
+    ls = commands.add_parser("ls", help="list jobs, newest first")
+    ls.add_argument("--share")
+    ls.add_argument("--state", action="append", help="repeatable")
+    ls.add_argument("--user", dest="submitted_by")
+    ls.add_argument("--since", help="ISO time, like 2026-01-31T12:00Z")
+    ls.add_argument("--limit", type=int, default=50)
+
+    for name, text in (("show", "describe a job"), ("cancel", "cancel a job"),
+                       ("logs", "print the end of a job's log")):  # fmt: skip
+        command = commands.add_parser(name, help=text)
+        command.add_argument("job_id", type=int)
+    wait = commands.add_parser("wait", help="wait until a job reaches a state")
+    wait.add_argument("job_id", type=int)
+    wait.add_argument("--state", action="append", help=f"default: {', '.join(FINAL_STATES)}")
+    wait.add_argument("--timeout", type=float, default=3600)
+    commands.add_parser("queue", help="the front of the queue and per-share usage")
+    commands.add_parser("shares", help="your shares and their usage")
+    return main
+
+
+def job_row(job: dict) -> str:
+    return (
+        f"{job['id']:>6}  {job['share']:<14} {job['state']:<10} {job['gpus']:>3} × "
+        f"{job['gpu_type']:<8} p{job['priority']:<5} {job['name'] or '-':<16} {job['reason']}"
+    )
+
+
+JOB_HEADER = f"{'ID':>6}  {'SHARE':<14} {'STATE':<10} {'GPUS':>14} {'PRIO':<6} {'NAME':<16} REASON"
+
+
+def print_job(job: dict, out=sys.stdout) -> None:
+    def say(*parts: str) -> None:
+        print(*parts, file=out)
+
+    say(f"job {job['id']} {job['name']!r}: {job['state']} — {job['reason']}")
+    say(
+        f"  share {job['share']}, {job['gpus']} × {job['gpu_type']} on {job['nodes']} node(s), "
+        f"priority {job['priority']}, submitted by {job['submitted_by']} at {job['submitted_at']}"
+    )
+    say(f"  command: {job['command']}")
+    if "allocations" in job:
+        for allocation in job["allocations"]:
+            indices = ",".join(str(i) for i in allocation["gpu_indices"])
+            say(f"  node {allocation['node']}: GPUs {indices}")
+        preemptions = job["preemptions"]
+        say(f"  attempts {job['attempt_count']}, preemptions {preemptions['count']}")
+        for attempt in preemptions["recent"]:
+            say(
+                f"    attempt {attempt['number']} preempted at {attempt['ended_at']}"
+                f" for job {attempt['preempted_for']}: {attempt['end_reason']}"
+            )
+
+
+def usage_lines(name: str, usage: dict) -> list[str]:
+    return [
+        f"{name:<14} {gpu_type:<8} limit {row['limit']:>4}  used {row['used']:>4}  "
+        f"own {row['own']:>4}  borrowed {row['borrowed']:>4}  lent {row['lent']:>4}"
+        for gpu_type, row in usage.items()
+    ]
+
+
+def run(args: argparse.Namespace, out=sys.stdout) -> int:
+    if not args.url:
+        raise SystemExit(NO_URL)
+    if not args.token:
+        raise SystemExit(NO_TOKEN)
+    client = Client(args.url, args.token)
+    emit = (lambda data: print(json.dumps(data, indent=2), file=out)) if args.json else None
+
+    if args.command == "submit":
+        command = args.job_command[1:] if args.job_command[:1] == ["--"] else args.job_command
+        if not command:
+            raise SystemExit(NO_COMMAND)
+        env = {}
+        for item in args.env:
+            name, sep, value = item.partition("=")
+            if not sep:
+                raise SystemExit(BAD_ENV.format(value=item))
+            env[name] = value
+        job = client.submit(
+            share=args.share,
+            gpus=args.gpus,
+            gpu_type=args.gpu_type,
+            command=command if len(command) > 1 else command[0],
+            nodes=args.nodes,
+            priority=args.priority,
+            name=args.name,
+            env=env,
+            client_token=args.client_token,
+            timeout_seconds=args.timeout_seconds,
+            max_preemptions=args.max_preemptions,
+            retry_attempts=args.retry_attempts,
+        )
+        if args.wait:
+            job = client.wait(job["id"])
+        if emit:
+            emit(job)
+        else:
+            print(f"job {job['id']} {job['state']}: {job['reason']}", file=out)
+        return 0 if job["state"] != "FAILED" else 1
+    if args.command == "ls":
+        jobs = client.jobs(
+            share=args.share,
+            state=args.state,
+            submitted_by=args.submitted_by,
+            since=args.since,
+            limit=args.limit,
+        )
+        if emit:
+            emit(jobs)
+        else:
+            print(JOB_HEADER, file=out)
+            for job in jobs:
+                print(job_row(job), file=out)
+        return 0
+    if args.command in ("show", "cancel", "wait"):
+        if args.command == "show":
+            job = client.job(args.job_id)
+        elif args.command == "cancel":
+            job = client.cancel(args.job_id)
+        else:
+            job = client.wait(args.job_id, states=args.state or FINAL_STATES, timeout=args.timeout)
+        if emit:
+            emit(job)
+        else:
+            print_job(job, out)
+        return 0
+    if args.command == "logs":
+        print(client.logs(args.job_id), end="", file=out)
+        return 0
+    if args.command == "queue":
+        queue = client.queue()
+        if emit:
+            emit(queue)
+            return 0
+        print(f"{queue['runnable']} runnable job(s); front of the queue:", file=out)
+        for entry in queue["front"]:
+            print(
+                f"{entry['position']:>4}. [{entry['considered_as']}] {job_row(entry['job'])}",
+                file=out,
+            )
+        for name, usage in queue["shares"].items():
+            for line in usage_lines(name, usage):
+                print(line, file=out)
+        return 0
+    if args.command == "shares":
+        shares = client.shares()
+        if emit:
+            emit(shares)
+            return 0
+        for share in shares:
+            print(
+                f"{share['name']} ({share['team']}, {share['strategy']}, {share['state']})",
+                file=out,
+            )
+            for line in usage_lines("", share["usage"]):
+                print("  " + line.strip(), file=out)
+        return 0
+    raise SystemExit(f"unknown command {args.command!r}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return run(args)
+    except PortalError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except TimeoutError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 3

@@ -1,0 +1,207 @@
+"""A small client for `/api/v1/` (requests-based). Every method returns the API's JSON."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import requests
+
+FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
+
+
+class PortalError(Exception):
+    """The API refused a request: `status` is the HTTP status, `detail` the JSON body."""
+
+    def __init__(self, status: int, detail: Any) -> None:
+        self.status = status
+        self.detail = detail
+        super().__init__(f"HTTP {status}: {format_detail(detail)}")
+
+
+def format_detail(detail: Any) -> str:
+    """{'gpus': ['gpus: must be ...']} → 'gpus: must be ...' (one message per line)."""
+    if isinstance(detail, dict):
+        lines = []
+        for key, value in detail.items():
+            values = value if isinstance(value, list) else [value]
+            for message in values:
+                text = str(message)
+                lines.append(
+                    text if key in ("detail", "non_field_errors") else _prefixed(key, text)
+                )
+        return "\n".join(lines)
+    return str(detail)
+
+
+def _prefixed(key: str, text: str) -> str:
+    return text if text.startswith(f"{key}:") else f"{key}: {text}"
+
+
+class Client:
+    """`Client(url, token)`: url is the portal's root (http://host:port), token a user's API
+    token (`manage.py drf_create_token USER`)."""
+
+    def __init__(self, url: str, token: str | None = None, *, timeout: float = 30.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.session = requests.Session()
+        if token:
+            self.session.headers["Authorization"] = f"Token {token}"
+
+    # --- plumbing -----------------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        url = path if path.startswith("http") else f"{self.url}/api/v1/{path.lstrip('/')}"
+        response = self.session.request(method, url, timeout=self.timeout, **kwargs)
+        if response.status_code >= 400:
+            try:
+                detail = response.json()
+            except ValueError:
+                detail = response.text[:500]
+            raise PortalError(response.status_code, detail)
+        return response.json() if response.content else None
+
+    def _pages(self, path: str, params: dict[str, Any], limit: int | None) -> list[dict]:
+        items: list[dict] = []
+        page = self._request("GET", path, params=params)
+        while True:
+            items.extend(page["results"])
+            if not page.get("next") or (limit is not None and len(items) >= limit):
+                break
+            page = self._request("GET", page["next"])
+        return items[:limit] if limit is not None else items
+
+    # --- jobs (AWS SubmitServiceJob, ListServiceJobs, DescribeServiceJob, ...) -----------------
+
+    def submit(
+        self,
+        *,
+        share: str,
+        gpus: int,
+        gpu_type: str,
+        command: str | Sequence[str],
+        nodes: int = 1,
+        priority: int = 0,
+        name: str = "",
+        env: dict[str, str] | None = None,
+        client_token: str | None = None,
+        timeout_seconds: int | None = None,
+        max_preemptions: int | None = None,
+        retry_attempts: int = 0,
+    ) -> dict:
+        """Submit a job; returns it. With a `client_token` already used for the same request,
+        returns the first job instead of creating a second."""
+        if not isinstance(command, str):
+            command = shlex.join(command)
+        body: dict[str, Any] = {
+            "share": share,
+            "gpus": gpus,
+            "gpu_type": gpu_type,
+            "command": command,
+            "nodes": nodes,
+            "priority": priority,
+            "name": name,
+            "env": env or {},
+            "retry_attempts": retry_attempts,
+        }
+        for key, value in (
+            ("client_token", client_token),
+            ("timeout_seconds", timeout_seconds),
+            ("max_preemptions", max_preemptions),
+        ):
+            if value is not None:
+                body[key] = value
+        return self._request("POST", "jobs/", json=body)
+
+    def jobs(
+        self,
+        *,
+        share: str | None = None,
+        state: str | Iterable[str] | None = None,
+        submitted_by: str | None = None,
+        since: str | None = None,
+        limit: int | None = None,
+    ) -> list[dict]:
+        """Jobs you may see, newest first, following `next` links (up to `limit`)."""
+        params: dict[str, Any] = {"page_size": min(limit or 500, 500)}
+        if share:
+            params["share"] = share
+        if state:
+            params["state"] = [state] if isinstance(state, str) else list(state)
+        if submitted_by:
+            params["submitted_by"] = submitted_by
+        if since:
+            params["since"] = since
+        return self._pages("jobs/", params, limit)
+
+    def job(self, job_id: int) -> dict:
+        """Describe a job: attempts, preemptions, nodes and GPU indices, log tail."""
+        return self._request("GET", f"jobs/{int(job_id)}/")
+
+    def update(self, job_id: int, *, priority: int) -> dict:
+        return self._request("PATCH", f"jobs/{int(job_id)}/", json={"priority": priority})
+
+    def cancel(self, job_id: int) -> dict:
+        return self._request("POST", f"jobs/{int(job_id)}/cancel/")
+
+    def wait(
+        self,
+        job_id: int,
+        states: Iterable[str] = FINAL_STATES,
+        timeout: float | None = 3600,
+        poll: float = 1.0,
+    ) -> dict:
+        """Poll until the job is in one of `states`; returns it. Raises TimeoutError."""
+        wanted = {states} if isinstance(states, str) else set(states)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            job = self.job(job_id)
+            if job["state"] in wanted:
+                return job
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"job {job_id} is {job['state']} after {timeout}s, not in {sorted(wanted)}"
+                )
+            time.sleep(poll)
+
+    def logs(self, job_id: int) -> str:
+        """The end of the job's log (latest attempt)."""
+        return self.job(job_id)["log_tail"]
+
+    # --- queue, shares, nodes -----------------------------------------------------------------
+
+    def queue(self) -> dict:
+        """The front of the queue and per-share usage (AWS GetJobQueueSnapshot)."""
+        return self._request("GET", "queue/")
+
+    def shares(self) -> list[dict]:
+        return self._request("GET", "shares/")
+
+    def share(self, name: str) -> dict:
+        return self._request("GET", f"shares/{name}/")
+
+    def share_usage(self, name: str) -> dict:
+        return self._request("GET", f"shares/{name}/usage/")
+
+    def share_history(self, name: str, *, limit: int | None = None) -> list[dict]:
+        return self._pages(f"shares/{name}/history/", {}, limit)
+
+    def update_share(self, name: str, **changes: Any) -> dict:
+        """Admins: change a share's settings (capacity_limits replaces the whole map)."""
+        return self._request("PATCH", f"shares/{name}/", json=changes)
+
+    def create_share(self, **fields: Any) -> dict:
+        """Admins: create a share (name, team, capacity_limits, strategy, ...)."""
+        return self._request("POST", "shares/", json=fields)
+
+    def nodes(self) -> list[dict]:
+        return self._request("GET", "nodes/")
+
+    def drain(self, node: str) -> dict:
+        return self._request("POST", f"nodes/{node}/drain/")
+
+    def undrain(self, node: str) -> dict:
+        return self._request("POST", f"nodes/{node}/undrain/")

@@ -1,0 +1,75 @@
+"""Every bad request gets a clear 4xx: Django's ValidationError from services becomes a DRF 400
+keeping field names and messages; an idempotency conflict a 409; an oversized body a 413."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import ValidationError as DjangoValidationError
+from rest_framework import exceptions, status
+from rest_framework.parsers import JSONParser
+from rest_framework.response import Response
+from rest_framework.views import exception_handler
+
+from scheduler.services import ClientTokenConflict
+
+BODY_TOO_LARGE = (
+    "request body is {size} bytes; the limit is {limit} bytes (command and env are capped too: "
+    "see the API documentation)."
+)
+
+
+class PayloadTooLarge(exceptions.APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_detail = "request body too large."
+    default_code = "payload_too_large"
+
+
+class Conflict(exceptions.APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = "conflict."
+    default_code = "conflict"
+
+
+def _too_large(request) -> PayloadTooLarge | None:
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    try:
+        size = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        size = 0
+    if limit is not None and size > limit:
+        return PayloadTooLarge(BODY_TOO_LARGE.format(size=size, limit=limit))
+    return None
+
+
+class SizeLimitedJSONParser(JSONParser):
+    """DRF may read a JSON body straight from the stream, without Django's
+    DATA_UPLOAD_MAX_MEMORY_SIZE check: refuse an oversized body before reading it."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        request = (parser_context or {}).get("request")
+        if request is not None and (error := _too_large(request)) is not None:
+            raise error
+        return super().parse(stream, media_type, parser_context)
+
+
+def django_validation_detail(error: DjangoValidationError) -> dict[str, list[str]]:
+    if hasattr(error, "error_dict"):
+        return {
+            ("non_field_errors" if field == "__all__" else field): messages
+            for field, messages in error.message_dict.items()
+        }
+    return {"non_field_errors": error.messages}
+
+
+def api_exception_handler(exc, context):
+    if isinstance(exc, RequestDataTooBig):
+        # Django's own check fired first (the body was already read): same 413.
+        exc = _too_large(context["request"]) or PayloadTooLarge()
+    elif isinstance(exc, DjangoValidationError):
+        exc = exceptions.ValidationError(django_validation_detail(exc))
+    elif isinstance(exc, ClientTokenConflict):
+        return Response(
+            {"client_token": [str(exc)], "job_id": exc.job.pk}, status=status.HTTP_409_CONFLICT
+        )
+    return exception_handler(exc, context)

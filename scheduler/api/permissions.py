@@ -1,0 +1,52 @@
+"""Who may do what (issue #5):
+
+- admins (is_staff or superuser): everything;
+- a team lead: sees every job of the team's shares and manages them (cancel, priority);
+- a member: submits to the team's shares, sees the team's jobs, cancels their own;
+- anyone else: 404 for another team's job or share — never its data.
+
+Reads are scoped by the selectors (`jobs_visible_to`, `shares_visible_to`), so what a user may
+not see is simply not found. These checks decide what a user who *can* see an object may do
+with it; a refusal there is a 403."""
+
+from __future__ import annotations
+
+from rest_framework import permissions
+from rest_framework.exceptions import PermissionDenied
+
+from scheduler.models import Job
+from scheduler.selectors import user_role_for_share
+from shares.models import Membership
+from shares.selectors import is_admin
+
+ADMIN_ONLY = "only admins may {action}."
+LEAD_ONLY = "only a lead of team {team} (or an admin) may {action} this job."
+OWN_OR_LEAD = "only the job's submitter, a lead of team {team} or an admin may {action} this job."
+
+
+class IsAdmin(permissions.BasePermission):
+    message = ADMIN_ONLY.format(action="do this")
+
+    def has_permission(self, request, view) -> bool:
+        return is_admin(request.user)
+
+
+def require_admin(user, action: str) -> None:
+    if not is_admin(user):
+        raise PermissionDenied(ADMIN_ONLY.format(action=action))
+
+
+def require_can_update_job(user, job: Job) -> None:
+    """Changing a job's priority is the lead's call: it reorders the team's queue."""
+    if user_role_for_share(user, job.share) in ("ADMIN", Membership.Role.LEAD):
+        return
+    raise PermissionDenied(LEAD_ONLY.format(team=job.share.team.slug, action="change"))
+
+
+def require_can_cancel_job(user, job: Job) -> None:
+    role = user_role_for_share(user, job.share)
+    if role in ("ADMIN", Membership.Role.LEAD):
+        return
+    if role == Membership.Role.MEMBER and job.submitted_by_id == user.pk:
+        return
+    raise PermissionDenied(OWN_OR_LEAD.format(team=job.share.team.slug, action="cancel"))

@@ -1,0 +1,561 @@
+"""What the API reads and writes. Write serializers check types and sizes; the rules of
+DESIGN §2 stay in the services, whose ValidationErrors come back as 400s (see errors.py)."""
+
+from __future__ import annotations
+
+import re
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from scheduler.models import (
+    MAX_PRIORITY,
+    MAX_RETRY_ATTEMPTS,
+    MAX_TIMEOUT_SECONDS,
+    PRIORITY_RANGE,
+    TIMEOUT_RANGE,
+    Job,
+    JobAttempt,
+    JobEvent,
+    Node,
+)
+from shares.models import (
+    GPU_TYPE_FORMAT,
+    MAX_GPU_TYPES_PER_SHARE,
+    MAX_GRACE_SECONDS,
+    QuotaShare,
+    ShareChange,
+)
+
+# Sizes a job request may have. Bigger bodies are refused before parsing (413).
+MAX_COMMAND_CHARS = 65536
+MAX_ENV_VARS = 100
+MAX_ENV_NAME_CHARS = 128
+MAX_ENV_VALUE_CHARS = 4096
+MAX_NAME_CHARS = 200
+MAX_CLIENT_TOKEN_CHARS = 64
+MAX_GPUS_ASKED = 1_000_000  # far above any cluster: the service then says it never fits
+MAX_NODES_ASKED = 100_000
+MAX_PREEMPTIONS = 1000
+MAX_LIMIT_GPUS = 1_000_000
+MAX_INT = 2_147_483_647  # PostgreSQL integer
+
+COMMAND_TOO_LONG = f"command: at most {MAX_COMMAND_CHARS} characters; put long scripts in a file."
+COMMAND_REQUIRED = "command: required; the shell command the job runs."
+ENV_TOO_MANY = f"env: at most {MAX_ENV_VARS} variables."
+ENV_NAME = (
+    "env: {name!r} is not a valid variable name (letters, digits and underscores, not starting "
+    f"with a digit, at most {MAX_ENV_NAME_CHARS} characters)."
+)
+ENV_VALUE_TOO_LONG = f"env: the value of {{name}} is longer than {MAX_ENV_VALUE_CHARS} characters."
+ENV_VALUE_TYPE = "env: the value of {name} must be a string."
+GPUS_RANGE = f"gpus: must be between 1 and {MAX_GPUS_ASKED}."
+NODES_RANGE = f"nodes: must be between 1 and {MAX_NODES_ASKED}."
+MAX_PREEMPTIONS_RANGE = f"max_preemptions: must be between 0 and {MAX_PREEMPTIONS}, or null."
+RETRY_ATTEMPTS_RANGE = f"retry_attempts: must be between 0 and {MAX_RETRY_ATTEMPTS}."
+NAME_TOO_LONG = f"name: at most {MAX_NAME_CHARS} characters."
+CLIENT_TOKEN_TOO_LONG = f"client_token: at most {MAX_CLIENT_TOKEN_CHARS} characters."
+ONLY_PRIORITY = "{fields}: only priority can be changed on a submitted job."
+LIMITS_RANGE = f"capacity_limits: each limit is between 1 and {MAX_LIMIT_GPUS} GPUs."
+LEND_LIMIT_TYPE = "lend_limit: a number of GPUs for every type, or a map {gpu_type: GPUs}, or null."
+
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+GPU_TYPE_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
+
+
+def _range(message: str) -> dict[str, str]:
+    return {"min_value": message, "max_value": message}
+
+
+# --- Jobs -------------------------------------------------------------------------------------
+
+
+class JobSerializer(serializers.ModelSerializer):
+    """A job as lists show it (AWS ServiceJobSummary)."""
+
+    share = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    submitted_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "name",
+            "share",
+            "submitted_by",
+            "gpu_type",
+            "gpus",
+            "nodes",
+            "priority",
+            "state",
+            "reason",
+            "preemption_count",
+            "attempt_count",
+            "failure_count",
+            "cancel_requested",
+            "command",
+            "env",
+            "client_token",
+            "timeout_seconds",
+            "max_preemptions",
+            "retry_attempts",
+            "submitted_at",
+            "started_at",
+            "finished_at",
+            "updated_at",
+        ]
+        read_only_fields = fields
+
+
+class AllocationSerializer(serializers.Serializer):
+    node = serializers.CharField()
+    gpu_indices = serializers.ListField(child=serializers.IntegerField())
+
+
+class AttemptSerializer(serializers.ModelSerializer):
+    allocations = serializers.SerializerMethodField()
+    preempted_for = serializers.PrimaryKeyRelatedField(read_only=True)
+
+    class Meta:
+        model = JobAttempt
+        fields = [
+            "number",
+            "allocations",
+            "borrowed_gpus",
+            "scheduled_at",
+            "started_at",
+            "stop_requested_at",
+            "ended_at",
+            "outcome",
+            "exit_code",
+            "end_reason",
+            "preempted_for",
+        ]
+        read_only_fields = fields
+
+    @extend_schema_field(AllocationSerializer(many=True))
+    def get_allocations(self, attempt: JobAttempt) -> list[dict]:
+        return attempt_allocations(attempt)
+
+
+def attempt_allocations(attempt: JobAttempt) -> list[dict]:
+    """[{node, gpu_indices}] from the GPUs the attempt holds or held; the attempt's own
+    `allocations` field when it has no GPU rows."""
+    by_node: dict[str, list[int]] = {}
+    for gpu in attempt.gpus.all():
+        by_node.setdefault(gpu.node.name, []).append(gpu.gpu_index)
+    if not by_node:
+        return list(attempt.allocations or [])
+    return [{"node": node, "gpu_indices": sorted(indices)} for node, indices in by_node.items()]
+
+
+class EventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = JobEvent
+        fields = ["at", "from_state", "to_state", "reason"]
+        read_only_fields = fields
+
+
+class PreemptionSummarySerializer(serializers.Serializer):
+    count = serializers.IntegerField()
+    max_preemptions = serializers.IntegerField(allow_null=True)
+    recent = AttemptSerializer(many=True)
+
+
+RECENT_PREEMPTIONS = 5
+
+
+class JobDetailSerializer(JobSerializer):
+    """A job as describe shows it (AWS DescribeServiceJob): attempts, preemptions, where it
+    runs and the end of its log."""
+
+    attempts = AttemptSerializer(many=True, read_only=True)
+    events = EventSerializer(many=True, read_only=True)
+    preemptions = serializers.SerializerMethodField()
+    allocations = serializers.SerializerMethodField()
+    log_tail = serializers.SerializerMethodField()
+
+    class Meta(JobSerializer.Meta):
+        fields = [
+            *JobSerializer.Meta.fields,
+            "allocations",
+            "preemptions",
+            "attempts",
+            "events",
+            "log_tail",
+        ]
+        read_only_fields = fields
+
+    @extend_schema_field(PreemptionSummarySerializer)
+    def get_preemptions(self, job: Job) -> dict:
+        preempted = [
+            attempt
+            for attempt in job.attempts.all()
+            if attempt.outcome == JobAttempt.Outcome.PREEMPTED
+        ]
+        return {
+            "count": job.preemption_count,
+            "max_preemptions": job.max_preemptions,
+            "recent": AttemptSerializer(preempted[-RECENT_PREEMPTIONS:][::-1], many=True).data,
+        }
+
+    @extend_schema_field(AllocationSerializer(many=True))
+    def get_allocations(self, job: Job) -> list[dict]:
+        """Where the latest attempt runs (or ran): nodes and GPU indices."""
+        attempts = list(job.attempts.all())
+        return attempt_allocations(attempts[-1]) if attempts else []
+
+    @extend_schema_field(serializers.CharField())
+    def get_log_tail(self, job: Job) -> str:
+        attempts = list(job.attempts.all())
+        return attempts[-1].log_tail if attempts else ""
+
+
+class EnvField(serializers.DictField):
+    """{NAME: value}, bounded in count and size, with messages that say which rule."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, dict):
+            self.fail("not_a_dict", input_type=type(data).__name__)
+        if len(data) > MAX_ENV_VARS:
+            raise serializers.ValidationError(ENV_TOO_MANY)
+        for name, value in data.items():
+            if len(name) > MAX_ENV_NAME_CHARS or not ENV_NAME_RE.fullmatch(name):
+                raise serializers.ValidationError(ENV_NAME.format(name=name[:200]))
+            if not isinstance(value, str) or "\x00" in value:
+                raise serializers.ValidationError(ENV_VALUE_TYPE.format(name=name))
+            if len(value) > MAX_ENV_VALUE_CHARS:
+                raise serializers.ValidationError(ENV_VALUE_TOO_LONG.format(name=name))
+        return dict(data)
+
+
+@extend_schema_field({"type": "string", "pattern": r"^[a-z0-9][a-z0-9-]{0,31}$"})
+class GpuTypeField(serializers.CharField):
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        if not GPU_TYPE_RE.fullmatch(value):
+            raise serializers.ValidationError(GPU_TYPE_FORMAT.format(value=value[:100]))
+        return value
+
+
+class JobSubmitSerializer(serializers.Serializer):
+    """AWS SubmitServiceJob: what a job asks for."""
+
+    share = serializers.CharField(max_length=63, help_text="The quota share's name.")
+    gpu_type = GpuTypeField(max_length=32)
+    gpus = serializers.IntegerField(
+        min_value=1, max_value=MAX_GPUS_ASKED, error_messages=_range(GPUS_RANGE)
+    )
+    nodes = serializers.IntegerField(
+        default=1, min_value=1, max_value=MAX_NODES_ASKED, error_messages=_range(NODES_RANGE)
+    )
+    priority = serializers.IntegerField(
+        default=0, min_value=0, max_value=MAX_PRIORITY, error_messages=_range(PRIORITY_RANGE)
+    )
+    command = serializers.CharField(
+        max_length=MAX_COMMAND_CHARS,
+        trim_whitespace=False,
+        allow_blank=True,
+        error_messages={"max_length": COMMAND_TOO_LONG, "required": COMMAND_REQUIRED},
+    )
+    name = serializers.CharField(
+        default="",
+        allow_blank=True,
+        max_length=MAX_NAME_CHARS,
+        error_messages={"max_length": NAME_TOO_LONG},
+    )
+    env = EnvField(default=dict, child=serializers.CharField(allow_blank=True))
+    client_token = serializers.CharField(
+        default="",
+        allow_blank=True,
+        max_length=MAX_CLIENT_TOKEN_CHARS,
+        error_messages={"max_length": CLIENT_TOKEN_TOO_LONG},
+        help_text="Idempotency token: the same token returns the first job (200).",
+    )
+    timeout_seconds = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        default=None,
+        min_value=1,
+        max_value=MAX_TIMEOUT_SECONDS,
+        error_messages=_range(TIMEOUT_RANGE),
+    )
+    max_preemptions = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        default=None,
+        min_value=0,
+        max_value=MAX_PREEMPTIONS,
+        error_messages=_range(MAX_PREEMPTIONS_RANGE),
+    )
+    retry_attempts = serializers.IntegerField(
+        default=0,
+        min_value=0,
+        max_value=MAX_RETRY_ATTEMPTS,
+        error_messages=_range(RETRY_ATTEMPTS_RANGE),
+    )
+
+
+class JobUpdateSerializer(serializers.Serializer):
+    """AWS UpdateServiceJob: only the priority of a job can change."""
+
+    priority = serializers.IntegerField(
+        min_value=0, max_value=MAX_PRIORITY, error_messages=_range(PRIORITY_RANGE)
+    )
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            others = sorted(set(data) - {"priority"})
+            if others:
+                raise serializers.ValidationError(
+                    {others[0]: [ONLY_PRIORITY.format(fields=", ".join(others))]}
+                )
+        return super().to_internal_value(data)
+
+
+class JobListFilterSerializer(serializers.Serializer):
+    share = serializers.CharField(required=False, max_length=63)
+    state = serializers.MultipleChoiceField(choices=Job.State.choices, required=False)
+    submitted_by = serializers.CharField(required=False, max_length=150)
+    since = serializers.DateTimeField(required=False)
+    gpu_type = serializers.CharField(required=False, max_length=32)
+
+
+# --- Shares -----------------------------------------------------------------------------------
+
+
+class TypeUsageSerializer(serializers.Serializer):
+    limit = serializers.IntegerField()
+    lend_limit = serializers.IntegerField(allow_null=True)
+    used = serializers.IntegerField()
+    own = serializers.IntegerField()
+    borrowed = serializers.IntegerField()
+    lent = serializers.IntegerField()
+    lendable = serializers.IntegerField()
+
+
+class PoolUsageSerializer(serializers.Serializer):
+    capacity = serializers.IntegerField()
+    covered_by_limits = serializers.IntegerField()
+    free_pool = serializers.IntegerField()
+    borrowed_from_pool = serializers.IntegerField()
+    used = serializers.IntegerField()
+
+
+class ShareSerializer(serializers.ModelSerializer):
+    """A quota share with its live usage per GPU type (needs `usage` in the context)."""
+
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    capacity_limits = serializers.SerializerMethodField()
+    lend_limit = serializers.SerializerMethodField()
+    usage = serializers.SerializerMethodField()
+
+    class Meta:
+        model = QuotaShare
+        fields = [
+            "name",
+            "team",
+            "strategy",
+            "capacity_limits",
+            "lend_limit",
+            "borrow_limit",
+            "in_share_preemption",
+            "grace_seconds",
+            "state",
+            "weight",
+            "strict_fifo",
+            "created_at",
+            "updated_at",
+            "usage",
+        ]
+        read_only_fields = fields
+
+    @extend_schema_field(serializers.DictField(child=serializers.IntegerField()))
+    def get_capacity_limits(self, share: QuotaShare) -> dict[str, int]:
+        return share.limits
+
+    @extend_schema_field(serializers.DictField(child=serializers.IntegerField()))
+    def get_lend_limit(self, share: QuotaShare) -> dict[str, int]:
+        return share.lend_limits
+
+    @extend_schema_field(serializers.DictField(child=TypeUsageSerializer()))
+    def get_usage(self, share: QuotaShare) -> dict[str, dict]:
+        report = self.context["usage"]
+        return {t: row.as_dict() for t, row in report.shares.get(share.name, {}).items()}
+
+
+class LendLimitField(serializers.Field):
+    """A number of GPUs for every type, a map {gpu_type: GPUs}, or null (lend all idle GPUs)."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool):
+            raise serializers.ValidationError(LEND_LIMIT_TYPE)
+        if isinstance(data, int):
+            if not 0 <= data <= MAX_LIMIT_GPUS:
+                raise serializers.ValidationError("lend_limit: must be 0 or more GPUs.")
+            return data
+        if isinstance(data, dict):
+            for gpu_type, value in data.items():
+                if not GPU_TYPE_RE.fullmatch(str(gpu_type)):
+                    raise serializers.ValidationError(
+                        GPU_TYPE_FORMAT.format(value=str(gpu_type)[:100])
+                    )
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise serializers.ValidationError(LEND_LIMIT_TYPE)
+                if not 0 <= value <= MAX_LIMIT_GPUS:
+                    raise serializers.ValidationError("lend_limit: must be 0 or more GPUs.")
+            return dict(data)
+        raise serializers.ValidationError(LEND_LIMIT_TYPE)
+
+    def to_representation(self, value):
+        return value
+
+
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "integer", "minimum": 0},
+            {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},
+        ],
+        "nullable": True,
+    }
+)
+class DocumentedLendLimitField(LendLimitField):
+    pass
+
+
+class CapacityLimitsField(serializers.DictField):
+    def to_internal_value(self, data):
+        if not isinstance(data, dict):
+            self.fail("not_a_dict", input_type=type(data).__name__)
+        if not 1 <= len(data) <= MAX_GPU_TYPES_PER_SHARE:
+            raise serializers.ValidationError(
+                f"capacity_limits: a share needs between 1 and {MAX_GPU_TYPES_PER_SHARE} GPU types."
+            )
+        for gpu_type, value in data.items():
+            if not GPU_TYPE_RE.fullmatch(str(gpu_type)):
+                raise serializers.ValidationError(GPU_TYPE_FORMAT.format(value=str(gpu_type)[:100]))
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise serializers.ValidationError(LIMITS_RANGE)
+            if not 1 <= value <= MAX_LIMIT_GPUS:
+                raise serializers.ValidationError(LIMITS_RANGE)
+        return dict(data)
+
+
+class ShareWriteSerializer(serializers.Serializer):
+    """What an admin sets on a share (create: name, team and capacity_limits are required)."""
+
+    name = serializers.SlugField(max_length=63)
+    team = serializers.SlugField(max_length=50, help_text="The team's slug.")
+    capacity_limits = CapacityLimitsField(child=serializers.IntegerField(min_value=1))
+    lend_limit = DocumentedLendLimitField(required=False, allow_null=True)
+    strategy = serializers.ChoiceField(choices=QuotaShare.Strategy.choices, required=False)
+    borrow_limit = serializers.IntegerField(required=False, min_value=-1, max_value=MAX_INT)
+    in_share_preemption = serializers.BooleanField(required=False)
+    grace_seconds = serializers.IntegerField(
+        required=False, min_value=0, max_value=MAX_GRACE_SECONDS
+    )
+    state = serializers.ChoiceField(choices=QuotaShare.State.choices, required=False)
+    weight = serializers.FloatField(required=False, min_value=0.000001, max_value=1e6)
+    strict_fifo = serializers.BooleanField(required=False)
+
+
+class ShareUpdateSerializer(ShareWriteSerializer):
+    """PATCH: every field optional; `name` cannot change."""
+
+    name = None
+    team = serializers.SlugField(max_length=50, required=False)
+    capacity_limits = CapacityLimitsField(
+        child=serializers.IntegerField(min_value=1), required=False
+    )
+
+
+class ShareChangeSerializer(serializers.ModelSerializer):
+    changed_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = ShareChange
+        fields = ["changed_at", "changed_by", "source", "field", "old_value", "new_value"]
+        read_only_fields = fields
+
+
+class UsagePointSerializer(serializers.Serializer):
+    t = serializers.DateTimeField()
+    own = serializers.IntegerField()
+    borrowed = serializers.IntegerField()
+    lent = serializers.IntegerField()
+    limit = serializers.IntegerField()
+
+
+class ShareUsageSeriesSerializer(serializers.Serializer):
+    share = serializers.CharField()
+    series = serializers.DictField(child=UsagePointSerializer(many=True))
+
+
+# --- Queue and nodes --------------------------------------------------------------------------
+
+
+class QueueEntrySerializer(serializers.Serializer):
+    position = serializers.IntegerField(help_text="Place in the whole queue, 1 = next.")
+    considered_as = serializers.ChoiceField(choices=["within_limit", "borrowing"], source="pass_")
+    job = JobSerializer()
+
+
+class QueueSnapshotSerializer(serializers.Serializer):
+    """AWS GetJobQueueSnapshot: the front of the queue and each share's usage."""
+
+    at = serializers.DateTimeField()
+    runnable = serializers.IntegerField(help_text="Runnable jobs in the whole queue.")
+    front = QueueEntrySerializer(many=True)
+    shares = serializers.DictField(child=serializers.DictField(child=TypeUsageSerializer()))
+    pool = serializers.DictField(child=PoolUsageSerializer())
+
+
+class NodeJobSerializer(serializers.Serializer):
+    id = serializers.IntegerField(allow_null=True, help_text="null for another team's job.")
+    share = serializers.CharField(allow_null=True)
+    state = serializers.CharField()
+    gpu_indices = serializers.ListField(child=serializers.IntegerField())
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    """A node with its GPUs and the jobs holding them (another team's job shows no id)."""
+
+    gpus_in_use = serializers.SerializerMethodField()
+    jobs = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Node
+        fields = [
+            "name",
+            "gpu_type",
+            "gpus",
+            "state",
+            "labels",
+            "last_heartbeat",
+            "gpus_in_use",
+            "jobs",
+        ]
+        read_only_fields = fields
+
+    @extend_schema_field(serializers.IntegerField())
+    def get_gpus_in_use(self, node: Node) -> int:
+        return len(getattr(node, "held", []))
+
+    @extend_schema_field(NodeJobSerializer(many=True))
+    def get_jobs(self, node: Node) -> list[dict]:
+        visible = self.context["visible_share_ids"]
+        jobs: dict[int, dict] = {}
+        for gpu in getattr(node, "held", []):
+            job = gpu.attempt.job
+            entry = jobs.setdefault(
+                job.pk,
+                {
+                    "id": job.pk if visible is None or job.share_id in visible else None,
+                    "share": job.share.name if visible is None or job.share_id in visible else None,
+                    "state": job.state,
+                    "gpu_indices": [],
+                },
+            )
+            entry["gpu_indices"].append(gpu.gpu_index)
+        return [dict(entry, gpu_indices=sorted(entry["gpu_indices"])) for entry in jobs.values()]

@@ -1,0 +1,148 @@
+"""Reads that the API and pages need about jobs, the queue and nodes."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.conf import settings
+from django.db.models import Prefetch, QuerySet
+
+from scheduler.models import GpuAssignment, Job, JobAttempt, Node
+from shares.models import Membership, QuotaShare
+from shares.selectors import UsageReport, is_admin, share_usage
+
+QUEUE_FRONT_SIZE = 100
+WITHIN_LIMIT = "within_limit"
+BORROWING = "borrowing"
+
+
+def jobs_visible_to(user) -> QuerySet[Job]:
+    """Admins see every job; anyone else the jobs of their teams' shares."""
+    jobs = Job.objects.select_related("share__team", "submitted_by")
+    if is_admin(user):
+        return jobs
+    if not user or not user.is_authenticated:
+        return jobs.none()
+    return jobs.filter(share__team__memberships__user=user)
+
+
+def job_list(
+    *,
+    user,
+    share: str | None = None,
+    states: list[str] | None = None,
+    submitted_by: str | None = None,
+    since: datetime | None = None,
+    gpu_type: str | None = None,
+) -> QuerySet[Job]:
+    """The jobs `user` may see, newest first, filtered like AWS ListServiceJobs."""
+    jobs = jobs_visible_to(user)
+    if share:
+        jobs = jobs.filter(share__name=share)
+    if states:
+        jobs = jobs.filter(state__in=states)
+    if submitted_by:
+        jobs = jobs.filter(submitted_by__username=submitted_by)
+    if since:
+        jobs = jobs.filter(submitted_at__gte=since)
+    if gpu_type:
+        jobs = jobs.filter(gpu_type=gpu_type)
+    return jobs.order_by("-submitted_at", "-id")
+
+
+def job_detail(*, user, job_id: int) -> Job | None:
+    """One job with its attempts (and their GPUs) and events, or None when `user` may not see it."""
+    return (
+        jobs_visible_to(user)
+        .prefetch_related(
+            Prefetch(
+                "attempts",
+                queryset=JobAttempt.objects.select_related("preempted_for").prefetch_related(
+                    Prefetch("gpus", queryset=GpuAssignment.objects.select_related("node"))
+                ),
+            ),
+            "events",
+        )
+        .filter(pk=job_id)
+        .first()
+    )
+
+
+def user_role_for_share(user, share: QuotaShare) -> str | None:
+    """'ADMIN', Membership.Role.LEAD or MEMBER, or None when the user is not on the team."""
+    if is_admin(user):
+        return "ADMIN"
+    if not user or not user.is_authenticated:
+        return None
+    return (
+        Membership.objects.filter(team_id=share.team_id, user=user)
+        .values_list("role", flat=True)
+        .first()
+    )
+
+
+# --- Queue snapshot ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueEntry:
+    position: int
+    job: Job
+    pass_: str  # WITHIN_LIMIT or BORROWING
+
+
+@dataclass(frozen=True)
+class QueueSnapshot:
+    runnable: int
+    front: list[QueueEntry]
+    usage: UsageReport
+
+
+def queue_snapshot(*, limit: int = QUEUE_FRONT_SIZE) -> QueueSnapshot:
+    """The front of the queue in the order the engine considers it (DESIGN §2 "Precise rules"):
+    first every runnable job that fits within its share's limit, then the borrowers; each pass by
+    priority (higher first), then submission time — or, with BORROW_ORDER=fair, the borrowers of
+    the share with the lowest borrowed/weight first. Whether a job fits its limit counts the
+    share's placed GPUs plus the jobs of the share ahead of it that fit."""
+    usage = share_usage()
+    runnable = list(
+        Job.objects.filter(state=Job.State.RUNNABLE)
+        .select_related("share", "submitted_by")
+        .order_by("-priority", "submitted_at", "id")
+    )
+    taken: dict[tuple[str, str], int] = defaultdict(int)
+    within, borrowing = [], []
+    for job in runnable:
+        key = (job.share.name, job.gpu_type)
+        row = usage.shares.get(job.share.name, {}).get(job.gpu_type)
+        limit, used = (row.limit, row.used) if row else (0, 0)
+        if used + taken[key] + job.gpus <= limit:
+            taken[key] += job.gpus
+            within.append(job)
+        else:
+            borrowing.append(job)
+    if settings.BORROW_ORDER == "fair":
+
+        def fairness(job: Job) -> tuple[float, int, datetime, int]:
+            row = usage.shares.get(job.share.name, {}).get(job.gpu_type)
+            borrowed = row.borrowed if row else 0
+            return (borrowed / job.share.weight, -job.priority, job.submitted_at, job.pk)
+
+        borrowing.sort(key=fairness)
+    ordered = [(job, WITHIN_LIMIT) for job in within] + [(job, BORROWING) for job in borrowing]
+    front = [
+        QueueEntry(position=number, job=job, pass_=pass_)
+        for number, (job, pass_) in enumerate(ordered[:limit], start=1)
+    ]
+    return QueueSnapshot(runnable=len(runnable), front=front, usage=usage)
+
+
+# --- Nodes ------------------------------------------------------------------------------------
+
+
+def node_list() -> QuerySet[Node]:
+    """Nodes with the GPUs their placed jobs hold."""
+    held = GpuAssignment.objects.filter(released=False).select_related("attempt__job__share")
+    return Node.objects.prefetch_related(Prefetch("gpu_assignments", queryset=held, to_attr="held"))

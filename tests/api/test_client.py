@@ -1,0 +1,157 @@
+"""The Python client and the CLI against a live server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from portal_client import Client, PortalError
+from scheduler.models import Job, JobAttempt
+from tests.api.helpers import place, preempt
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def bob(world, live_server) -> Client:
+    return Client(live_server.url, world.tokens["bob"])
+
+
+def test_submit_list_describe_cancel(world, bob):
+    job = bob.submit(share="research", gpus=8, gpu_type="h100", command=["python", "train.py"])
+    assert job["state"] == "RUNNABLE" and job["command"] == "python train.py"
+    assert [j["id"] for j in bob.jobs(share="research", state="RUNNABLE")] == [job["id"]]
+    assert bob.job(job["id"])["events"][0]["to_state"] == "SUBMITTED"
+    assert bob.cancel(job["id"])["state"] == "CANCELLED"
+    assert bob.wait(job["id"], timeout=5)["state"] == "CANCELLED"
+
+
+def test_client_token_returns_the_first_job(bob):
+    first = bob.submit(share="research", gpus=8, gpu_type="h100", command="x", client_token="t")
+    again = bob.submit(share="research", gpus=8, gpu_type="h100", command="x", client_token="t")
+    assert first["id"] == again["id"]
+    with pytest.raises(PortalError) as conflict:
+        bob.submit(share="research", gpus=4, gpu_type="h100", command="x", client_token="t")
+    assert conflict.value.status == 409
+
+
+def test_errors_carry_the_apis_message(bob):
+    with pytest.raises(PortalError) as error:
+        bob.submit(share="research", gpus=8, gpu_type="h100", command="x", priority=10000)
+    assert error.value.status == 400
+    assert str(error.value) == "HTTP 400: priority: must be between 0 and 9999."
+
+
+def test_jobs_follows_next_links(bob):
+    for _ in range(3):
+        bob.submit(share="research", gpus=1, gpu_type="h100", command="x")
+    page = bob._request("GET", "jobs/", params={"page_size": 2})
+    assert page["next"]
+    assert len(bob.jobs()) == 3
+    assert len(bob.jobs(limit=2)) == 2
+
+
+def test_describe_shows_attempts_preemptions_gpus_and_log(world, bob):
+    """A job preempted once and running again on GPUs 0-3 of h100-0."""
+    job = Job.objects.get(
+        pk=bob.submit(share="research", gpus=4, gpu_type="h100", command="x")["id"]
+    )
+    owner = Job.objects.get(
+        pk=Client(bob.url, world.tokens["carol"]).submit(
+            share="vision", gpus=8, gpu_type="h100", command="y"
+        )["id"]
+    )
+    preempt(place(job, world.nodes["h100-1"], [4, 5, 6, 7]), owner)
+    job.refresh_from_db()
+    second = place(job, world.nodes["h100-0"], [0, 1, 2, 3])
+    JobAttempt.objects.filter(pk=second.pk).update(log_tail="step 100 loss 0.1\n")
+    described = bob.job(job.pk)
+    assert described["state"] == "RUNNING"
+    assert described["allocations"] == [{"node": "h100-0", "gpu_indices": [0, 1, 2, 3]}]
+    assert described["preemptions"]["count"] == 1
+    assert described["preemptions"]["recent"][0]["preempted_for"] == owner.pk
+    assert [a["outcome"] for a in described["attempts"]] == ["PREEMPTED", ""]
+    assert bob.logs(job.pk) == "step 100 loss 0.1\n"
+    node = next(n for n in bob.nodes() if n["name"] == "h100-0")
+    assert node["gpus_in_use"] == 4
+    assert node["jobs"] == [
+        {"id": job.pk, "share": "research", "state": "RUNNING", "gpu_indices": [0, 1, 2, 3]}
+    ]
+    assert bob.shares()[0]["usage"]["h100"]["used"] == 4
+
+
+def cli(live_server, token, *args):
+    env = {**os.environ, "PORTAL_URL": live_server.url, "PORTAL_TOKEN": token}
+    return subprocess.run(
+        [sys.executable, "-m", "portal_client", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_cli_round_trip(world, live_server):
+    token = world.tokens["bob"]
+    submitted = cli(
+        live_server,
+        token,
+        "--json",
+        "submit",
+        "--share",
+        "research",
+        "--gpus",
+        "8",
+        "--gpu-type",
+        "h100",
+        "--priority",
+        "5",
+        "--env",
+        "EPOCHS=3",
+        "--",
+        "python",
+        "train.py",
+        "--lr",
+        "0.1",
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    job = json.loads(submitted.stdout)
+    assert job["command"] == "python train.py --lr 0.1"
+    assert job["priority"] == 5 and job["env"] == {"EPOCHS": "3"}
+    listing = cli(live_server, token, "ls", "--share", "research")
+    assert listing.returncode == 0 and f"{job['id']:>6}  research" in listing.stdout
+    shown = cli(live_server, token, "show", str(job["id"]))
+    assert "command: python train.py --lr 0.1" in shown.stdout
+    queue = cli(live_server, token, "queue")
+    assert "1 runnable job(s)" in queue.stdout and "[within_limit]" in queue.stdout
+    shares = cli(live_server, token, "shares")
+    assert shares.stdout.startswith("research (ml-research, LEND_AND_BORROW, ENABLED)")
+    assert cli(live_server, token, "logs", str(job["id"])).returncode == 0
+    cancelled = cli(live_server, token, "cancel", str(job["id"]))
+    assert "CANCELLED" in cancelled.stdout
+
+
+def test_cli_reports_api_errors_and_missing_settings(world, live_server):
+    refused = cli(
+        live_server, world.tokens["oscar"], "submit", "--share", "research", "--gpus", "8",
+        "--gpu-type", "h100", "--", "true",
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert "HTTP 404: share: no share named 'research' among your teams' shares" in refused.stderr
+    no_command = cli(
+        live_server, world.tokens["bob"], "submit", "--share", "research", "--gpus", "8",
+        "--gpu-type", "h100",
+    )  # fmt: skip
+    assert "no command: put it after --" in no_command.stderr
+    env = {k: v for k, v in os.environ.items() if k not in ("PORTAL_URL", "PORTAL_TOKEN")}
+    missing = subprocess.run(
+        [sys.executable, "-m", "portal_client", "ls"], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert "no portal URL" in missing.stderr

@@ -1,0 +1,154 @@
+"""Every endpoint × every persona: admin (root), the lender team's lead (carol), the borrower
+team's lead (alice), a member of the borrower team (bob), an outsider (oscar), anonymous.
+
+What a user may not see is a 404 with no trace of its data; what they may see but not change
+is a 403."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.models import Job
+from scheduler.services import job_submit
+from tests.api.conftest import job_request
+
+ANON = None
+COLUMNS = ("root", "carol", "alice", "bob", "oscar", ANON)
+SECRET = "python secret_experiment.py"
+
+# Node tokens: the agent branch adds a `node` persona here. A node token must get 401/403 on
+# every endpoint below, and only node tokens reach /api/v1/agent/.
+NODE_TOKEN_COLUMN = "node"
+
+# (method, path, body, expected statuses in COLUMNS order). {bob_job} is bob's job in
+# research; {alice_job} alice's; {vision_job} carol's job in vision.
+MATRIX = [
+    ("get", "/api/v1/jobs/", None, (200, 200, 200, 200, 200, 401)),
+    ("post", "/api/v1/jobs/", job_request(), (201, 404, 201, 201, 404, 401)),
+    ("post", "/api/v1/jobs/", job_request(share="vision"), (201, 201, 404, 404, 404, 401)),
+    ("get", "/api/v1/jobs/{bob_job}/", None, (200, 404, 200, 200, 404, 401)),
+    ("get", "/api/v1/jobs/{vision_job}/", None, (200, 200, 404, 404, 404, 401)),
+    ("patch", "/api/v1/jobs/{bob_job}/", {"priority": 5}, (200, 404, 200, 403, 404, 401)),
+    ("post", "/api/v1/jobs/{bob_job}/cancel/", None, (200, 404, 200, 200, 404, 401)),
+    ("post", "/api/v1/jobs/{alice_job}/cancel/", None, (200, 404, 200, 403, 404, 401)),
+    ("get", "/api/v1/shares/", None, (200, 200, 200, 200, 200, 401)),
+    (
+        "post",
+        "/api/v1/shares/",
+        {"name": "new", "team": "vision", "capacity_limits": {"h100": 1}},
+        (201, 403, 403, 403, 403, 401),
+    ),
+    ("get", "/api/v1/shares/research/", None, (200, 404, 200, 200, 404, 401)),
+    ("patch", "/api/v1/shares/research/", {"weight": 2}, (200, 404, 403, 403, 404, 401)),
+    ("post", "/api/v1/shares/research/disable/", None, (200, 404, 403, 403, 404, 401)),
+    ("post", "/api/v1/shares/research/enable/", None, (200, 404, 403, 403, 404, 401)),
+    ("get", "/api/v1/shares/research/history/", None, (200, 404, 200, 200, 404, 401)),
+    ("get", "/api/v1/shares/research/usage/", None, (200, 404, 200, 200, 404, 401)),
+    ("get", "/api/v1/shares/vision/usage/", None, (200, 200, 404, 404, 404, 401)),
+    ("get", "/api/v1/queue/", None, (200, 200, 200, 200, 200, 401)),
+    ("get", "/api/v1/nodes/", None, (200, 200, 200, 200, 200, 401)),
+    ("get", "/api/v1/nodes/h100-0/", None, (200, 200, 200, 200, 200, 401)),
+    ("post", "/api/v1/nodes/h100-0/drain/", None, (200, 403, 403, 403, 403, 401)),
+    ("post", "/api/v1/nodes/h100-0/undrain/", None, (200, 403, 403, 403, 403, 401)),
+    ("get", "/api/schema/", None, (200, 200, 200, 200, 200, 200)),
+    ("get", "/api/docs/", None, (200, 200, 200, 200, 200, 200)),
+]
+
+CASES = [
+    pytest.param(method, path, body, persona, expected[i], id=f"{method} {path} as {persona}")
+    for method, path, body, expected in MATRIX
+    for i, persona in enumerate(COLUMNS)
+]
+
+
+def submit(world, persona: str, share: str, command: str = SECRET) -> Job:
+    job, _ = job_submit(
+        user=world.users[persona], share_name=share, gpu_type="h100", gpus=8, command=command
+    )
+    return job
+
+
+@pytest.mark.parametrize(("method", "path", "body", "persona", "expected"), CASES)
+def test_permission_matrix(world, method, path, body, persona, expected):
+    """Each persona gets exactly the status the matrix says, and a 404 carries no data."""
+    jobs = {
+        "bob_job": submit(world, "bob", "research").pk,
+        "alice_job": submit(world, "alice", "research").pk,
+        "vision_job": submit(world, "carol", "vision").pk,
+    }
+    response = getattr(world.client(persona), method)(
+        path.format(**jobs), body, format="json" if body is not None else None
+    )
+    assert response.status_code == expected, response.content
+    if expected in (401, 403, 404):
+        assert SECRET not in response.content.decode()
+
+
+@pytest.mark.skip(reason="node tokens arrive with the agent branch (cycle); fill the column then")
+def test_node_token_reaches_no_user_endpoint():
+    """A node token gets 401/403 on every endpoint of MATRIX."""
+
+
+def test_listing_shows_only_your_teams_jobs(world):
+    """bob sees research's jobs (his and alice's), never vision's; root sees all."""
+    submit(world, "bob", "research")
+    submit(world, "alice", "research")
+    submit(world, "carol", "vision")
+    shares_seen = {
+        persona: {
+            job["share"] for job in world.client(persona).get("/api/v1/jobs/").json()["results"]
+        }
+        for persona in ("root", "bob", "carol", "oscar")
+    }
+    assert shares_seen == {
+        "root": {"research", "vision"},
+        "bob": {"research"},
+        "carol": {"vision"},
+        "oscar": set(),
+    }
+
+
+def test_share_list_shows_only_your_teams_shares(world):
+    names = {
+        persona: [share["name"] for share in world.client(persona).get("/api/v1/shares/").json()]
+        for persona in ("root", "alice", "carol", "oscar")
+    }
+    assert names == {
+        "root": ["inference", "research", "vision"],
+        "alice": ["research"],
+        "carol": ["vision"],
+        "oscar": [],
+    }
+
+
+def test_queue_hides_other_teams_jobs_but_keeps_positions(world):
+    """bob sees his team's queued jobs at their place in the whole queue, not vision's."""
+    vision_job = submit(world, "carol", "vision")
+    bob_job = submit(world, "bob", "research")
+    front = world.client("bob").get("/api/v1/queue/").json()["front"]
+    assert [(entry["position"], entry["job"]["id"]) for entry in front] == [(2, bob_job.pk)]
+    assert vision_job.pk not in [entry["job"]["id"] for entry in front]
+    assert set(world.client("bob").get("/api/v1/queue/").json()["shares"]) == {"research"}
+
+
+def test_member_cancels_own_job_but_not_a_teammates(world):
+    """bob cancels his own job; alice's job is the lead's to manage, so bob gets a 403."""
+    own = submit(world, "bob", "research")
+    teammate = submit(world, "alice", "research")
+    bob = world.client("bob")
+    assert bob.post(f"/api/v1/jobs/{own.pk}/cancel/").json()["state"] == "CANCELLED"
+    response = bob.post(f"/api/v1/jobs/{teammate.pk}/cancel/")
+    assert response.status_code == 403
+    assert response.json()["detail"] == (
+        "only the job's submitter, a lead of team ml-research or an admin may cancel this job."
+    )
+
+
+def test_session_login_works_like_a_token(world):
+    """The browser session authenticates too."""
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    assert client.login(username="bob", password="pw")
+    assert client.get("/api/v1/shares/research/").status_code == 200
+    assert client.get("/api/v1/shares/vision/").status_code == 404

@@ -1,0 +1,320 @@
+"""Bad input gets a clear 4xx naming the field and the rule, never a 500."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.contrib.staticfiles import finders
+
+from scheduler import services
+from scheduler.api import serializers as s
+from scheduler.api import views
+from scheduler.models import GPUS_DIVISIBLE_BY_NODES, PRIORITY_RANGE, TIMEOUT_RANGE, Job
+from shares.models import BORROW_LIMIT_ONLY_WITH_LEND_AND_BORROW, QuotaShare
+from shares.services import share_update
+from tests.api.conftest import job_request
+
+JOBS = "/api/v1/jobs/"
+
+
+def submit(world, persona="bob", **overrides):
+    return world.client(persona).post(JOBS, job_request(**overrides), format="json")
+
+
+def assert_error(response, status: int, field: str, message: str) -> None:
+    assert response.status_code == status, response.content
+    assert response.json()[field] == [message]
+    if response.request["PATH_INFO"] == JOBS:
+        assert not Job.objects.exists(), "a refused submit created a job"
+
+
+def test_unknown_share_is_404_naming_the_share(world):
+    """A share that does not exist and a share of another team read the same: no leak."""
+    missing = submit(world, share="nope")
+    foreign = submit(world, share="vision")
+    assert_error(missing, 404, "share", views.SHARE_NOT_YOURS.format(name="nope"))
+    assert_error(foreign, 404, "share", views.SHARE_NOT_YOURS.format(name="vision"))
+
+
+def test_admin_submitting_to_an_unknown_share_gets_404(world):
+    response = submit(world, "root", share="nope")
+    assert_error(response, 404, "share", views.SHARE_NOT_FOUND.format(name="nope"))
+
+
+def test_disabled_share_refuses_new_jobs(world):
+    share_update(share=world.shares["research"], actor=None, source="api", state="DISABLED")
+    response = submit(world)
+    assert_error(response, 400, "share", services.SHARE_DISABLED.format(name="research"))
+
+
+def test_gpu_type_without_a_limit_lists_the_allowed_ones(world):
+    response = submit(world, gpu_type="a100-80g")
+    assert_error(
+        response,
+        400,
+        "gpu_type",
+        services.GPU_TYPE_NOT_IN_SHARE.format(
+            share="research", gpu_type="a100-80g", allowed="h100, l4"
+        ),
+    )
+
+
+def test_gpu_type_with_no_node_could_never_run(world):
+    share_update(
+        share=world.shares["research"],
+        actor=None,
+        source="api",
+        capacity_limits={"h100": 8, "a100": 8},
+    )
+    response = submit(world, gpu_type="a100")
+    assert_error(response, 400, "gpu_type", services.NO_NODES_OF_TYPE.format(gpu_type="a100"))
+
+
+def test_badly_spelt_gpu_type(world):
+    response = submit(world, gpu_type="H100!")
+    assert response.status_code == 400
+    assert "gpu_type: use lowercase letters" in response.json()["gpu_type"][0]
+
+
+def test_more_gpus_per_node_than_any_node_has(world):
+    response = submit(world, gpus=16)
+    assert_error(
+        response,
+        400,
+        "gpus",
+        services.NEVER_FITS_PER_NODE.format(
+            per_node=16, gpus=16, nodes=1, gpu_type="h100", largest=8
+        ),
+    )
+
+
+def test_more_nodes_than_exist(world):
+    response = submit(world, gpus=24, nodes=3)
+    assert_error(
+        response,
+        400,
+        "nodes",
+        services.NEVER_FITS_NODE_COUNT.format(nodes=3, gpu_type="h100", per_node=8, available=2),
+    )
+
+
+def test_absurd_gpu_count(world):
+    assert_error(submit(world, gpus=10**12), 400, "gpus", s.GPUS_RANGE)
+    assert_error(submit(world, gpus=0), 400, "gpus", s.GPUS_RANGE)
+
+
+def test_gpus_not_divisible_by_nodes(world):
+    response = submit(world, gpus=9, nodes=2)
+    assert_error(response, 400, "gpus", GPUS_DIVISIBLE_BY_NODES.format(nodes=2))
+
+
+@pytest.mark.parametrize("priority", [-1, 10000, 2**40])
+def test_priority_out_of_range(world, priority):
+    assert_error(submit(world, priority=priority), 400, "priority", PRIORITY_RANGE)
+
+
+@pytest.mark.parametrize("timeout", [0, -5, 10**9])
+def test_negative_or_absurd_timeout(world, timeout):
+    assert_error(submit(world, timeout_seconds=timeout), 400, "timeout_seconds", TIMEOUT_RANGE)
+
+
+@pytest.mark.parametrize("command", ["", "   \n"])
+def test_empty_command(world, command):
+    assert_error(submit(world, command=command), 400, "command", services.COMMAND_EMPTY)
+
+
+def test_missing_command(world):
+    body = job_request()
+    del body["command"]
+    response = world.client("bob").post(JOBS, body, format="json")
+    assert_error(response, 400, "command", s.COMMAND_REQUIRED)
+
+
+def test_command_too_long(world):
+    response = submit(world, command="x" * (s.MAX_COMMAND_CHARS + 1))
+    assert_error(response, 400, "command", s.COMMAND_TOO_LONG)
+
+
+def test_env_rules(world):
+    too_many = {f"V{i}": "1" for i in range(s.MAX_ENV_VARS + 1)}
+    assert_error(submit(world, env=too_many), 400, "env", s.ENV_TOO_MANY)
+    assert_error(submit(world, env={"1BAD": "x"}), 400, "env", s.ENV_NAME.format(name="1BAD"))
+    long_value = {"BIG": "x" * (s.MAX_ENV_VALUE_CHARS + 1)}
+    assert_error(submit(world, env=long_value), 400, "env", s.ENV_VALUE_TOO_LONG.format(name="BIG"))
+    assert_error(submit(world, env={"N": 3}), 400, "env", s.ENV_VALUE_TYPE.format(name="N"))
+    response = submit(world, env=["A=1"])
+    assert response.status_code == 400 and "env" in response.json()
+
+
+def test_oversized_body_is_413(world, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 10_000
+    body = json.dumps(job_request(name="x" * 20_000))
+    response = world.client("bob").post(JOBS, body, content_type="application/json")
+    assert response.status_code == 413
+    assert response.json()["detail"] == s_body_too_large(len(body), 10_000)
+
+
+def s_body_too_large(size: int, limit: int) -> str:
+    from scheduler.api.errors import BODY_TOO_LARGE
+
+    return BODY_TOO_LARGE.format(size=size, limit=limit)
+
+
+def test_name_and_client_token_length(world):
+    assert_error(submit(world, name="n" * 201), 400, "name", s.NAME_TOO_LONG)
+    assert_error(submit(world, client_token="t" * 65), 400, "client_token", s.CLIENT_TOKEN_TOO_LONG)
+
+
+def test_retry_and_preemption_bounds(world):
+    assert_error(submit(world, retry_attempts=21), 400, "retry_attempts", s.RETRY_ATTEMPTS_RANGE)
+    assert_error(submit(world, max_preemptions=-1), 400, "max_preemptions", s.MAX_PREEMPTIONS_RANGE)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("gpus", "eight"), ("gpus", 1.5), ("priority", "high"), ("nodes", [1]), ("share", {"a": 1})],
+)
+def test_wrong_types(world, field, value):
+    response = submit(world, **{field: value})
+    assert response.status_code == 400
+    assert field in response.json()
+
+
+def test_malformed_json(world):
+    response = world.client("bob").post(JOBS, "{not json", content_type="application/json")
+    assert response.status_code == 400
+    assert "JSON parse error" in response.json()["detail"]
+
+
+def test_body_that_is_not_an_object(world):
+    response = world.client("bob").post(JOBS, "[1, 2]", content_type="application/json")
+    assert response.status_code == 400
+
+
+def test_patch_changes_only_priority(world):
+    job_id = submit(world).json()["id"]
+    alice = world.client("alice")
+    response = alice.patch(f"{JOBS}{job_id}/", {"gpus": 4, "priority": 3}, format="json")
+    assert_error(response, 400, "gpus", s.ONLY_PRIORITY.format(fields="gpus"))
+    response = alice.patch(f"{JOBS}{job_id}/", {"priority": 10000}, format="json")
+    assert_error(response, 400, "priority", PRIORITY_RANGE)
+    response = alice.patch(f"{JOBS}{job_id}/", {"priority": 7}, format="json")
+    assert response.status_code == 200 and response.json()["priority"] == 7
+
+
+def test_priority_of_an_ended_job_cannot_change(world):
+    job_id = submit(world).json()["id"]
+    alice = world.client("alice")
+    alice.post(f"{JOBS}{job_id}/cancel/")
+    response = alice.patch(f"{JOBS}{job_id}/", {"priority": 7}, format="json")
+    assert_error(
+        response,
+        400,
+        "priority",
+        services.PRIORITY_OF_ENDED_JOB.format(job=job_id, state="CANCELLED"),
+    )
+
+
+def test_cancel_twice_is_a_no_op_and_a_finished_job_is_409(world):
+    job_id = submit(world).json()["id"]
+    bob = world.client("bob")
+    assert bob.post(f"{JOBS}{job_id}/cancel/").json()["state"] == "CANCELLED"
+    assert bob.post(f"{JOBS}{job_id}/cancel/").status_code == 200
+    Job.objects.filter(pk=job_id).update(state=Job.State.SUCCEEDED)
+    response = bob.post(f"{JOBS}{job_id}/cancel/")
+    assert response.status_code == 409
+    assert response.json()["detail"] == services.ALREADY_FINAL.format(job=job_id, state="SUCCEEDED")
+
+
+def test_unknown_or_huge_job_id_is_404(world):
+    bob = world.client("bob")
+    assert bob.get(f"{JOBS}999999/").json()["detail"] == views.JOB_NOT_FOUND.format(job_id=999999)
+    assert bob.get(f"{JOBS}{10**30}/").status_code == 404
+
+
+def test_list_filters_are_checked(world):
+    bob = world.client("bob")
+    assert bob.get(JOBS, {"state": "BOGUS"}).status_code == 400
+    assert "since" in bob.get(JOBS, {"since": "yesterday"}).json()
+    assert bob.get(JOBS, {"page": 99}).status_code == 404
+
+
+def test_list_filters_and_next_link(world):
+    bob, alice = world.client("bob"), world.client("alice")
+    for _ in range(3):
+        submit(world)
+    submit(world, "alice", priority=9)
+    page = bob.get(JOBS, {"page_size": 2}).json()
+    assert page["count"] == 4 and len(page["results"]) == 2
+    assert page["next"].endswith("page=2&page_size=2")
+    assert bob.get(JOBS, {"submitted_by": "alice"}).json()["count"] == 1
+    assert bob.get(JOBS, {"state": ["RUNNABLE", "RUNNING"]}).json()["count"] == 4
+    assert alice.get(JOBS, {"share": "research", "since": "2000-01-01T00:00Z"}).json()["count"] == 4
+    assert bob.get(JOBS, {"since": "2999-01-01T00:00Z"}).json()["count"] == 0
+
+
+# --- Shares -----------------------------------------------------------------------------------
+
+
+def create_share(world, **body):
+    body = {"name": "new", "team": "vision", "capacity_limits": {"h100": 4}, **body}
+    return world.client("root").post("/api/v1/shares/", body, format="json")
+
+
+def test_share_create_rules(world):
+    response = create_share(world, strategy="LEND", borrow_limit=50)
+    assert_error(response, 400, "borrow_limit", BORROW_LIMIT_ONLY_WITH_LEND_AND_BORROW)
+    response = create_share(world, lend_limit=5)
+    assert response.status_code == 400
+    assert response.json()["lend_limit"] == [
+        "lend_limit: cannot lend more than the limit (4 h100 GPUs)."
+    ]
+    response = create_share(world, team="nobody")
+    assert_error(response, 400, "team", views.TEAM_UNKNOWN.format(slug="nobody"))
+    response = create_share(world, capacity_limits={})
+    assert response.status_code == 400 and "capacity_limits" in response.json()
+    response = create_share(world, name="vision")
+    assert response.status_code == 400 and "name" in response.json()
+    assert not QuotaShare.objects.filter(name="new").exists()
+
+
+def test_share_update_is_recorded_in_history(world):
+    root = world.client("root")
+    response = root.patch(
+        "/api/v1/shares/research/",
+        {"capacity_limits": {"h100": 4}, "lend_limit": 2, "weight": 3},
+        format="json",
+    )
+    assert response.status_code == 200, response.content
+    assert response.json()["capacity_limits"] == {"h100": 4}
+    assert response.json()["lend_limit"] == {"h100": 2}
+    history = root.get("/api/v1/shares/research/history/").json()["results"]
+    latest = {
+        (c["field"], c["old_value"], c["new_value"], c["source"], c["changed_by"])
+        for c in history[:2]
+    }
+    assert latest == {
+        ("capacity_limits", "h100: 8, l4: 2", "h100: 4 (lends at most 2)", "api", "root"),
+        ("weight", "1.0", "3.0", "api", "root"),
+    }
+    root.post("/api/v1/shares/research/disable/")
+    assert (
+        root.get("/api/v1/shares/research/history/").json()["results"][0]["new_value"] == "DISABLED"
+    )
+
+
+def test_share_update_with_bad_values(world):
+    root = world.client("root")
+    response = root.patch("/api/v1/shares/vision/", {"borrow_limit": 10}, format="json")
+    assert_error(response, 400, "borrow_limit", BORROW_LIMIT_ONLY_WITH_LEND_AND_BORROW)
+    response = root.patch("/api/v1/shares/vision/", {"grace_seconds": -1}, format="json")
+    assert response.status_code == 400 and "grace_seconds" in response.json()
+
+
+def test_swagger_ui_assets_are_served_from_our_static_files(world):
+    """The docs page loads Swagger UI from drf-spectacular-sidecar, not a CDN."""
+    page = world.client(None).get("/api/docs/").content.decode()
+    assert "/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js" in page
+    assert "cdn" not in page.lower()
+    assert finders.find("drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js")
