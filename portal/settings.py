@@ -45,6 +45,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "shares",
     "scheduler",
+    "dashboards",
 ]
 
 MIDDLEWARE = [
@@ -138,6 +139,9 @@ if BORROW_ORDER not in ("fifo", "fair"):
     raise ImproperlyConfigured(f"BORROW_ORDER must be 'fifo' or 'fair', not {BORROW_ORDER!r}.")
 # A node whose agent has not been heard from for this long is marked DOWN.
 NODE_HEARTBEAT_TIMEOUT_SECONDS = env.float("NODE_HEARTBEAT_TIMEOUT_SECONDS", default=30.0)
+
+# Utilization history, retention and /metrics access (docs/dashboards.md).
+from dashboards.conf import *  # noqa: E402, F403
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
