@@ -1,6 +1,6 @@
 from django.contrib import admin
 from django.http import HttpRequest, JsonResponse
-from django.urls import path
+from django.urls import include, path
 from django.views.generic import RedirectView
 
 
@@ -13,4 +13,5 @@ urlpatterns = [
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
     path("admin/", admin.site.urls),
     path("health/", health, name="health"),
+    path("", include("dashboards.urls")),
 ]
