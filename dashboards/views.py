@@ -205,8 +205,9 @@ def queue(request: HttpRequest) -> HttpResponse:
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
     """Prometheus metrics (text format 0.0.4); see docs/dashboards.md for access."""
-    from prometheus_client import CONTENT_TYPE_LATEST
+    # generate_latest writes text format 0.0.4, which every Prometheus version reads.
+    from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
     if not metrics_allowed(request):
         return HttpResponse(METRICS_FORBIDDEN, status=403, content_type="text/plain")
-    return HttpResponse(metrics_text(), content_type=CONTENT_TYPE_LATEST)
+    return HttpResponse(metrics_text(), content_type=CONTENT_TYPE_PLAIN_0_0_4)
