@@ -6,10 +6,11 @@ from collections import defaultdict
 from datetime import timedelta
 
 from django.conf import settings
-from django.contrib.auth.decorators import login_required
+from django.contrib.auth.decorators import login_required as _login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.urls import reverse_lazy
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
@@ -22,6 +23,8 @@ METRICS_FORBIDDEN = (
     "metrics: send Authorization: Bearer <METRICS_TOKEN>, or scrape from an address in "
     "METRICS_ALLOWED_NETS.\n"
 )
+# Team leads need not be staff, so they log in here rather than on the admin's login page.
+login_required = _login_required(login_url=reverse_lazy("dashboards:login"))
 RANGE_LABELS = {"1h": "last hour", "24h": "last 24 h", "7d": "last 7 days", "30d": "last 30 days"}
 
 

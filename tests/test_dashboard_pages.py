@@ -52,7 +52,16 @@ def cluster(db, vision_share, research_share):
 @pytest.mark.django_db
 def test_pages_need_a_login(client, cluster):
     response = client.get("/dash/")
-    assert response.status_code == 302 and response.url.startswith("/admin/login/")
+    assert response.status_code == 302 and response.url == "/dash/login/?next=/dash/"
+
+
+@pytest.mark.django_db
+def test_a_lead_who_is_not_staff_logs_in_on_the_dashboards_login_page(client, cluster, carol):
+    response = client.post(
+        "/dash/login/?next=/dash/", {"username": "carol", "password": "pw-carol-1234"}
+    )
+    assert response.status_code == 302 and response.url == "/dash/"
+    assert client.get("/dash/").status_code == 200
 
 
 @pytest.mark.django_db
