@@ -3,11 +3,11 @@ its name, so a lead recognises it at a glance."""
 
 from __future__ import annotations
 
-import colorsys
 import hashlib
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
+import plotly.colors
 import plotly.graph_objects as go
 
 from dashboards.selectors import (
@@ -25,7 +25,7 @@ COLOURS = {
     "down": "#d62728",
     "idle_lendable": "#2ca02c",
     "limit": "#222222",
-    "lent": "#8fd18f",
+    "lent": "#4a9a4a",
     "borrowed": "#ff7f0e",
     "demand": "#9467bd",
     "preempted": "#d62728",
@@ -37,23 +37,26 @@ CONFIG = {"displaylogo": False, "responsive": True}
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"
 
 
+# Distinct, saturated colours for shares: Plotly's Dark24 without its near-black (the capacity
+# and limit lines are black).
+SHARE_PALETTE = tuple(c for c in plotly.colors.qualitative.Dark24 if c != "#222A2A")
+
+
 def share_colour(name: str) -> str:
-    """A stable colour for a share: the hue comes from a hash of its name."""
+    """A share's colour on every page: picked from SHARE_PALETTE by a hash of its name (stable
+    across processes and releases, unlike Python's hash())."""
     digest = hashlib.sha256(name.encode()).digest()
-    hue = int.from_bytes(digest[:2], "big") / 65536
-    lightness = 0.38 + (digest[2] / 255) * 0.17
-    red, green, blue = colorsys.hls_to_rgb(hue, lightness, 0.65)
-    return f"#{round(red * 255):02x}{round(green * 255):02x}{round(blue * 255):02x}"
+    return SHARE_PALETTE[int.from_bytes(digest[:4], "big") % len(SHARE_PALETTE)]
 
 
 def _layout(title: str, y_title: str, *, x_title: str = "time (UTC)", height: int = 360) -> dict:
     return {
         "title": {"text": title, "x": 0.01, "xanchor": "left"},
         "height": height,
-        "margin": {"l": 60, "r": 20, "t": 50, "b": 50},
+        "margin": {"l": 60, "r": 20, "t": 50, "b": 90},
         "xaxis": {"title": {"text": x_title}},
         "yaxis": {"title": {"text": y_title}, "rangemode": "tozero"},
-        "legend": {"orientation": "h", "y": -0.2},
+        "legend": {"orientation": "h", "y": -0.3, "traceorder": "normal"},
         "hovermode": "x unified",
         "template": "plotly_white",
     }
@@ -134,14 +137,16 @@ def share_usage(
     fig = go.Figure(
         layout=_layout(f"Share {share}: {gpu_type} GPUs ({range_label})", f"{gpu_type} GPUs")
     )
-    for name, values, colour in (
-        ("own use (within limit)", [p.own for p in points], share_colour(share)),
-        ("lent to others", [p.lent for p in points], COLOURS["lent"]),
-        ("borrowed (above limit)", [p.borrowed for p in points], COLOURS["borrowed"]),
+    # Lent and borrowed bands are hatched, so they read apart from any share's colour.
+    for name, values, colour, pattern in (
+        ("own use (within limit)", [p.own for p in points], share_colour(share), ""),
+        ("lent to others", [p.lent for p in points], COLOURS["lent"], "/"),
+        ("borrowed (above limit)", [p.borrowed for p in points], COLOURS["borrowed"], "x"),
     ):
         fig.add_scatter(
             name=name, x=x, y=values, mode="lines", stackgroup="share",
             line={"width": 0.5, "color": colour}, hovertemplate="%{y:.1f}",
+            fillpattern={"shape": pattern, "fgcolor": colour, "solidity": 0.4} if pattern else None,
         )  # fmt: skip
     fig.add_scatter(
         name="limit", x=x, y=[p.limit for p in points], mode="lines",
@@ -214,6 +219,16 @@ def lending_bars(team: str, flows: LendingFlows, range_label: str) -> go.Figure:
     return fig
 
 
+def _nice_step(raw: float) -> float:
+    """The smallest of 1, 2, 5 × 10^k that is at least `raw` (bins a person can read)."""
+    import math
+
+    if raw <= 0:
+        return 1.0
+    magnitude = 10 ** math.floor(math.log10(raw))
+    return next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw)
+
+
 def wait_histogram(team: str, waits: Mapping[str, list[float]], range_label: str) -> go.Figure:
     """How long the team's jobs waited from submission to first start, per share."""
     fig = go.Figure(
@@ -224,9 +239,12 @@ def wait_histogram(team: str, waits: Mapping[str, list[float]], range_label: str
             height=320,
         )
     )
+    longest = max((max(v) for v in waits.values() if v), default=0.0)
+    bins = {"start": 0, "size": _nice_step(longest / 20)}
     for share in sorted(waits):
         fig.add_histogram(
-            name=share, x=waits[share], marker_color=share_colour(share), opacity=0.85
-        )
+            name=share, x=waits[share], marker_color=share_colour(share), opacity=0.85,
+            xbins=bins, bingroup="waits",
+        )  # fmt: skip
     fig.update_layout(barmode="stack", hovermode="closest")
     return fig

@@ -16,7 +16,8 @@ class Resolution(models.IntegerChoices):
 class UsageSample(models.Model):
     """One share's use of one GPU type at `at` (RAW) or averaged over the bucket that starts
     at `at` (MINUTE, HOUR). The *_max columns keep the peak inside the bucket; `samples` is how
-    many raw samples the bucket averages, so coarser roll-ups can weight by it.
+    many raw samples the bucket holds and `seconds` how much time they stand for: averages are
+    weighted by time, and GPU-hours are average × seconds.
 
     The share is kept by name, not by key: history outlives a renamed or deleted share."""
 
@@ -34,6 +35,10 @@ class UsageSample(models.Model):
     borrowed_max = models.FloatField()
     demand_max = models.FloatField()
     samples = models.PositiveIntegerField(default=1)
+    seconds = models.FloatField(
+        help_text="Time the row stands for: a raw sample, the time since the previous sample "
+        "(at most twice the interval, so an outage counts as no data); a bucket, their sum."
+    )
 
     class Meta:
         ordering = ["resolution", "at", "share", "gpu_type"]
@@ -71,6 +76,7 @@ class ClusterSample(models.Model):
     down = models.FloatField()
     in_use_max = models.FloatField()
     samples = models.PositiveIntegerField(default=1)
+    seconds = models.FloatField(help_text="As UsageSample.seconds.")
 
     class Meta:
         ordering = ["resolution", "at", "gpu_type"]

@@ -118,13 +118,6 @@ def resolution_for(time_range: TimeRange, now: datetime | None = None) -> Resolu
     return Resolution.HOUR
 
 
-def bucket_seconds(resolution: int) -> float:
-    """How much time one row of a resolution stands for (a raw sample: the sampling interval)."""
-    if resolution == Resolution.RAW:
-        return float(settings.HISTORY_SAMPLE_SECONDS)
-    return STEP[resolution].total_seconds()
-
-
 # --- History ------------------------------------------------------------------------------
 
 
@@ -158,9 +151,9 @@ class ClusterPoint:
     in_use_max: float
 
 
-USAGE_FIELDS = ("at", "share", "gpu_type", "limit", "own", "borrowed", "lent", "idle", "demand",
-                "usage_max")  # fmt: skip
-CLUSTER_FIELDS = ("at", "gpu_type", "capacity", "in_use", "down", "in_use_max")
+USAGE_FIELDS = ("at", "seconds", "share", "gpu_type", "limit", "own", "borrowed", "lent", "idle",
+                "demand", "usage_max")  # fmt: skip
+CLUSTER_FIELDS = ("at", "seconds", "gpu_type", "capacity", "in_use", "down", "in_use_max")
 
 
 def _stitched(model, resolution: int, start: datetime, end: datetime, filters: Q, fields):
@@ -193,8 +186,8 @@ def usage_history(
     """Usage samples of the given shares (all when None) in [start, end), oldest first."""
     filters = Q() if shares is None else Q(share__in=list(shares))
     return [
-        UsagePoint(at, bucket_seconds(res), *rest)
-        for res, (at, *rest) in _stitched(
+        UsagePoint(*row)
+        for _resolution, row in _stitched(
             UsageSample, resolution, start, end, filters, USAGE_FIELDS
         )
     ]
@@ -202,8 +195,8 @@ def usage_history(
 
 def cluster_history(*, start: datetime, end: datetime, resolution: int) -> list[ClusterPoint]:
     return [
-        ClusterPoint(at, bucket_seconds(res), *rest)
-        for res, (at, *rest) in _stitched(
+        ClusterPoint(*row)
+        for _resolution, row in _stitched(
             ClusterSample, resolution, start, end, Q(), CLUSTER_FIELDS
         )
     ]
@@ -218,7 +211,8 @@ class GpuHours:
 
 def gpu_hours(*, shares: Iterable[str], start: datetime, end: datetime) -> dict[str, GpuHours]:
     """GPU-hours each share used, borrowed and lent in [start, end): every history row's average
-    times the time it stands for, at hour resolution stitched with finer rows up to now."""
+    times the time it stands for (its `seconds`), at minute resolution up to 8 days and hour
+    resolution beyond, stitched with finer rows up to now."""
     shares = list(shares)
     totals: dict[str, list[float]] = {share: [0.0, 0.0, 0.0] for share in shares}
     resolution = Resolution.MINUTE if end - start <= timedelta(days=8) else Resolution.HOUR

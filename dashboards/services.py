@@ -14,12 +14,18 @@ from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Max, Min, Q, Sum
+from django.db.models import Max, Min, Sum
 from django.utils import timezone
 
 from dashboards.models import ClusterSample, CycleStats, Resolution, UsageSample, Watermark
 
 SAMPLE_WATERMARK = "history_sample"
+# Beat's ticks and the cycle's calls jitter: a call up to 5 % early still samples, so a sampler
+# on the same period as beat does not skip every other tick.
+SAMPLE_EARLY_TOLERANCE = 0.05
+# A raw sample stands for the time since the previous one, but at most this many intervals:
+# a longer gap means the sampler was down, and that time counts as no data.
+MAX_GAP = 2
 
 STEP = {Resolution.MINUTE: timedelta(minutes=1), Resolution.HOUR: timedelta(hours=1)}
 # How much wider one roll-up query is than its buckets: bounds memory on a long backfill.
@@ -46,14 +52,16 @@ def history_sample(now: datetime | None = None) -> bool:
     now = now or timezone.now()
     interval = timedelta(seconds=settings.HISTORY_SAMPLE_SECONDS)
     with transaction.atomic():
-        Watermark.objects.get_or_create(name=SAMPLE_WATERMARK)
-        claimed = (
-            Watermark.objects.filter(name=SAMPLE_WATERMARK)
-            .filter(Q(at__isnull=True) | Q(at__lte=now - interval))
-            .update(at=now)
-        )
+        mark, _ = Watermark.objects.get_or_create(name=SAMPLE_WATERMARK)
+        previous = mark.at
+        if previous is not None and now - previous < interval * (1 - SAMPLE_EARLY_TOLERANCE):
+            return False
+        # Compare and swap: of two callers that read the same watermark, one wins.
+        claimed = Watermark.objects.filter(name=SAMPLE_WATERMARK, at=previous).update(at=now)
         if not claimed:
             return False
+        seconds = interval if previous is None else min(now - previous, interval * MAX_GAP)
+        seconds = seconds.total_seconds()
         rows = current_usage()
         UsageSample.objects.bulk_create(
             UsageSample(
@@ -70,6 +78,7 @@ def history_sample(now: datetime | None = None) -> bool:
                 usage_max=row.usage,
                 borrowed_max=row.borrowed,
                 demand_max=row.demand,
+                seconds=seconds,
             )
             for row in rows
         )
@@ -90,6 +99,7 @@ def history_sample(now: datetime | None = None) -> bool:
                 in_use=in_use[gpu_type],
                 down=down[gpu_type],
                 in_use_max=in_use[gpu_type],
+                seconds=seconds,
             )
             for gpu_type in sorted(set(up) | set(down) | set(in_use))
         )
@@ -106,27 +116,30 @@ def floor_time(at: datetime, step: timedelta) -> datetime:
 def _roll_rows(
     rows: Iterable[tuple], key_len: int, averaged: int, peaks: int, step: timedelta
 ) -> dict[tuple, list[float]]:
-    """Group (at, *key, *averaged, *peaks, samples) rows into buckets of `step`: averages
-    weighted by samples, peaks max-ed, samples summed. Returns {(bucket, *key): values}."""
+    """Group (at, *key, *averaged, *peaks, samples, seconds) rows into buckets of `step`:
+    averages weighted by seconds, peaks max-ed, samples and seconds summed (seconds at most the
+    bucket's length). Returns {(bucket, *key): [*averaged, *peaks, samples, seconds]}."""
     acc: dict[tuple, list[float]] = {}
     for row in rows:
         at, key = row[0], row[1 : 1 + key_len]
         values = row[1 + key_len :]
-        n = values[-1]
+        weight = values[-1]
         bucket_key = (floor_time(at, step), *key)
         slot = acc.get(bucket_key)
         if slot is None:
-            slot = acc[bucket_key] = [0.0] * (averaged + peaks + 1)
+            slot = acc[bucket_key] = [0.0] * (averaged + peaks + 2)
             for i in range(averaged, averaged + peaks):
                 slot[i] = -math.inf
         for i in range(averaged):
-            slot[i] += values[i] * n
+            slot[i] += values[i] * weight
         for i in range(averaged, averaged + peaks):
             slot[i] = max(slot[i], values[i])
-        slot[-1] += n
+        slot[-2] += values[-2]
+        slot[-1] += weight
     for slot in acc.values():
         for i in range(averaged):
-            slot[i] = round(slot[i] / slot[-1], 4)
+            slot[i] = round(slot[i] / slot[-1], 4) if slot[-1] else 0.0
+        slot[-1] = min(slot[-1], step.total_seconds())
     return acc
 
 
@@ -142,7 +155,7 @@ def _rollup_model(model, key: tuple[str, ...], averaged, peaks, source, target, 
     if oldest is None:
         return 0
     start = floor_time(oldest, step)
-    fields = ("at", *key, *averaged, *peaks, "samples")
+    fields = ("at", *key, *averaged, *peaks, "samples", "seconds")
     written = 0
     while start < end:
         stop = min(end, start + ROLLUP_WINDOW[target])
@@ -157,8 +170,9 @@ def _rollup_model(model, key: tuple[str, ...], averaged, peaks, source, target, 
         objs = []
         for (bucket, *key_values), values in buckets.items():
             row = dict(zip(key, key_values, strict=True))
-            row.update(zip((*averaged, *peaks), values[:-1], strict=True))
-            objs.append(model(resolution=target, at=bucket, samples=int(values[-1]), **row))
+            row.update(zip((*averaged, *peaks), values[:-2], strict=True))
+            row.update(samples=int(values[-2]), seconds=values[-1])
+            objs.append(model(resolution=target, at=bucket, **row))
         model.objects.bulk_create(objs, batch_size=2000)
         written += len(objs)
         start = stop
@@ -168,7 +182,8 @@ def _rollup_model(model, key: tuple[str, ...], averaged, peaks, source, target, 
 @transaction.atomic
 def history_rollup(now: datetime | None = None) -> dict[str, int]:
     """Average raw samples into minute buckets and minute buckets into hour buckets (peaks are
-    max-ed, so a short burst still shows at a coarse resolution). Only complete buckets are
+    max-ed, so a short burst still shows at a coarse resolution; averages are weighted by the
+    time each row stands for). Only complete buckets are
     written, a HISTORY_SAMPLE_SECONDS late so that a sample still being written is not missed;
     each bucket is written once. Returns the rows written per model and resolution."""
     now = now or timezone.now()

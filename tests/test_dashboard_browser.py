@@ -27,7 +27,7 @@ def scenario(settings, vision_share, research_share, vision_team, carol, alice, 
     """An hour of history, sampled every minute: research runs 8 h100 of its own, borrows 4
     of vision's idle GPUs from minute 20, and loses them when vision reclaims at minute 40.
     vision's RESERVE share inference runs 2, then 4 l4."""
-    settings.HISTORY_SAMPLE_SECONDS = 15
+    settings.HISTORY_SAMPLE_SECONDS = 60  # one sample a minute, each standing for that minute
     inference = share_create(
         name="inference", team=vision_team, capacity_limits={"l4": 4},
         strategy=QuotaShare.Strategy.RESERVE, source=ShareChange.Source.COMMAND,
@@ -52,21 +52,28 @@ def scenario(settings, vision_share, research_share, vision_team, carol, alice, 
         reason="no lendable h100 idle")  # fmt: skip
     for minute in range(61):
         if minute == 20:
-            Job.objects.filter(pk=extra.pk).update(state=Job.State.RUNNING)
+            Job.objects.filter(pk=extra.pk).update(
+                state=Job.State.RUNNING, started_at=start + timedelta(minutes=20)
+            )
         if minute == 30:
             Job.objects.filter(pk=serve.pk).update(gpus=4)
         if minute == 40:
             Job.objects.filter(pk=extra.pk).update(
                 state=Job.State.RUNNABLE, reason="preempted: reclaimed by vision"
             )
-            Job.objects.filter(pk=lender.pk).update(state=Job.State.RUNNING)
+            Job.objects.filter(pk=lender.pk).update(
+                state=Job.State.RUNNING, started_at=start + timedelta(minutes=40)
+            )
             JobAttempt.objects.create(
                 job=extra, number=1, outcome=JobAttempt.Outcome.PREEMPTED,
                 ended_at=start + timedelta(minutes=40), preempted_for=lender,
             )  # fmt: skip
         history_sample(start + timedelta(minutes=minute))
     history_rollup(now)
-    assert own.pk
+    # Waits before first start, for the team page's histogram: jobs were submitted at `start`.
+    Job.objects.filter(pk=own.pk).update(started_at=start + timedelta(minutes=1))
+    Job.objects.filter(pk__in=[own.pk, extra.pk, lender.pk, serve.pk]).update(submitted_at=start)
+    Job.objects.filter(pk=serve.pk).update(started_at=start + timedelta(minutes=3))
     return {"carol": ("carol", "pw-carol-1234"), "root": ("root", "pw-root-1234")}
 
 
@@ -141,8 +148,10 @@ def test_a_lead_sees_the_cluster_their_share_and_team_but_not_another_team(
 
     open_and_shoot(page, f"{base}/dash/teams/vision/?range=1h", "lead-team-vision")
     assert trace_names(page, "fig-lending") == ["lent to (borrowers)", "borrowed from (lenders)"]
-    lent_to = page.evaluate("document.getElementById('fig-lending').data[0].y")
-    assert lent_to == ["lent to research"]
+    assert trace_names(page, "fig-waits") == ["inference", "vision"]
+    lent_to = page.evaluate("document.getElementById('fig-lending').data[0]")
+    assert lent_to["y"] == ["lent to research"]
+    assert lent_to["x"] == [pytest.approx(4 * 20 / 60, abs=0.01)]  # 4 GPUs for 20 minutes
 
     response = page.goto(f"{base}/dash/shares/research/")
     assert response.status == 404

@@ -32,11 +32,15 @@ def job(share, user, gpus, state=Job.State.RUNNABLE, priority=0, name="", reason
     )  # fmt: skip
 
 
+SECONDS = {Resolution.RAW: 15, Resolution.MINUTE: 60, Resolution.HOUR: 3600}
+
+
 def row(share, at, resolution=Resolution.MINUTE, *, own=0.0, borrowed=0.0, lent=0.0, limit=8):
     return UsageSample(
         resolution=resolution, at=at, share=share, gpu_type="h100", limit=limit, own=own,
         borrowed=borrowed, lent=lent, idle=max(0, limit - own - lent), demand=0,
         usage_max=own + borrowed, borrowed_max=borrowed, demand_max=0,
+        seconds=SECONDS[resolution],
     )  # fmt: skip
 
 
