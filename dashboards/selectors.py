@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Max, Q, QuerySet, Sum
+from django.db.models import F, Func, IntegerField, Max, Q, QuerySet, Sum
 from django.utils import timezone
 
 from dashboards.models import ClusterSample, Resolution, UsageSample
@@ -151,55 +151,117 @@ class ClusterPoint:
     in_use_max: float
 
 
-USAGE_FIELDS = ("at", "seconds", "share", "gpu_type", "limit", "own", "borrowed", "lent", "idle",
-                "demand", "usage_max")  # fmt: skip
-CLUSTER_FIELDS = ("at", "seconds", "gpu_type", "capacity", "in_use", "down", "in_use_max")
+class EpochBucket(Func):
+    """floor(unix time of a datetime column / step) × step, in SQL: the start of the display
+    bucket a row falls into, as an integer (SQLite and PostgreSQL)."""
+
+    output_field = IntegerField()
+
+    def __init__(self, expression, step: int) -> None:
+        super().__init__(expression)
+        self.step = int(step)  # inlined into the SQL: an integer from DISPLAY_STEPS
+
+    def as_sqlite(self, compiler, connection, **extra):
+        column, params = compiler.compile(self.source_expressions[0])
+        return f"(CAST(strftime('%%s', {column}) AS INTEGER) / {self.step}) * {self.step}", params
+
+    def as_postgresql(self, compiler, connection, **extra):
+        column, params = compiler.compile(self.source_expressions[0])
+        return f"(FLOOR(EXTRACT(EPOCH FROM {column}) / {self.step}) * {self.step})::bigint", params
+
+    def as_sql(self, compiler, connection, **extra):
+        raise NotImplementedError("EpochBucket supports SQLite and PostgreSQL only.")
 
 
-def _stitched(model, resolution: int, start: datetime, end: datetime, filters: Q, fields):
-    """Rows of `resolution` in [start, end), followed by rows of each finer resolution for the
-    time after the newest coarse bucket, so a 30-day chart still reaches the last sample.
-    Yields (resolution, row)."""
-    cutoff = start
-    current = resolution
+# Points per series that a chart shows at most: a range is cut into display buckets of a
+# round length, so 24 h shows 5-minute points and 30 days 3-hour points.
+MAX_POINTS = 300
+DISPLAY_STEPS = (15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
+
+
+def display_step(start: datetime, end: datetime, resolution: int) -> int:
+    """Seconds per point: the shortest round step that keeps MAX_POINTS per series and is no
+    finer than the resolution read."""
+    finest = 15 if resolution == Resolution.RAW else int(STEP[resolution].total_seconds())
+    wanted = (end - start).total_seconds() / MAX_POINTS
+    return next((s for s in DISPLAY_STEPS if s >= max(finest, wanted)), DISPLAY_STEPS[-1])
+
+
+def _stitched(model, resolution, start, end, filters: Q, key, averaged, peaks):
+    """Rows of `resolution` in [start, end), then rows of each finer resolution for the time
+    after the newest coarse bucket (so a 30-day chart still reaches the last sample), averaged
+    in SQL into display buckets (weighted by the time each row stands for; peaks max-ed).
+    Yields (bucket start, seconds, *key, *averaged, *peaks), oldest first."""
+    step = display_step(start, end, resolution)
+    aggregates = {f"w_{f}": Sum(F(f) * F("seconds")) for f in averaged}
+    aggregates.update({f"p_{f}": Max(f) for f in peaks})
+    aggregates["covered"] = Sum("seconds")
+    # {(bucket, *key): [covered, *time-weighted sums, *peaks]}; a bucket may get rows from two
+    # resolutions where they meet.
+    merged: dict[tuple, list[float]] = {}
+    cutoff, current = start, resolution
     while True:
         rows = (
             model.objects.filter(filters, resolution=current, at__gte=cutoff, at__lt=end)
-            .order_by("at")
-            .values_list(*fields)
-        )
-        for row in rows:
-            yield current, row
+            .annotate(bucket=EpochBucket("at", step))
+            .values("bucket", *key)
+            .annotate(**aggregates)
+            .order_by()
+            .values_list("bucket", *key, "covered", *(f"w_{f}" for f in averaged),
+                         *(f"p_{f}" for f in peaks))
+        )  # fmt: skip
+        for bucket, *rest in rows:
+            slot_key = (bucket, *rest[: len(key)])
+            values = rest[len(key) :]
+            slot = merged.get(slot_key)
+            if slot is None:
+                merged[slot_key] = list(values)
+                continue
+            for i in range(1 + len(averaged)):
+                slot[i] += values[i]
+            for i in range(1 + len(averaged), len(values)):
+                slot[i] = max(slot[i], values[i])
         if current == Resolution.RAW:
-            return
+            break
         newest = model.objects.filter(resolution=current).aggregate(at=Max("at"))["at"]
         if newest is not None:
             cutoff = max(cutoff, newest + STEP[current])
         if cutoff >= end:
-            return
+            break
         current -= 1
+    for (bucket, *key_values), (covered, *values) in sorted(merged.items()):
+        yield (
+            datetime.fromtimestamp(bucket, UTC),
+            covered,
+            *key_values,
+            *(v / covered if covered else 0.0 for v in values[: len(averaged)]),
+            *values[len(averaged) :],
+        )
 
 
 def usage_history(
     *, start: datetime, end: datetime, resolution: int, shares: Iterable[str] | None = None
 ) -> list[UsagePoint]:
-    """Usage samples of the given shares (all when None) in [start, end), oldest first."""
+    """Usage of the given shares (all when None) in [start, end), oldest first, one point per
+    share, GPU type and display bucket."""
     filters = Q() if shares is None else Q(share__in=list(shares))
     return [
         UsagePoint(*row)
-        for _resolution, row in _stitched(
-            UsageSample, resolution, start, end, filters, USAGE_FIELDS
+        for row in _stitched(
+            UsageSample, resolution, start, end, filters, ("share", "gpu_type"),
+            ("limit", "own", "borrowed", "lent", "idle", "demand"), ("usage_max",),
         )
-    ]
+    ]  # fmt: skip
 
 
 def cluster_history(*, start: datetime, end: datetime, resolution: int) -> list[ClusterPoint]:
     return [
         ClusterPoint(*row)
-        for _resolution, row in _stitched(
-            ClusterSample, resolution, start, end, Q(), CLUSTER_FIELDS
+        for row in _stitched(
+            ClusterSample, resolution, start, end, Q(), ("gpu_type",),
+            ("capacity", "in_use", "down"), ("in_use_max",),
         )
-    ]
+    ]  # fmt: skip
 
 
 @dataclass(frozen=True)

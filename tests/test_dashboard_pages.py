@@ -141,9 +141,17 @@ def test_a_long_range_stitches_hours_then_minutes_then_raw_samples_up_to_now(set
         ]  # fmt: skip
     )
     points = usage_history(start=T0, end=T0 + timedelta(hours=2), resolution=Resolution.HOUR)
-    assert [p.seconds for p in points] == [3600] + [60] * 30 + [15, 15]
+    # Shown in hour buckets: 11:00 merges 30 minutes at 2 GPUs and 30 s at 4.
+    assert [(p.at, p.seconds) for p in points] == [(T0, 3600), (T0 + timedelta(hours=1), 1830)]
+    assert points[1].own == pytest.approx((2 * 1800 + 4 * 30) / 1830)
     hours = sum(p.own * p.seconds for p in points) / 3600
     assert hours == pytest.approx(4 + 1 + 4 * 30 / 3600)
+    # A one-hour range read per minute shows each minute; the raw samples after them fall into
+    # one more minute.
+    minutes = usage_history(
+        start=T0 + timedelta(hours=1), end=T0 + timedelta(hours=2), resolution=Resolution.MINUTE
+    )
+    assert [p.seconds for p in minutes] == [60] * 30 + [30]
 
 
 @pytest.mark.django_db
