@@ -15,6 +15,7 @@ from dashboards.selectors import (
     GpuTypeNow,
     LendingFlows,
     PreemptionEvent,
+    ShareTotalPoint,
     UsagePoint,
 )
 
@@ -90,13 +91,13 @@ def capacity_now(rows: list[GpuTypeNow]) -> go.Figure:
 
 
 def stacked_usage(
-    gpu_type: str, points: list[UsagePoint], cluster: list[ClusterPoint], range_label: str
+    gpu_type: str, points: list[ShareTotalPoint], cluster: list[ClusterPoint], range_label: str
 ) -> go.Figure:
     """GPUs of one type in use over time, stacked by share, under the cluster's capacity."""
     times = _times(points)
     by_share: dict[str, dict[str, float]] = defaultdict(dict)
     for p in points:
-        by_share[p.share][p.at.strftime(TIME_FORMAT)] = p.own + p.borrowed
+        by_share[p.share][p.at.strftime(TIME_FORMAT)] = p.usage
     fig = go.Figure(
         layout=_layout(f"{gpu_type}: GPUs in use by share ({range_label})", f"{gpu_type} GPUs")
     )

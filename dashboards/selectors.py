@@ -191,9 +191,11 @@ def _stitched(model, resolution, start, end, filters: Q, key, averaged, peaks):
     """Rows of `resolution` in [start, end), then rows of each finer resolution for the time
     after the newest coarse bucket (so a 30-day chart still reaches the last sample), averaged
     in SQL into display buckets (weighted by the time each row stands for; peaks max-ed).
-    Yields (bucket start, seconds, *key, *averaged, *peaks), oldest first."""
+    `averaged` maps names to fields or expressions. Yields (bucket start, seconds, *key,
+    *averaged, *peaks), oldest first."""
     step = display_step(start, end, resolution)
-    aggregates = {f"w_{f}": Sum(F(f) * F("seconds")) for f in averaged}
+    averaged = {f: F(f) for f in averaged} if not isinstance(averaged, dict) else averaged
+    aggregates = {f"w_{f}": Sum(e * F("seconds")) for f, e in averaged.items()}
     aggregates.update({f"p_{f}": Max(f) for f in peaks})
     aggregates["covered"] = Sum("seconds")
     # {(bucket, *key): [covered, *time-weighted sums, *peaks]}; a bucket may get rows from two
@@ -260,6 +262,27 @@ def cluster_history(*, start: datetime, end: datetime, resolution: int) -> list[
         for row in _stitched(
             ClusterSample, resolution, start, end, Q(), ("gpu_type",),
             ("capacity", "in_use", "down"), ("in_use_max",),
+        )
+    ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ShareTotalPoint:
+    at: datetime
+    seconds: float
+    share: str
+    gpu_type: str
+    usage: float
+
+
+def usage_totals_history(*, start: datetime, end: datetime, resolution: int):
+    """GPUs in use (own + borrowed) per share and GPU type in [start, end): the overview's
+    stacked areas, with one aggregate instead of usage_history's seven."""
+    return [
+        ShareTotalPoint(*row)
+        for row in _stitched(
+            UsageSample, resolution, start, end, Q(), ("share", "gpu_type"),
+            {"usage": F("own") + F("borrowed")}, (),
         )
     ]  # fmt: skip
 

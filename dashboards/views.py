@@ -69,8 +69,8 @@ def overview(request: HttpRequest) -> HttpResponse:
     now, time_range, resolution, context = _range_context(request)
     usage = current_usage()
     gpu_now = selectors.cluster_now(usage)
-    points = selectors.usage_history(start=time_range.start, end=time_range.end,
-                                     resolution=resolution)  # fmt: skip
+    points = selectors.usage_totals_history(start=time_range.start, end=time_range.end,
+                                            resolution=resolution)  # fmt: skip
     cluster = selectors.cluster_history(start=time_range.start, end=time_range.end,
                                         resolution=resolution)  # fmt: skip
     by_type, cluster_by_type = defaultdict(list), defaultdict(list)
