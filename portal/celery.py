@@ -19,3 +19,11 @@ def schedule_cycle(sender: Celery, **kwargs) -> None:
     sender.add_periodic_task(
         settings.CYCLE_INTERVAL_SECONDS, sender.signature("scheduler.tasks.cycle"), name="cycle"
     )
+
+
+@app.on_after_finalize.connect
+def schedule_history(sender: Celery, **kwargs) -> None:
+    """Beat samples utilization history and rolls it up (dashboards/tasks.py)."""
+    from dashboards.tasks import add_periodic_tasks
+
+    add_periodic_tasks(sender)

@@ -57,6 +57,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "shares",
     "scheduler",
+    "dashboards",
 ]
 
 MIDDLEWARE = [
@@ -165,6 +166,9 @@ AGENT_POLL_MAX_WAIT_SECONDS = min(
 )
 # A full cycle runs at least this often even when nothing changed (idle cycles are skipped).
 CYCLE_FULL_EVERY_SECONDS = env.float("CYCLE_FULL_EVERY_SECONDS", default=60.0)
+
+# Utilization history, retention and /metrics access (docs/dashboards.md).
+from dashboards.conf import *  # noqa: E402, F403
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -33,4 +33,5 @@ urlpatterns = [
         name="api-docs",
     ),
     re_path(r"^api/(?P<rest>.*)$", api_not_found),
+    path("", include("dashboards.urls")),
 ]

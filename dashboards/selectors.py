@@ -1,0 +1,631 @@
+"""Reads that the dashboards and /metrics need: history at the right resolution, events,
+the queue as the engine considers it, and who may see what."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from django.conf import settings
+from django.db.models import F, Func, IntegerField, Max, Q, QuerySet, Sum
+from django.utils import timezone
+
+from dashboards.models import ClusterSample, Resolution, UsageSample
+from dashboards.services import STEP, retention
+from scheduler.usage import ShareUsage, current_usage
+from shares.models import CapacityLimit, Membership, QuotaShare, ShareChange, Team
+
+# --- Who may see what ---------------------------------------------------------------------
+
+
+def is_admin(user) -> bool:
+    return bool(user.is_authenticated and user.is_active and user.is_staff)
+
+
+def teams_led_by(user) -> QuerySet[Team]:
+    return Team.objects.filter(
+        memberships__user=user, memberships__role=Membership.Role.LEAD
+    ).distinct()
+
+
+def can_view_dashboards(user) -> bool:
+    """Admins and team leads see the dashboards; members and outsiders do not."""
+    return is_admin(user) or (user.is_authenticated and teams_led_by(user).exists())
+
+
+def visible_teams(user) -> QuerySet[Team]:
+    return Team.objects.all() if is_admin(user) else teams_led_by(user)
+
+
+def visible_shares(user) -> QuerySet[QuotaShare]:
+    """Every share for an admin; the shares of the teams a lead leads."""
+    shares = QuotaShare.objects.select_related("team").prefetch_related("capacity_limits")
+    return shares if is_admin(user) else shares.filter(team__in=teams_led_by(user))
+
+
+# --- Time ranges and resolution -------------------------------------------------------------
+
+RANGES = {
+    "1h": timedelta(hours=1),
+    "24h": timedelta(hours=24),
+    "7d": timedelta(days=7),
+    "30d": timedelta(days=30),
+}
+DEFAULT_RANGE = "24h"
+CUSTOM_RANGE_INVALID = (
+    "custom range: give start and end as YYYY-MM-DDTHH:MM (UTC), start before end; "
+    "showing the last 24 hours instead."
+)
+# The finest resolution whose points per series stay readable (and fast) for a range.
+RAW_UP_TO = timedelta(hours=6)
+MINUTE_UP_TO = timedelta(hours=36)
+
+
+@dataclass(frozen=True)
+class TimeRange:
+    key: str
+    start: datetime
+    end: datetime
+    error: str = ""
+
+    @property
+    def span(self) -> timedelta:
+        return self.end - self.start
+
+    @property
+    def query(self) -> str:
+        """The query string that selects this range again (for links between pages)."""
+        if self.key == "custom":
+            fmt = "%Y-%m-%dT%H:%M"
+            return f"range=custom&start={self.start:{fmt}}&end={self.end:{fmt}}"
+        return f"range={self.key}"
+
+
+def _parse_utc(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed
+
+
+def time_range_from(params: Mapping[str, str], now: datetime | None = None) -> TimeRange:
+    """The range a page asks for: ?range=1h|24h|7d|30d, or ?range=custom&start=..&end=.. (UTC)."""
+    now = now or timezone.now()
+    key = params.get("range") or DEFAULT_RANGE
+    if key == "custom":
+        start, end = _parse_utc(params.get("start")), _parse_utc(params.get("end"))
+        if start and end and start < end:
+            return TimeRange("custom", start, end)
+        return TimeRange(DEFAULT_RANGE, now - RANGES[DEFAULT_RANGE], now, CUSTOM_RANGE_INVALID)
+    key = key if key in RANGES else DEFAULT_RANGE
+    return TimeRange(key, now - RANGES[key], now)
+
+
+def resolution_for(time_range: TimeRange, now: datetime | None = None) -> Resolution:
+    """Raw samples up to 6 hours, minutes up to 36 hours, hours beyond (and whenever the range
+    starts before the finer resolution's retention)."""
+    now = now or timezone.now()
+    keep = retention()
+    if time_range.span <= RAW_UP_TO and time_range.start >= now - keep[Resolution.RAW]:
+        return Resolution.RAW
+    if time_range.span <= MINUTE_UP_TO and time_range.start >= now - keep[Resolution.MINUTE]:
+        return Resolution.MINUTE
+    return Resolution.HOUR
+
+
+# --- History ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UsagePoint:
+    at: datetime
+    seconds: float
+    share: str
+    gpu_type: str
+    limit: float
+    own: float
+    borrowed: float
+    lent: float
+    idle: float
+    demand: float
+    usage_max: float
+
+    @property
+    def usage(self) -> float:
+        return self.own + self.borrowed
+
+
+@dataclass(frozen=True)
+class ClusterPoint:
+    at: datetime
+    seconds: float
+    gpu_type: str
+    capacity: float
+    in_use: float
+    down: float
+    in_use_max: float
+
+
+class EpochBucket(Func):
+    """floor(unix time of a datetime column / step) × step, in SQL: the start of the display
+    bucket a row falls into, as an integer (SQLite and PostgreSQL)."""
+
+    output_field = IntegerField()
+
+    def __init__(self, expression, step: int) -> None:
+        super().__init__(expression)
+        self.step = int(step)  # inlined into the SQL: an integer from DISPLAY_STEPS
+
+    def as_sqlite(self, compiler, connection, **extra):
+        column, params = compiler.compile(self.source_expressions[0])
+        return f"(CAST(strftime('%%s', {column}) AS INTEGER) / {self.step}) * {self.step}", params
+
+    def as_postgresql(self, compiler, connection, **extra):
+        column, params = compiler.compile(self.source_expressions[0])
+        return f"(FLOOR(EXTRACT(EPOCH FROM {column}) / {self.step}) * {self.step})::bigint", params
+
+    def as_sql(self, compiler, connection, **extra):
+        raise NotImplementedError("EpochBucket supports SQLite and PostgreSQL only.")
+
+
+# Points per series that a chart shows at most: a range is cut into display buckets of a
+# round length, so 24 h shows 5-minute points and 30 days 3-hour points.
+MAX_POINTS = 300
+DISPLAY_STEPS = (15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
+
+
+def display_step(start: datetime, end: datetime, resolution: int) -> int:
+    """Seconds per point: the shortest round step that keeps MAX_POINTS per series and is no
+    finer than the resolution read."""
+    finest = 15 if resolution == Resolution.RAW else int(STEP[resolution].total_seconds())
+    wanted = (end - start).total_seconds() / MAX_POINTS
+    return next((s for s in DISPLAY_STEPS if s >= max(finest, wanted)), DISPLAY_STEPS[-1])
+
+
+def _stitched(model, resolution, start, end, filters: Q, key, averaged, peaks):
+    """Rows of `resolution` in [start, end), then rows of each finer resolution for the time
+    after the newest coarse bucket (so a 30-day chart still reaches the last sample), averaged
+    in SQL into display buckets (weighted by the time each row stands for; peaks max-ed).
+    `averaged` maps names to fields or expressions. Yields (bucket start, seconds, *key,
+    *averaged, *peaks), oldest first."""
+    step = display_step(start, end, resolution)
+    averaged = {f: F(f) for f in averaged} if not isinstance(averaged, dict) else averaged
+    aggregates = {f"w_{f}": Sum(e * F("seconds")) for f, e in averaged.items()}
+    aggregates.update({f"p_{f}": Max(f) for f in peaks})
+    aggregates["covered"] = Sum("seconds")
+    # {(bucket, *key): [covered, *time-weighted sums, *peaks]}; a bucket may get rows from two
+    # resolutions where they meet.
+    merged: dict[tuple, list[float]] = {}
+    cutoff, current = start, resolution
+    while True:
+        rows = (
+            model.objects.filter(filters, resolution=current, at__gte=cutoff, at__lt=end)
+            .annotate(bucket=EpochBucket("at", step))
+            .values("bucket", *key)
+            .annotate(**aggregates)
+            .order_by()
+            .values_list("bucket", *key, "covered", *(f"w_{f}" for f in averaged),
+                         *(f"p_{f}" for f in peaks))
+        )  # fmt: skip
+        for bucket, *rest in rows:
+            slot_key = (bucket, *rest[: len(key)])
+            values = rest[len(key) :]
+            slot = merged.get(slot_key)
+            if slot is None:
+                merged[slot_key] = list(values)
+                continue
+            for i in range(1 + len(averaged)):
+                slot[i] += values[i]
+            for i in range(1 + len(averaged), len(values)):
+                slot[i] = max(slot[i], values[i])
+        if current == Resolution.RAW:
+            break
+        newest = model.objects.filter(resolution=current).aggregate(at=Max("at"))["at"]
+        if newest is not None:
+            cutoff = max(cutoff, newest + STEP[current])
+        if cutoff >= end:
+            break
+        current -= 1
+    for (bucket, *key_values), (covered, *values) in sorted(merged.items()):
+        yield (
+            datetime.fromtimestamp(bucket, UTC),
+            covered,
+            *key_values,
+            *(v / covered if covered else 0.0 for v in values[: len(averaged)]),
+            *values[len(averaged) :],
+        )
+
+
+def usage_history(
+    *, start: datetime, end: datetime, resolution: int, shares: Iterable[str] | None = None
+) -> list[UsagePoint]:
+    """Usage of the given shares (all when None) in [start, end), oldest first, one point per
+    share, GPU type and display bucket."""
+    filters = Q() if shares is None else Q(share__in=list(shares))
+    return [
+        UsagePoint(*row)
+        for row in _stitched(
+            UsageSample, resolution, start, end, filters, ("share", "gpu_type"),
+            ("limit", "own", "borrowed", "lent", "idle", "demand"), ("usage_max",),
+        )
+    ]  # fmt: skip
+
+
+def cluster_history(*, start: datetime, end: datetime, resolution: int) -> list[ClusterPoint]:
+    return [
+        ClusterPoint(*row)
+        for row in _stitched(
+            ClusterSample, resolution, start, end, Q(), ("gpu_type",),
+            ("capacity", "in_use", "down"), ("in_use_max",),
+        )
+    ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ShareTotalPoint:
+    at: datetime
+    seconds: float
+    share: str
+    gpu_type: str
+    usage: float
+
+
+def usage_totals_history(*, start: datetime, end: datetime, resolution: int):
+    """GPUs in use (own + borrowed) per share and GPU type in [start, end): the overview's
+    stacked areas, with one aggregate instead of usage_history's seven."""
+    return [
+        ShareTotalPoint(*row)
+        for row in _stitched(
+            UsageSample, resolution, start, end, Q(), ("share", "gpu_type"),
+            {"usage": F("own") + F("borrowed")}, (),
+        )
+    ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class GpuHours:
+    used: float = 0.0
+    borrowed: float = 0.0
+    lent: float = 0.0
+
+
+def gpu_hours(*, shares: Iterable[str], start: datetime, end: datetime) -> dict[str, GpuHours]:
+    """GPU-hours each share used, borrowed and lent in [start, end): every history row's average
+    times the time it stands for (its `seconds`), at minute resolution up to 8 days and hour
+    resolution beyond, stitched with finer rows up to now."""
+    shares = list(shares)
+    totals: dict[str, list[float]] = {share: [0.0, 0.0, 0.0] for share in shares}
+    resolution = Resolution.MINUTE if end - start <= timedelta(days=8) else Resolution.HOUR
+    for point in usage_history(start=start, end=end, resolution=resolution, shares=shares):
+        hours = point.seconds / 3600
+        slot = totals[point.share]
+        slot[0] += point.usage * hours
+        slot[1] += point.borrowed * hours
+        slot[2] += point.lent * hours
+    return {share: GpuHours(*(round(v, 2) for v in values)) for share, values in totals.items()}
+
+
+FREE_POOL = "free pool"
+
+
+@dataclass(frozen=True)
+class LendingFlows:
+    """GPU-hours that flowed, approximately, from lenders to borrowers."""
+
+    lent_to: dict[str, float]  # borrower share → GPU-hours the given shares lent it
+    borrowed_from: dict[str, float]  # lender share (or FREE_POOL) → GPU-hours they borrowed
+
+
+def lending_flows(*, shares: Iterable[str], start: datetime, end: datetime, resolution: int):
+    """Who borrowed from the given shares and from whom they borrowed, in [start, end).
+
+    History records per share only how much it borrowed and how much it lent, not to whom. So
+    at every point in time and per GPU type, each borrower is taken to draw on every source in
+    proportion to its part of all borrowing: lender L → borrower B gets lent(L) × borrowed(B) /
+    Σ borrowed, and the rest of B's borrowing, (Σ borrowed − Σ lent) × borrowed(B) / Σ
+    borrowed, came from the free pool (capacity no share's limit covers). This mirrors how
+    `usage_by_share` splits borrowing among lenders."""
+    ours = set(shares)
+    at_time: dict[tuple[datetime, str], list[UsagePoint]] = defaultdict(list)
+    for point in usage_history(start=start, end=end, resolution=resolution):
+        if point.borrowed or point.lent:
+            at_time[(point.at, point.gpu_type)].append(point)
+    lent_to: dict[str, float] = defaultdict(float)
+    borrowed_from: dict[str, float] = defaultdict(float)
+    for points in at_time.values():
+        total_borrowed = sum(p.borrowed for p in points)
+        if not total_borrowed:
+            continue
+        total_lent = sum(p.lent for p in points)
+        for borrower in (p for p in points if p.borrowed):
+            part = borrower.borrowed / total_borrowed
+            hours = borrower.seconds / 3600
+            for lender in (p for p in points if p.lent and p.share != borrower.share):
+                flow = lender.lent * part * hours
+                if lender.share in ours:
+                    lent_to[borrower.share] += flow
+                if borrower.share in ours:
+                    borrowed_from[lender.share] += flow
+            if borrower.share in ours:
+                borrowed_from[FREE_POOL] += max(0.0, total_borrowed - total_lent) * part * hours
+    return LendingFlows(
+        lent_to={k: round(v, 2) for k, v in sorted(lent_to.items()) if v > 0},
+        borrowed_from={k: round(v, 2) for k, v in sorted(borrowed_from.items()) if v > 0},
+    )
+
+
+# --- Events ---------------------------------------------------------------------------------
+
+RECLAIM, IN_SHARE, UNKNOWN = "reclaim", "in_share", "unknown"
+
+
+@dataclass(frozen=True)
+class PreemptionEvent:
+    at: datetime
+    job_id: int
+    job: str
+    share: str
+    gpu_type: str
+    gpus: int
+    kind: str  # RECLAIM (for another share's job), IN_SHARE, or UNKNOWN (not recorded)
+    for_job_id: int | None
+    for_job: str
+    for_share: str
+
+    @property
+    def text(self) -> str:
+        if self.kind == UNKNOWN:
+            return f"{self.job} ({self.share}, {self.gpus} {self.gpu_type}) preempted"
+        verb = "reclaimed by" if self.kind == RECLAIM else "preempted in-share for"
+        return (
+            f"{self.job} ({self.share}, {self.gpus} {self.gpu_type}) {verb} "
+            f"{self.for_job} of share {self.for_share}"
+        )
+
+
+def preemption_kind(victim_share_id: int, for_share_id: int | None) -> str:
+    if for_share_id is None:
+        return UNKNOWN
+    return IN_SHARE if for_share_id == victim_share_id else RECLAIM
+
+
+def preemption_events(
+    *, start: datetime, end: datetime, share: QuotaShare | None = None
+) -> list[PreemptionEvent]:
+    """Attempts that ended PREEMPTED in [start, end): of the share's jobs (victims) and of other
+    jobs preempted for the share's jobs (its reclaims). All of them when share is None."""
+    from django.db.models.functions import Coalesce
+
+    from scheduler.models import JobAttempt
+
+    attempts = (
+        JobAttempt.objects.filter(outcome=JobAttempt.Outcome.PREEMPTED)
+        .annotate(when=Coalesce("ended_at", "stop_requested_at", "scheduled_at"))
+        .filter(when__gte=start, when__lt=end)
+        .select_related("job__share", "preempted_for__share")
+        .order_by("when")
+    )
+    if share is not None:
+        attempts = attempts.filter(Q(job__share=share) | Q(preempted_for__share=share))
+    events = []
+    for attempt in attempts[:2000]:
+        job, for_job = attempt.job, attempt.preempted_for
+        events.append(
+            PreemptionEvent(
+                at=attempt.when,
+                job_id=job.pk,
+                job=str(job),
+                share=job.share.name,
+                gpu_type=job.gpu_type,
+                gpus=job.gpus,
+                kind=preemption_kind(job.share_id, for_job.share_id if for_job else None),
+                for_job_id=for_job.pk if for_job else None,
+                for_job=str(for_job) if for_job else "",
+                for_share=for_job.share.name if for_job else "",
+            )
+        )
+    return events
+
+
+def share_change_events(*, share: QuotaShare, start: datetime, end: datetime) -> list[dict]:
+    """The share's changes in [start, end), the fields changed at one instant grouped."""
+    grouped: dict[datetime, dict] = {}
+    changes = (
+        ShareChange.objects.filter(share=share, changed_at__gte=start, changed_at__lt=end)
+        .select_related("changed_by")
+        .order_by("changed_at", "id")
+    )
+    for change in changes[:500]:
+        at = change.changed_at.replace(microsecond=0)
+        entry = grouped.setdefault(
+            at, {"at": at, "by": str(change.changed_by or change.source), "fields": []}
+        )
+        entry["fields"].append(f"{change.field}: {change.old_value or '∅'} → {change.new_value}")
+    return list(grouped.values())
+
+
+# --- Now ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuTypeNow:
+    gpu_type: str
+    capacity: int  # GPUs on nodes that are up (READY or DRAINING)
+    in_use: int
+    down: int
+    idle_lendable: float  # idle GPUs a borrower could get now: free pool + lendable quota
+
+
+def cluster_now(usage: list[ShareUsage] | None = None) -> list[GpuTypeNow]:
+    """Per GPU type: capacity, GPUs in use and down, and idle GPUs that borrowers could use
+    (the free pool plus every LEND / LEND_AND_BORROW share's idle quota within its lend_limit)."""
+    from scheduler.models import Node
+
+    usage = current_usage() if usage is None else usage
+    up: dict[str, int] = defaultdict(int)
+    ready: dict[str, int] = defaultdict(int)
+    down: dict[str, int] = defaultdict(int)
+    nodes = Node.objects.values_list("gpu_type", "state").annotate(total=Sum("gpus")).order_by()
+    for gpu_type, state, total in nodes:
+        if state == Node.State.DOWN:
+            down[gpu_type] += total
+        else:
+            up[gpu_type] += total
+        if state == Node.State.READY:
+            ready[gpu_type] += total
+    lend_rules = {
+        (share, gpu_type): (strategy, lend_limit)
+        for share, gpu_type, strategy, lend_limit in CapacityLimit.objects.values_list(
+            "share__name", "gpu_type", "share__strategy", "lend_limit"
+        )
+    }
+    in_use: dict[str, int] = defaultdict(int)
+    covered: dict[str, int] = defaultdict(int)
+    lendable: dict[str, float] = defaultdict(float)
+    for row in usage:
+        in_use[row.gpu_type] += row.usage
+        covered[row.gpu_type] += row.limit
+        strategy, lend_limit = lend_rules.get((row.share, row.gpu_type), ("RESERVE", None))
+        if strategy != QuotaShare.Strategy.RESERVE:
+            can_lend = row.idle if lend_limit is None else min(row.idle, lend_limit - row.lent)
+            lendable[row.gpu_type] += max(0.0, can_lend)
+    result = []
+    for gpu_type in sorted(set(up) | set(down) | set(in_use)):
+        borrowed = sum(r.borrowed for r in usage if r.gpu_type == gpu_type)
+        lent = sum(r.lent for r in usage if r.gpu_type == gpu_type)
+        pool_left = max(0.0, ready[gpu_type] - covered[gpu_type] - (borrowed - lent))
+        result.append(
+            GpuTypeNow(
+                gpu_type=gpu_type,
+                capacity=up[gpu_type],
+                in_use=in_use[gpu_type],
+                down=down[gpu_type],
+                idle_lendable=round(pool_left + lendable[gpu_type], 3),
+            )
+        )
+    return result
+
+
+@dataclass(frozen=True)
+class QueueEntry:
+    position: int
+    job_id: int
+    job: str
+    share: str
+    gpu_type: str
+    gpus: int
+    priority: int
+    submitted_at: datetime
+    waiting: timedelta
+    within_limit: bool
+    reason: str
+
+
+def queue_front(
+    *, limit: int = 200, usage: list[ShareUsage] | None = None, now: datetime | None = None
+) -> list[QueueEntry]:
+    """RUNNABLE jobs in the order the engine considers them: first every job that fits within its
+    share's limit (counting the share's GPUs in use and the jobs before it in this pass), then the
+    borrowers; each pass by priority (higher first), then submission time. With BORROW_ORDER
+    'fair' the borrowers' pass goes by the share's borrowed/weight now, lowest first (the
+    engine updates that ratio as it admits; this page does not)."""
+    from scheduler.models import Job
+
+    now = now or timezone.now()
+    usage = current_usage() if usage is None else usage
+    used = {(r.share, r.gpu_type): r.usage for r in usage}
+    limits = {(r.share, r.gpu_type): r.limit for r in usage}
+    borrowed = {(r.share, r.gpu_type): r.borrowed for r in usage}
+    jobs = (
+        Job.objects.filter(state=Job.State.RUNNABLE)
+        .select_related("share")
+        .order_by("-priority", "submitted_at", "id")
+    )
+    within, borrowers = [], []
+    claimed: dict[tuple[str, str], int] = defaultdict(int)
+    for job in jobs:
+        key = (job.share.name, job.gpu_type)
+        if used.get(key, 0) + claimed[key] + job.gpus <= limits.get(key, 0):
+            claimed[key] += job.gpus
+            within.append(job)
+        else:
+            borrowers.append(job)
+    if settings.BORROW_ORDER == "fair":
+        borrowers.sort(
+            key=lambda j: (
+                borrowed.get((j.share.name, j.gpu_type), 0) / j.share.weight,
+                -j.priority,
+                j.submitted_at,
+            )
+        )
+    entries = []
+    for position, job in enumerate([*within, *borrowers][:limit], start=1):
+        entries.append(
+            QueueEntry(
+                position=position,
+                job_id=job.pk,
+                job=str(job),
+                share=job.share.name,
+                gpu_type=job.gpu_type,
+                gpus=job.gpus,
+                priority=job.priority,
+                submitted_at=job.submitted_at,
+                waiting=now - job.submitted_at,
+                within_limit=job in within,
+                reason=job.reason,
+            )
+        )
+    return entries
+
+
+def queue_summary(now: datetime | None = None) -> dict:
+    """How many jobs wait (RUNNABLE), for how many GPUs, and since when the oldest waits."""
+    from django.db.models import Count, Min
+
+    from scheduler.models import Job
+
+    now = now or timezone.now()
+    row = Job.objects.filter(state=Job.State.RUNNABLE).aggregate(
+        jobs=Count("id"), gpus=Sum("gpus"), oldest=Min("submitted_at")
+    )
+    return {
+        "jobs": row["jobs"],
+        "gpus": row["gpus"] or 0,
+        "oldest_wait": now - row["oldest"] if row["oldest"] else None,
+    }
+
+
+def wait_times(*, shares: Iterable[str], start: datetime, end: datetime) -> dict[str, list[float]]:
+    """Minutes from submission to first start of the shares' jobs that started in [start, end)."""
+    from scheduler.models import Job
+
+    waits: dict[str, list[float]] = defaultdict(list)
+    jobs = Job.objects.filter(
+        share__name__in=list(shares), started_at__gte=start, started_at__lt=end
+    ).values_list("share__name", "submitted_at", "started_at")
+    for share, submitted_at, started_at in jobs.order_by()[:20000]:
+        waits[share].append(max(0.0, (started_at - submitted_at).total_seconds() / 60))
+    return dict(waits)
+
+
+def share_jobs(share: QuotaShare, limit: int = 100):
+    """The share's jobs: those not ended first, then the latest ended ones."""
+    from scheduler.models import Job
+
+    active = list(
+        Job.objects.filter(share=share)
+        .exclude(state__in=Job.FINAL_STATES)
+        .select_related("submitted_by")
+        .order_by("-priority", "submitted_at")[:limit]
+    )
+    ended = list(
+        Job.objects.filter(share=share, state__in=Job.FINAL_STATES)
+        .select_related("submitted_by")
+        .order_by("-submitted_at")[: max(0, limit - len(active))]
+    )
+    return active + ended

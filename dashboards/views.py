@@ -1,0 +1,216 @@
+"""Dashboard pages and /metrics. Thin: selectors read, figures draw."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import timedelta
+
+from django.conf import settings
+from django.contrib.auth.decorators import login_required as _login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.urls import reverse_lazy
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+
+from dashboards import figures, selectors
+from dashboards.metrics import metrics_allowed, metrics_text
+from scheduler.usage import current_usage
+
+NOT_A_LEAD = "The dashboards are for team leads and admins."
+METRICS_FORBIDDEN = (
+    "metrics: send Authorization: Bearer <METRICS_TOKEN>, or scrape from an address in "
+    "METRICS_ALLOWED_NETS.\n"
+)
+# Team leads need not be staff, so they log in here rather than on the admin's login page.
+login_required = _login_required(login_url=reverse_lazy("dashboards:login"))
+RANGE_LABELS = {"1h": "last hour", "24h": "last 24 h", "7d": "last 7 days", "30d": "last 30 days"}
+
+
+def _require_dashboard_user(request: HttpRequest) -> None:
+    if not selectors.can_view_dashboards(request.user):
+        raise PermissionDenied(NOT_A_LEAD)
+
+
+def _range_context(request: HttpRequest):
+    now = timezone.now()
+    time_range = selectors.time_range_from(request.GET, now)
+    resolution = selectors.resolution_for(time_range, now)
+    label = RANGE_LABELS.get(time_range.key) or (
+        f"{time_range.start:%Y-%m-%d %H:%M} – {time_range.end:%Y-%m-%d %H:%M} UTC"
+    )
+    return (
+        now,
+        time_range,
+        resolution,
+        {
+            "range": time_range,
+            "range_label": label,
+            "range_keys": list(selectors.RANGES),
+            "resolution": resolution.label,
+        },
+    )
+
+
+def _nav(request: HttpRequest) -> dict:
+    return {
+        "nav_teams": selectors.visible_teams(request.user),
+        "is_admin": selectors.is_admin(request.user),
+    }
+
+
+@login_required
+@require_GET
+def overview(request: HttpRequest) -> HttpResponse:
+    """Cluster overview: capacity against use now, use over time by share, idle lendable GPUs,
+    the queue."""
+    _require_dashboard_user(request)
+    now, time_range, resolution, context = _range_context(request)
+    usage = current_usage()
+    gpu_now = selectors.cluster_now(usage)
+    points = selectors.usage_totals_history(start=time_range.start, end=time_range.end,
+                                            resolution=resolution)  # fmt: skip
+    cluster = selectors.cluster_history(start=time_range.start, end=time_range.end,
+                                        resolution=resolution)  # fmt: skip
+    by_type, cluster_by_type = defaultdict(list), defaultdict(list)
+    for p in points:
+        by_type[p.gpu_type].append(p)
+    for c in cluster:
+        cluster_by_type[c.gpu_type].append(c)
+    types = sorted(set(by_type) | {row.gpu_type for row in gpu_now})
+    charts = [figures.to_html(figures.capacity_now(gpu_now), "fig-capacity-now")]
+    for gpu_type in types:
+        fig = figures.stacked_usage(
+            gpu_type, by_type[gpu_type], cluster_by_type[gpu_type], context["range_label"]
+        )
+        charts.append(figures.to_html(fig, f"fig-usage-{gpu_type}"))
+    context.update(
+        _nav(request),
+        charts=charts,
+        gpu_now=gpu_now,
+        queue=selectors.queue_summary(now),
+        shares=sorted({row.share for row in usage}),
+        visible_shares=set(selectors.visible_shares(request.user).values_list("name", flat=True)),
+    )
+    return render(request, "dashboards/overview.html", context)
+
+
+@login_required
+@require_GET
+def share_detail(request: HttpRequest, name: str) -> HttpResponse:
+    """One share: own use against its limit, lent, borrowed, demand, preemptions, changes, jobs."""
+    _require_dashboard_user(request)
+    share = selectors.visible_shares(request.user).filter(name=name).first()
+    if share is None:
+        raise Http404(f"No share {name!r} among the shares you may see.")
+    _now, time_range, resolution, context = _range_context(request)
+    points = selectors.usage_history(start=time_range.start, end=time_range.end,
+                                     resolution=resolution, shares=[share.name])  # fmt: skip
+    preemptions = selectors.preemption_events(start=time_range.start, end=time_range.end,
+                                              share=share)  # fmt: skip
+    changes = selectors.share_change_events(share=share, start=time_range.start,
+                                            end=time_range.end)  # fmt: skip
+    by_type = defaultdict(list)
+    for p in points:
+        by_type[p.gpu_type].append(p)
+    types = sorted(set(share.limits) | set(by_type))
+    charts = [
+        figures.to_html(
+            figures.share_usage(
+                share.name, t, by_type[t], preemptions, changes, context["range_label"]
+            ),
+            f"fig-share-{t}",
+        )  # fmt: skip
+        for t in types
+    ]
+    now_rows = [row for row in current_usage() if row.share == share.name]
+    context.update(
+        _nav(request),
+        share=share,
+        colour=figures.share_colour(share.name),
+        charts=charts,
+        now_rows=now_rows,
+        preemptions=preemptions[-50:][::-1],
+        changes=changes[-20:][::-1],
+        jobs=selectors.share_jobs(share),
+    )
+    return render(request, "dashboards/share.html", context)
+
+
+@login_required
+@require_GET
+def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
+    """A team lead's page: their shares, who borrows from them and from whom they borrow,
+    wait times, GPU-hours this week and month."""
+    _require_dashboard_user(request)
+    team = selectors.visible_teams(request.user).filter(slug=slug).first()
+    if team is None:
+        raise Http404(f"No team {slug!r} among the teams you may see.")
+    now, time_range, resolution, context = _range_context(request)
+    shares = list(team.shares.prefetch_related("capacity_limits").order_by("name"))
+    names = [s.name for s in shares]
+    flows = selectors.lending_flows(shares=names, start=time_range.start, end=time_range.end,
+                                    resolution=resolution)  # fmt: skip
+    waits = selectors.wait_times(shares=names, start=time_range.start, end=time_range.end)
+    week_start = (now - timedelta(days=now.weekday())).replace(
+        hour=0, minute=0, second=0, microsecond=0
+    )
+    month_start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    week = selectors.gpu_hours(shares=names, start=week_start, end=now)
+    month = selectors.gpu_hours(shares=names, start=month_start, end=now)
+    wait_stats = {}
+    for share, values in waits.items():
+        ordered = sorted(values)
+        wait_stats[share] = {
+            "jobs": len(ordered),
+            "median": ordered[len(ordered) // 2],
+            "p95": ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))],
+        }
+    context.update(
+        _nav(request),
+        team=team,
+        shares=[(s, figures.share_colour(s.name)) for s in shares],
+        charts=[
+            figures.to_html(
+                figures.lending_bars(team.name, flows, context["range_label"]), "fig-lending"
+            ),
+            figures.to_html(
+                figures.wait_histogram(team.name, waits, context["range_label"]), "fig-waits"
+            ),
+        ],  # fmt: skip
+        flows=flows,
+        wait_stats=wait_stats,
+        hours=[(s.name, week[s.name], month[s.name]) for s in shares],
+        week_start=week_start,
+        month_start=month_start,
+        now_rows=[row for row in current_usage() if row.share in names],
+    )
+    return render(request, "dashboards/team.html", context)
+
+
+@login_required
+@require_GET
+def queue(request: HttpRequest) -> HttpResponse:
+    """The front of the queue, in the order the engine considers it, with each job's reason."""
+    _require_dashboard_user(request)
+    now = timezone.now()
+    context = _nav(request)
+    context.update(
+        entries=selectors.queue_front(now=now),
+        queue=selectors.queue_summary(now),
+        borrow_order=settings.BORROW_ORDER,
+        visible_shares=set(selectors.visible_shares(request.user).values_list("name", flat=True)),
+    )
+    return render(request, "dashboards/queue.html", context)
+
+
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus metrics (text format 0.0.4); see docs/dashboards.md for access."""
+    # generate_latest writes text format 0.0.4, which every Prometheus version reads.
+    from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+
+    if not metrics_allowed(request):
+        return HttpResponse(METRICS_FORBIDDEN, status=403, content_type="text/plain")
+    return HttpResponse(metrics_text(), content_type=CONTENT_TYPE_PLAIN_0_0_4)

@@ -1,0 +1,193 @@
+"""The dashboards in a real browser: Playwright drives Debian's Chromium (/usr/bin/chromium,
+installed by scripts/install_browser.sh) against the live server. Screenshots are left under
+test-artifacts/screenshots/."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+
+from dashboards.services import history_rollup, history_sample
+from scheduler.models import Job, JobAttempt, Node
+from shares.models import QuotaShare, ShareChange
+from shares.services import share_create
+
+CHROMIUM = Path("/usr/bin/chromium")
+SCREENSHOTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "screenshots"
+PLOT = ".js-plotly-plot .main-svg"
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def scenario(settings, vision_share, research_share, vision_team, carol, alice, root):
+    """An hour of history, sampled every minute: research runs 8 h100 of its own, borrows 4
+    of vision's idle GPUs from minute 20, and loses them when vision reclaims at minute 40.
+    vision's RESERVE share inference runs 2, then 4 l4."""
+    settings.HISTORY_SAMPLE_SECONDS = 60  # one sample a minute, each standing for that minute
+    inference = share_create(
+        name="inference", team=vision_team, capacity_limits={"l4": 4},
+        strategy=QuotaShare.Strategy.RESERVE, source=ShareChange.Source.COMMAND,
+    )  # fmt: skip
+    for name, gpu_type in (("h0", "h100"), ("h1", "h100"), ("l0", "l4")):
+        Node.objects.create(name=name, gpu_type=gpu_type, gpus=8 if gpu_type == "h100" else 4)
+
+    def job(share, user, gpus, gpu_type="h100", **fields):
+        return Job.objects.create(
+            share=share, submitted_by=user, gpu_type=gpu_type, gpus=gpus, command="train",
+            **fields,
+        )  # fmt: skip
+
+    now = timezone.now()
+    start = now - timedelta(minutes=60)
+    own = job(research_share, alice, 8, name="research-pretrain", state=Job.State.RUNNING)
+    extra = job(research_share, alice, 4, name="research-sweep", state=Job.State.RUNNABLE)
+    lender = job(vision_share, carol, 8, name="vision-detector", state=Job.State.RUNNABLE,
+                 priority=10)  # fmt: skip
+    serve = job(inference, carol, 2, gpu_type="l4", name="serve", state=Job.State.RUNNING)
+    job(research_share, alice, 8, name="research-eval", state=Job.State.RUNNABLE,
+        reason="no lendable h100 idle")  # fmt: skip
+    for minute in range(61):
+        if minute == 20:
+            Job.objects.filter(pk=extra.pk).update(
+                state=Job.State.RUNNING, started_at=start + timedelta(minutes=20)
+            )
+        if minute == 30:
+            Job.objects.filter(pk=serve.pk).update(gpus=4)
+        if minute == 40:
+            Job.objects.filter(pk=extra.pk).update(
+                state=Job.State.RUNNABLE, reason="preempted: reclaimed by vision"
+            )
+            Job.objects.filter(pk=lender.pk).update(
+                state=Job.State.RUNNING, started_at=start + timedelta(minutes=40)
+            )
+            JobAttempt.objects.create(
+                job=extra, number=1, outcome=JobAttempt.Outcome.PREEMPTED,
+                ended_at=start + timedelta(minutes=40), preempted_for=lender,
+            )  # fmt: skip
+        history_sample(start + timedelta(minutes=minute))
+    history_rollup(now)
+    # Waits before first start, for the team page's histogram: jobs were submitted at `start`.
+    Job.objects.filter(pk=own.pk).update(started_at=start + timedelta(minutes=1))
+    Job.objects.filter(pk__in=[own.pk, extra.pk, lender.pk, serve.pk]).update(submitted_at=start)
+    Job.objects.filter(pk=serve.pk).update(started_at=start + timedelta(minutes=3))
+    return {"carol": ("carol", "pw-carol-1234"), "root": ("root", "pw-root-1234")}
+
+
+@pytest.fixture
+def browser_page(monkeypatch):
+    if not CHROMIUM.exists():
+        pytest.skip(
+            "Chromium is not installed at /usr/bin/chromium and could not be: run "
+            "scripts/install_browser.sh as root (scripts/test.sh does)."
+        )
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API runs an event loop in this thread; the ORM calls that pytest-django
+    # makes on teardown are still synchronous and safe.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), args=["--no-sandbox", "--disable-dev-shm-usage"]
+        )
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        yield page
+        browser.close()
+
+
+def log_in(page, live_server, username: str, password: str) -> None:
+    page.goto(f"{live_server.url}/dash/login/?next=/dash/")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", password)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{live_server.url}/dash/")
+
+
+def trace_names(page, div_id: str) -> list[str]:
+    page.wait_for_selector(f"#{div_id}.js-plotly-plot .main-svg")
+    return page.evaluate(f"document.getElementById('{div_id}').data.map(t => t.name)")
+
+
+def open_and_shoot(page, url: str, name: str) -> None:
+    response = page.goto(url)
+    assert response.status == 200, url
+    page.wait_for_selector(PLOT)
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+def test_a_lead_sees_the_cluster_their_share_and_team_but_not_another_team(
+    live_server, browser_page, scenario
+):
+    page = browser_page
+    log_in(page, live_server, *scenario["carol"])
+    base = live_server.url
+
+    open_and_shoot(page, f"{base}/dash/?range=1h", "lead-overview")
+    assert trace_names(page, "fig-usage-h100") == ["research", "vision", "capacity"]
+    assert trace_names(page, "fig-usage-l4") == ["inference", "capacity"]
+    assert trace_names(page, "fig-capacity-now") == [
+        "capacity (nodes up)", "in use", "idle, lendable", "down",
+    ]  # fmt: skip
+
+    open_and_shoot(page, f"{base}/dash/shares/vision/?range=1h", "lead-share-vision")
+    names = trace_names(page, "fig-share-h100")
+    assert names[:5] == [
+        "own use (within limit)", "lent to others", "borrowed (above limit)", "limit",
+        "runnable demand",
+    ]  # fmt: skip
+    assert "reclaimed (for its jobs)" in names
+    reclaims = page.evaluate(
+        "document.getElementById('fig-share-h100').data"
+        ".find(t => t.name === 'reclaimed (for its jobs)').x.length"
+    )
+    assert reclaims == 1
+
+    open_and_shoot(page, f"{base}/dash/teams/vision/?range=1h", "lead-team-vision")
+    assert trace_names(page, "fig-lending") == ["lent to (borrowers)", "borrowed from (lenders)"]
+    assert trace_names(page, "fig-waits") == ["inference", "vision"]
+    lent_to = page.evaluate("document.getElementById('fig-lending').data[0]")
+    assert lent_to["y"] == ["lent to research"]
+    assert lent_to["x"] == [pytest.approx(4 * 20 / 60, abs=0.01)]  # 4 GPUs for 20 minutes
+
+    response = page.goto(f"{base}/dash/shares/research/")
+    assert response.status == 404
+    response = page.goto(f"{base}/dash/teams/ml-research/")
+    assert response.status == 404
+
+
+def test_an_admin_opens_every_page_from_the_admin(live_server, browser_page, scenario):
+    page = browser_page
+    log_in(page, live_server, *scenario["root"])
+    base = live_server.url
+
+    page.goto(f"{base}/admin/")
+    page.click("text=Dashboards")
+    page.wait_for_selector(PLOT)
+    open_and_shoot(page, f"{base}/dash/?range=24h", "admin-overview-24h")
+    assert trace_names(page, "fig-usage-h100") == ["research", "vision", "capacity"]
+
+    open_and_shoot(page, f"{base}/dash/shares/research/?range=1h", "admin-share-research")
+    names = trace_names(page, "fig-share-h100")
+    assert "preempted (its jobs)" in names
+    hover = page.evaluate(
+        "document.getElementById('fig-share-h100').data"
+        ".find(t => t.name === 'preempted (its jobs)').text"
+    )
+    assert hover == [
+        "research-sweep (research, 4 h100) reclaimed by vision-detector of share vision"
+    ]
+
+    open_and_shoot(page, f"{base}/dash/teams/ml-research/?range=1h", "admin-team-research")
+    borrowed_from = page.evaluate("document.getElementById('fig-lending').data[1].y")
+    assert borrowed_from == ["borrowed from vision"]
+
+    response = page.goto(f"{base}/dash/queue/")
+    assert response.status == 200
+    rows = page.locator("table.queue tr").all_inner_texts()
+    assert "research-sweep" in rows[1] and "borrower" in rows[1]
+    assert "research-eval" in rows[2] and "no lendable h100 idle" in rows[2]
+    page.screenshot(path=str(SCREENSHOTS / "admin-queue.png"), full_page=True)

@@ -1,0 +1,177 @@
+"""Utilization history: sampling, roll-ups and pruning against hand-computed numbers."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from dashboards.models import ClusterSample, Resolution, UsageSample
+from dashboards.services import history_prune, history_rollup, history_sample
+from scheduler.models import Job, Node
+
+T0 = datetime(2026, 3, 2, 10, 0, 0, tzinfo=UTC)
+
+
+def seconds(n: float) -> datetime:
+    return T0 + timedelta(seconds=n)
+
+
+def make_job(share, user, gpus: int, state: str) -> Job:
+    return Job.objects.create(
+        share=share, submitted_by=user, gpu_type="h100", gpus=gpus, command="train", state=state
+    )
+
+
+def usage(resolution, share, at) -> UsageSample:
+    return UsageSample.objects.get(resolution=resolution, share=share, gpu_type="h100", at=at)
+
+
+@pytest.fixture
+def cluster(db):
+    Node.objects.create(name="h0", gpu_type="h100", gpus=8)
+    Node.objects.create(name="h1", gpu_type="h100", gpus=8)
+    Node.objects.create(name="a0", gpu_type="a100", gpus=4, state=Node.State.DOWN)
+
+
+@pytest.mark.django_db
+def test_a_sample_is_taken_at_most_once_per_interval(settings, cluster, vision_share):
+    """Beat and the cycle may both call history_sample: calls closer than the interval skip."""
+    settings.HISTORY_SAMPLE_SECONDS = 15
+    assert history_sample(seconds(0)) is True
+    assert history_sample(seconds(5)) is False
+    assert history_sample(seconds(14)) is False
+    assert history_sample(seconds(14.5)) is True  # beat's tick may come a little early (5 %)
+    assert history_sample(seconds(10)) is False  # a clock that runs backwards takes nothing
+    assert UsageSample.objects.filter(resolution=Resolution.RAW).count() == 2
+
+
+@pytest.mark.django_db
+def test_samples_record_usage_and_roll_up_into_minute_averages_and_peaks(
+    settings, cluster, vision_share, research_share, alice, carol
+):
+    """research runs 8 + 4 h100 (borrowing 4 that vision lends) for 30 s, then the 4 finish;
+    in the next minute vision runs 8 of its own. Minute 10:00 averages 4 samples."""
+    settings.HISTORY_SAMPLE_SECONDS = 15
+    make_job(research_share, alice, 8, Job.State.RUNNING)
+    small = make_job(research_share, alice, 4, Job.State.RUNNING)
+    make_job(research_share, alice, 2, Job.State.RUNNABLE)
+    history_sample(seconds(0))
+    history_sample(seconds(15))
+    Job.objects.filter(pk=small.pk).update(state=Job.State.SUCCEEDED)
+    history_sample(seconds(30))
+    history_sample(seconds(45))
+    make_job(vision_share, carol, 8, Job.State.RUNNING)
+    history_sample(seconds(60))
+    history_sample(seconds(75))
+
+    raw = usage(Resolution.RAW, "research", seconds(0))
+    assert (raw.limit, raw.own, raw.borrowed, raw.demand) == (8, 8, 4, 2)
+    assert (usage(Resolution.RAW, "vision", seconds(0)).lent,) == (4,)
+
+    written = history_rollup(seconds(2 * 60 + 15))
+    assert written["usage_minute"] == 4  # 2 shares × minutes 10:00 and 10:01
+    assert written["cluster_minute"] == 4  # h100 and a100 × 2 minutes
+    research = usage(Resolution.MINUTE, "research", T0)
+    assert research.samples == 4
+    assert (research.own, research.borrowed, research.borrowed_max) == (8, 2, 4)
+    assert (research.usage_max, research.demand, research.demand_max) == (12, 2, 2)
+    vision = usage(Resolution.MINUTE, "vision", T0)
+    assert (vision.own, vision.lent, vision.idle) == (0, 2, 6)
+    vision_next = usage(Resolution.MINUTE, "vision", seconds(60))
+    assert (vision_next.own, vision_next.lent, vision_next.idle, vision_next.samples) == (
+        8,
+        0,
+        0,
+        2,
+    )
+
+    h100 = ClusterSample.objects.get(resolution=Resolution.MINUTE, gpu_type="h100", at=T0)
+    assert (h100.capacity, h100.in_use, h100.in_use_max, h100.down) == (16, 10, 12, 0)
+    a100 = ClusterSample.objects.get(resolution=Resolution.MINUTE, gpu_type="a100", at=T0)
+    assert (a100.capacity, a100.down) == (0, 4)
+
+    # Rolling up again writes nothing twice; the hour is not complete yet.
+    assert sum(history_rollup(seconds(2 * 60 + 20)).values()) == 0
+
+
+@pytest.mark.django_db
+def test_a_sample_stands_for_the_time_since_the_last_one_and_an_outage_for_nothing(
+    settings, cluster, vision_share, research_share, alice
+):
+    """Samples at 0, 20 and 40 s, then the sampler is down until 10:05. A minute averages its
+    samples weighted by that time; GPU-hours then come out right even with irregular samples."""
+    settings.HISTORY_SAMPLE_SECONDS = 15
+    running = make_job(research_share, alice, 8, Job.State.RUNNING)
+    history_sample(seconds(0))  # the first sample stands for one interval: 15 s
+    history_sample(seconds(20))  # 20 s
+    Job.objects.filter(pk=running.pk).update(state=Job.State.SUCCEEDED)
+    history_sample(seconds(40))  # 20 s, research uses nothing
+    history_sample(seconds(300))  # after an outage: at most 2 intervals, 30 s
+    raw = UsageSample.objects.filter(share="research", resolution=Resolution.RAW)
+    assert list(raw.values_list("seconds", flat=True)) == [15, 20, 20, 30]
+    history_rollup(seconds(400))
+    minute = usage(Resolution.MINUTE, "research", T0)
+    assert minute.own == pytest.approx((8 * 15 + 8 * 20 + 0 * 20) / 55, abs=1e-4)
+    assert (minute.seconds, minute.samples, minute.usage_max) == (55, 3, 8)
+
+
+@pytest.mark.django_db
+def test_a_minute_still_being_sampled_is_not_rolled_up(settings, cluster, vision_share):
+    settings.HISTORY_SAMPLE_SECONDS = 15
+    history_sample(seconds(0))
+    history_sample(seconds(45))
+    # At 10:01:10 a sample of 10:00:59 might still be committing: wait one interval.
+    assert history_rollup(seconds(70))["usage_minute"] == 0
+    assert history_rollup(seconds(75))["usage_minute"] == 1
+
+
+def minute_row(share: str, at: datetime, own: float, borrowed: float, samples: int):
+    return UsageSample(
+        resolution=Resolution.MINUTE, at=at, share=share, gpu_type="h100", limit=8, own=own,
+        borrowed=borrowed, lent=0, idle=8 - own, demand=0, usage_max=own + borrowed,
+        borrowed_max=borrowed, demand_max=0, samples=samples, seconds=15 * samples,
+    )  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_hours_average_minutes_weighted_by_their_samples_and_keep_the_peak(settings):
+    settings.HISTORY_SAMPLE_SECONDS = 15
+    UsageSample.objects.bulk_create(
+        [
+            minute_row("research", T0, own=8, borrowed=4, samples=4),
+            minute_row("research", T0 + timedelta(minutes=30), own=2, borrowed=0, samples=2),
+            minute_row("research", T0 + timedelta(minutes=61), own=6, borrowed=1, samples=4),
+        ]
+    )
+    # At 11:00:30 hour 10:00 is complete, hour 11:00 is not.
+    assert history_rollup(T0 + timedelta(minutes=60, seconds=30))["usage_hour"] == 1
+    hour = usage(Resolution.HOUR, "research", T0)
+    assert hour.own == pytest.approx((8 * 4 + 2 * 2) / 6)  # 6.0
+    assert hour.borrowed == pytest.approx(4 * 4 / 6, abs=1e-4)  # stored to 4 decimals
+    assert (hour.usage_max, hour.borrowed_max, hour.samples, hour.seconds) == (12, 4, 6, 90)
+    assert history_rollup(T0 + timedelta(hours=2, minutes=1))["usage_hour"] == 1
+    assert usage(Resolution.HOUR, "research", T0 + timedelta(hours=1)).own == 6
+
+
+@pytest.mark.django_db
+def test_pruning_keeps_each_resolution_for_its_retention(settings):
+    settings.HISTORY_RAW_RETENTION_DAYS = 2
+    settings.HISTORY_MINUTE_RETENTION_DAYS = 30
+    settings.HISTORY_HOUR_RETENTION_DAYS = 730
+    now = T0
+    rows = [
+        (Resolution.RAW, now - timedelta(days=2, seconds=1)),
+        (Resolution.RAW, now - timedelta(days=1)),
+        (Resolution.MINUTE, now - timedelta(days=31)),
+        (Resolution.MINUTE, now - timedelta(days=29)),
+        (Resolution.HOUR, now - timedelta(days=731)),
+        (Resolution.HOUR, now - timedelta(days=365)),
+    ]
+    for resolution, at in rows:
+        row = minute_row("vision", at, own=1, borrowed=0, samples=1)
+        row.resolution = resolution
+        row.save()
+    assert history_prune(now) == 3
+    kept = sorted(UsageSample.objects.values_list("resolution", "at"))
+    assert kept == sorted([rows[1], rows[3], rows[5]])
