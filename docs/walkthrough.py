@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -18,6 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from portal_client import Client  # noqa: E402
 
 URL = os.environ.get("PORTAL_URL", "http://127.0.0.1:8000")
+# The demo job: works in steps, checkpoints to $CHECKPOINT_DIR, stops cleanly on SIGTERM and
+# resumes from its checkpoint (the fake-GPU agents of `make run` run on this machine).
+JOB = f"{sys.executable} {Path(__file__).resolve().parent.parent / 'scripts' / 'demo_job.py'}"
 TIMEOUT = float(os.environ.get("WALKTHROUGH_TIMEOUT", "300"))
 
 
@@ -29,6 +33,18 @@ def usage(portal: Client, title: str) -> None:
                 f"   {name:<10} {gpu_type:<5} limit {row['limit']:>2}  own {row['own']:>2}  "
                 f"borrowed {row['borrowed']:>2}  lent {row['lent']:>2}"
             )
+
+
+def first_log_line(portal: Client, job_id: int, timeout: float = 30) -> str:
+    """The attempt's first log line (the job prints the step it resumes from); the agent sends
+    the log tail a moment after the job starts."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = portal.logs(job_id).strip().splitlines()
+        if lines:
+            return lines[0]
+        time.sleep(0.5)
+    return "(no log yet)"
 
 
 def main() -> int:
@@ -46,7 +62,7 @@ def main() -> int:
         nodes=2,
         gpu_type="h100",
         name="background-pretrain",
-        command="python train.py --checkpoint-every 30s --resume-from-latest",
+        command=f"{JOB} --steps 240 --step-seconds 0.5",
         client_token="walkthrough-background",
     )
     background = bob.wait(background["id"], states={"RUNNING"}, timeout=TIMEOUT)
@@ -61,7 +77,7 @@ def main() -> int:
         gpu_type="h100",
         priority=100,
         name="urgent-finetune",
-        command="python finetune.py --steps 200",
+        command=f"{JOB} --steps 30 --step-seconds 0.5",
         client_token="walkthrough-urgent",
     )
     preempted = bob.wait(background["id"], states={"RUNNABLE"}, timeout=TIMEOUT)
@@ -77,7 +93,7 @@ def main() -> int:
     carol.wait(urgent["id"], timeout=TIMEOUT)
     resumed = bob.wait(background["id"], states={"RUNNING"}, timeout=TIMEOUT)
     print(f"   job {resumed['id']} {resumed['state']}, attempt {resumed['attempt_count']}")
-    print("   log tail:", bob.logs(resumed["id"]).strip().splitlines()[-1:] or "(empty)")
+    print("   log:", first_log_line(bob, resumed["id"]))
     bob.cancel(resumed["id"])
     print(f"   job {resumed['id']} cancelled: the walkthrough is over")
     return 0

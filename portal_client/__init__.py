@@ -6,6 +6,6 @@ job = portal.submit(share="research", gpus=8, gpu_type="h100", command="python t
 portal.wait(job["id"])
 """
 
-from portal_client.client import FINAL_STATES, Client, PortalError
+from portal_client.client import FINAL_STATES, Client, JobEnded, PortalError
 
-__all__ = ["FINAL_STATES", "Client", "PortalError"]
+__all__ = ["FINAL_STATES", "Client", "JobEnded", "PortalError"]

@@ -12,6 +12,14 @@ import requests
 FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 
+class JobEnded(RuntimeError):
+    """The job ended in a state that `wait` was not waiting for."""
+
+    def __init__(self, job: dict) -> None:
+        self.job = job
+        super().__init__(f"job {job['id']} ended {job['state']}: {job.get('reason', '')}")
+
+
 class PortalError(Exception):
     """The API refused a request: `status` is the HTTP status, `detail` the JSON body."""
 
@@ -154,13 +162,16 @@ class Client:
         timeout: float | None = 3600,
         poll: float = 1.0,
     ) -> dict:
-        """Poll until the job is in one of `states`; returns it. Raises TimeoutError."""
+        """Poll until the job is in one of `states`; returns it. Raises JobEnded when the job
+        ends in a state not asked for (it will never get there), TimeoutError at the timeout."""
         wanted = {states} if isinstance(states, str) else set(states)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             job = self.job(job_id)
             if job["state"] in wanted:
                 return job
+            if job["state"] in FINAL_STATES:
+                raise JobEnded(job)
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(
                     f"job {job_id} is {job['state']} after {timeout}s, not in {sorted(wanted)}"

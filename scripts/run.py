@@ -16,6 +16,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = str(ROOT / ".venv" / "bin" / "python")
+# Everything the system writes (database, Redis socket, agents' work and checkpoint dirs).
+VAR = Path(os.environ.get("PORTAL_VAR_DIR", ROOT / "var"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import embedded_redis  # noqa: E402
@@ -38,7 +40,7 @@ def main() -> int:
         "web": [*manage, "runserver", address, "--noreload"],
         "worker": [PYTHON, "-m", "celery", "-A", "portal", "worker", "-l", "info", "-c", "2"],
         "beat": [PYTHON, "-m", "celery", "-A", "portal", "beat", "-l", "info",
-                 "-s", str(ROOT / "var" / "celerybeat-schedule")],
+                 "-s", str(VAR / "celerybeat-schedule")],
     }  # fmt: skip
     join_token = subprocess.run(
         [*manage, "agent_join_token"], check=True, env=env, cwd=ROOT, capture_output=True,
@@ -49,8 +51,8 @@ def main() -> int:
         commands[f"agent-{name}"] = [
             PYTHON, "-m", "scheduler.agent", "--portal", portal, "--name", name,
             "--fake-gpus", str(gpus), "--gpu-type", gpu_type, "--join-token", join_token,
-            "--work-dir", str(ROOT / "var" / "agents" / name),
-            "--checkpoint-root", str(ROOT / "var" / "checkpoints"),
+            "--work-dir", str(VAR / "agents" / name),
+            "--checkpoint-root", str(VAR / "checkpoints"),
         ]  # fmt: skip
     processes = {
         name: subprocess.Popen(command, env=env, cwd=ROOT) for name, command in commands.items()

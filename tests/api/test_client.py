@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from portal_client import Client, PortalError
+from portal_client import Client, JobEnded, PortalError
 from scheduler.models import Job, JobAttempt
 from tests.api.helpers import place, preempt
 
@@ -29,6 +29,15 @@ def test_submit_list_describe_cancel(world, bob):
     assert bob.job(job["id"])["events"][0]["to_state"] == "SUBMITTED"
     assert bob.cancel(job["id"])["state"] == "CANCELLED"
     assert bob.wait(job["id"], timeout=5)["state"] == "CANCELLED"
+
+
+def test_wait_stops_when_the_job_ends_elsewhere(world, bob):
+    """Waiting for RUNNING on a job that was cancelled raises at once instead of timing out."""
+    job = bob.submit(share="research", gpus=8, gpu_type="h100", command="x")
+    bob.cancel(job["id"])
+    with pytest.raises(JobEnded) as ended:
+        bob.wait(job["id"], states={"RUNNING"}, timeout=30)
+    assert ended.value.job["state"] == "CANCELLED"
 
 
 def test_client_token_returns_the_first_job(bob):
