@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -60,6 +62,16 @@ class CycleResult:
     reasons_updated: int = 0
     stale: list[str] = field(default_factory=list)  # plan entries refused at apply
     nodes_to_notify: set[int] = field(default_factory=set)
+    # Seconds spent in each step, for the benchmark and for logs of slow cycles.
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def timed(self, step: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[step] = self.timings.get(step, 0.0) + time.perf_counter() - start
 
 
 @dataclass
@@ -76,20 +88,28 @@ def cycle_run(*, force: bool = False) -> CycleResult:
     `force` plans anyway."""
     result = CycleResult()
     now = timezone.now()
-    with transaction.atomic():
-        _lock()
-        nodes_mark_lost(now=now, result=result)
-        cancels_to_stop_orders(now=now, result=result)
-        before = _fingerprint()
-        if not force and not result.nodes_to_notify and before == _last_fingerprint():
-            result.skipped = True
-            return result
-        snapshot, context = cycle_snapshot()
-        plan = engine.plan(snapshot)
+    timed = result.timed
+    with timed("total"), transaction.atomic():
+        with timed("lock"):
+            _lock()
+        with timed("nodes_lost"):
+            nodes_mark_lost(now=now, result=result)
+        with timed("cancels"):
+            cancels_to_stop_orders(now=now, result=result)
+        with timed("fingerprint"):
+            before = _fingerprint()
+            if not force and not result.nodes_to_notify and before == _last_fingerprint():
+                result.skipped = True
+                return result
+        with timed("snapshot"):
+            snapshot, context = cycle_snapshot()
+        with timed("plan"):
+            plan = engine.plan(snapshot)
         cycle_apply(plan, context, now=now, result=result)
-        # Safe to remember before the commit: after a rollback the database is back in the
-        # state of `before`, which differs from `after` unless this cycle changed nothing.
-        _remember_fingerprint(_fingerprint())
+        with timed("fingerprint"):
+            # Safe to remember before the commit: after a rollback the database is back in the
+            # state of `before`, which differs from `after` unless this cycle changed nothing.
+            _remember_fingerprint(_fingerprint())
         nodes = set(result.nodes_to_notify)
         transaction.on_commit(lambda: notify_nodes(nodes))
     if result.placed or result.preempted or result.rejected or result.attempts_lost:
@@ -359,10 +379,14 @@ def cycle_apply(
     plan: engine.Plan, context: SnapshotContext, *, now: datetime, result: CycleResult
 ) -> None:
     """Apply a plan with conditional updates; entries that no longer hold are skipped."""
-    _apply_preemptions(plan.preemptions, now=now, result=result)
-    _apply_placements(plan.placements, context, now=now, result=result)
-    _apply_rejections(plan.rejections, result=result)
-    _apply_waiting(plan.waiting, context, result=result)
+    with result.timed("apply_preemptions"):
+        _apply_preemptions(plan.preemptions, now=now, result=result)
+    with result.timed("apply_placements"):
+        _apply_placements(plan.placements, context, now=now, result=result)
+    with result.timed("apply_rejections"):
+        _apply_rejections(plan.rejections, result=result)
+    with result.timed("apply_waiting"):
+        _apply_waiting(plan.waiting, context, result=result)
 
 
 def _apply_preemptions(
