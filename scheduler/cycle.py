@@ -16,17 +16,17 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, Max, Sum
+from django.db.models import Count, F, Max, Sum
 from django.utils import timezone
 
 from scheduler import engine
+from scheduler.bulk import id_batches, jobs_set_reasons, rows_insert
 from scheduler.models import GpuAssignment, Job, JobAttempt, JobEvent, Node
 from scheduler.notify import notify_nodes
 from scheduler.services import jobs_transition
@@ -45,7 +45,6 @@ NODE_LOST_REASON = "node {node} lost (no heartbeat for {seconds:g} s); requeued"
 NODE_LOST_CANCELLED = "node {node} lost while the job was being cancelled"
 NODE_DOWN_ATTEMPT = "node {node} stopped sending heartbeats"
 CANCELLED_NOT_RUNNING = "cancelled: the job was not running any more"
-CHUNK = 900  # ids per IN (...) query: below SQLite's bound-parameter limit
 
 
 @dataclass
@@ -355,21 +354,16 @@ def cycle_snapshot() -> tuple[engine.Snapshot, SnapshotContext]:
 # --- Applying a plan ------------------------------------------------------------------------
 
 
-def _chunks(ids: list[int]):
-    for start in range(0, len(ids), CHUNK):
-        yield ids[start : start + CHUNK]
-
-
 def _lock_jobs(ids: list[int], **conditions) -> dict[int, dict]:
     """Lock the jobs among `ids` that still meet `conditions` (the conditional part of every
     update below) and return their rows by id. Rows are locked in id order."""
     rows: dict[int, dict] = {}
-    for chunk in _chunks(sorted(ids)):
+    for batch in id_batches(sorted(ids)):
         for row in (
             Job.objects.select_for_update()
-            .filter(pk__in=chunk, **conditions)
+            .filter(pk__in=batch, **conditions)
             .order_by("pk")
-            .values("pk", "state", "attempt_count", "started_at")
+            .values("pk", "state", "attempt_count")
         ):
             rows[row["pk"]] = row
     return rows
@@ -471,43 +465,46 @@ def _apply_placements(
             continue
         held |= wanted
         accepted.append((placement, job))
-    attempts = JobAttempt.objects.bulk_create(
-        [
-            JobAttempt(
-                job_id=job["pk"],
-                number=job["attempt_count"] + 1,
-                allocations=[
-                    {"node": a.node, "gpu_indices": list(a.gpu_indices)}
-                    for a in placement.allocations
-                ],
-                borrowed_gpus=placement.borrowed,
-            )
-            for placement, job in accepted
-        ],
-        batch_size=500,
+    attempt_ids = dict(
+        rows_insert(
+            JobAttempt,
+            ("job_id", "number", "allocations", "borrowed_gpus", "scheduled_at"),
+            [
+                (
+                    job["pk"],
+                    job["attempt_count"] + 1,
+                    [{"node": a.node, "gpu_indices": list(a.gpu_indices)} for a in p.allocations],
+                    p.borrowed,
+                    now,
+                )
+                for p, job in accepted
+            ],
+            returning=("job_id", "id"),
+        )
     )
-    GpuAssignment.objects.bulk_create(
+    # The partial unique index gpu_held_by_one_attempt refuses a GPU that is still held.
+    rows_insert(
+        GpuAssignment,
+        ("attempt_id", "node_id", "gpu_index"),
         [
-            GpuAssignment(attempt_id=attempt.pk, node_id=ready[a.node], gpu_index=index)
-            for attempt, (placement, _) in zip(attempts, accepted, strict=True)
+            (attempt_ids[job["pk"]], ready[a.node], index)
+            for placement, job in accepted
             for a in placement.allocations
             for index in a.gpu_indices
         ],
-        batch_size=1000,
     )
-    # Jobs differ in attempt_count, so they are moved in groups of equal count.
-    by_count: dict[int, list[tuple[int, str, str]]] = defaultdict(list)
-    for placement, job in accepted:
-        reason = SCHEDULED_REASON.format(where=_describe(placement.allocations))
-        by_count[job["attempt_count"] + 1].append((job["pk"], job["state"], reason))
+    for placement, _job in accepted:
         result.nodes_to_notify.update(ready[a.node] for a in placement.allocations)
-    for count, changes in by_count.items():
-        jobs_transition(
-            to_state=Job.State.SCHEDULED,
-            changes=changes,
-            job_reason=SCHEDULED_JOB_REASON,
-            attempt_count=count,
-        )
+    jobs_transition(
+        to_state=Job.State.SCHEDULED,
+        changes=[
+            (job["pk"], job["state"], SCHEDULED_REASON.format(where=_describe(p.allocations)))
+            for p, job in accepted
+        ],
+        job_reason=SCHEDULED_JOB_REASON,
+        # The rows are locked: this is the attempt number given above.
+        attempt_count=F("attempt_count") + 1,
+    )
     result.placed += len(accepted)
 
 
@@ -527,15 +524,13 @@ def _apply_rejections(rejections: tuple[engine.Rejection, ...], *, result: Cycle
 def _apply_waiting(waiting, context: SnapshotContext, *, result: CycleResult) -> None:
     """Write why each job waits, only where it changed (an idle cycle writes nothing). Not a
     state change, so no event; the update is conditional on the job still being RUNNABLE."""
-    by_reason: dict[str, list[int]] = defaultdict(list)
-    for job_id, reason in waiting.items():
-        if context.reasons.get(int(job_id)) != reason:
-            by_reason[reason].append(int(job_id))
-    # Many jobs wait for the same reason: one UPDATE per reason, not per job.
-    for reason, ids in by_reason.items():
-        for chunk in _chunks(ids):
-            Job.objects.filter(pk__in=chunk, state=Job.State.RUNNABLE).update(reason=reason)
-        result.reasons_updated += len(ids)
+    changed = {
+        int(job_id): reason
+        for job_id, reason in waiting.items()
+        if context.reasons.get(int(job_id)) != reason
+    }
+    jobs_set_reasons(changed, state=Job.State.RUNNABLE)
+    result.reasons_updated += len(changed)
 
 
 # --- Idle cycles ----------------------------------------------------------------------------
