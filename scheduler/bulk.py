@@ -25,6 +25,17 @@ def _postgresql() -> bool:
     return connection.vendor == "postgresql"
 
 
+def _binary_cursor():
+    """A Django cursor (query log, execute wrappers, error translation) over a psycopg cursor
+    that binds parameters on the server, so `%b` sends an array in binary: PostgreSQL then does
+    not parse a text literal of thousands of elements (Django's own cursors bind on the client,
+    as text)."""
+    import psycopg
+
+    connection.ensure_connection()
+    return connection._prepare_cursor(psycopg.Cursor(connection.connection))
+
+
 def id_batches(ids: Sequence[int]) -> Iterable[Sequence[int]]:
     """`ids` in batches for `pk__in` filters: one on PostgreSQL, BATCH at a time elsewhere."""
     size = 30_000 if _postgresql() else BATCH  # PostgreSQL allows 65,535 parameters
@@ -61,7 +72,7 @@ def rows_insert(
         if isinstance(field, models.JSONField):
             values = [None if value is None else json.dumps(value) for value in values]
         params.append(values)
-        selects.append(f"%s::{field.db_type(connection)}[]")
+        selects.append(f"%b::{field.db_type(connection)}[]")
     # Fields the caller leaves out get their model default, the same for every row.
     defaults, default_selects = [], []
     for field in meta.concrete_fields:
@@ -77,7 +88,7 @@ def rows_insert(
     )
     if returning:
         sql += " RETURNING " + ", ".join(quote(meta.get_field(n).column) for n in returning)
-    with connection.cursor() as cursor:
+    with _binary_cursor() as cursor:
         cursor.execute(sql, [*defaults, *params])
         return [tuple(row) for row in cursor.fetchall()] if returning else []
 
@@ -90,10 +101,10 @@ def jobs_set_reasons(reasons: dict[int, str], *, state: str | None = None) -> in
     if _postgresql():
         table = connection.ops.quote_name(Job._meta.db_table)
         condition = f" AND {table}.state = %s" if state is not None else ""
-        with connection.cursor() as cursor:
+        with _binary_cursor() as cursor:
             cursor.execute(
                 f"UPDATE {table} SET reason = v.reason "
-                "FROM unnest(%s::bigint[], %s::text[]) AS v(id, reason) "
+                "FROM unnest(%b::bigint[], %b::text[]) AS v(id, reason) "
                 f"WHERE {table}.id = v.id{condition}",
                 [list(reasons), list(reasons.values()), *([state] if state is not None else [])],
             )
