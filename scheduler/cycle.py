@@ -16,13 +16,15 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, F, Max, Sum
+from django.db.models import Count, F, FloatField, Func, Max, Sum
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from scheduler import engine
@@ -242,15 +244,34 @@ def _epoch(value: datetime | None) -> float:
     return value.timestamp() if value is not None else 0.0
 
 
+class Epoch(Func):
+    """A timestamp as seconds since the epoch, computed by PostgreSQL: the same float as
+    `datetime.timestamp()` (both round the exact value), without parsing 20,000 timestamps in
+    Python for a snapshot of a long queue."""
+
+    template = "EXTRACT(EPOCH FROM %(expressions)s)::double precision"
+    output_field = FloatField()
+
+
+def _epoch_columns(*names: str) -> tuple[list, Callable[[object], float]]:
+    """Columns that load as epoch seconds, and the conversion their values still need."""
+    if connection.vendor == "postgresql":
+        return [Epoch(name) for name in names], lambda value: value or 0.0
+    return list(names), _epoch
+
+
 def cycle_snapshot() -> tuple[engine.Snapshot, SnapshotContext]:
-    """Load what the engine needs: nodes, shares, placed jobs (open attempts) and runnable jobs."""
+    """Load what the engine needs: nodes, shares, placed jobs (open attempts) and runnable jobs,
+    one query per table, as tuples."""
     nodes = list(Node.objects.values_list("pk", "name", "gpu_type", "gpus", "state"))
     node_views = tuple(
         engine.NodeView(name=name, gpu_type=gpu_type, gpus=gpus, state=state)
         for _, name, gpu_type, gpus, state in nodes
     )
     share_views = []
+    share_names: dict[int, str] = {}
     for share in QuotaShare.objects.prefetch_related("capacity_limits"):
+        share_names[share.pk] = share.name
         limits = share.capacity_limits.all()
         share_views.append(
             engine.ShareView(
@@ -271,33 +292,34 @@ def cycle_snapshot() -> tuple[engine.Snapshot, SnapshotContext]:
                 strict_fifo=share.strict_fifo,
             )
         )
+    (submitted_column, started_column), to_epoch = _epoch_columns(
+        "job__submitted_at", Coalesce("started_at", "scheduled_at")
+    )
     placed = []
     attempts = JobAttempt.objects.filter(
         ended_at__isnull=True, job__state__in=Job.PLACED_STATES
     ).values_list(
         "job_id",
-        "job__share__name",
+        "job__share_id",
         "job__gpu_type",
         "job__gpus",
         "job__priority",
-        "job__submitted_at",
+        submitted_column,
         "job__state",
-        "started_at",
-        "scheduled_at",
+        started_column,
         "stop_requested_at",
         "preempted_for_id",
         "allocations",
     )
     for (
         job_id,
-        share,
+        share_id,
         gpu_type,
         gpus,
         priority,
-        submitted_at,
+        submitted,
         state,
-        started_at,
-        scheduled_at,
+        started,
         stop_requested_at,
         preempted_for,
         allocations,
@@ -305,12 +327,12 @@ def cycle_snapshot() -> tuple[engine.Snapshot, SnapshotContext]:
         placed.append(
             engine.PlacedJob(
                 id=str(job_id),
-                share=share,
+                share=share_names[share_id],
                 gpu_type=gpu_type,
                 gpus=gpus,
                 priority=priority,
-                submitted=_epoch(submitted_at),
-                started=_epoch(started_at or scheduled_at),
+                submitted=to_epoch(submitted),
+                started=to_epoch(started),
                 allocations=tuple(
                     engine.Allocation(node=a["node"], gpu_indices=tuple(a["gpu_indices"]))
                     for a in allocations
@@ -319,25 +341,27 @@ def cycle_snapshot() -> tuple[engine.Snapshot, SnapshotContext]:
                 preempted_for=str(preempted_for) if preempted_for else None,
             )
         )
+    (submitted_column,), to_epoch = _epoch_columns("submitted_at")
     runnable = []
     reasons = {}
-    for job_id, share, gpu_type, gpus, nodes_wanted, priority, submitted_at, reason in (
+    # The index job_state_gpu_type serves WHERE state = 'RUNNABLE'.
+    for job_id, share_id, gpu_type, gpus, nodes_wanted, priority, submitted, reason in (
         Job.objects.filter(state=Job.State.RUNNABLE)
         .order_by()
         .values_list(
-            "pk", "share__name", "gpu_type", "gpus", "nodes", "priority", "submitted_at", "reason"
+            "pk", "share_id", "gpu_type", "gpus", "nodes", "priority", submitted_column, "reason"
         )
     ):
         reasons[job_id] = reason
         runnable.append(
             engine.RunnableJob(
                 id=str(job_id),
-                share=share,
+                share=share_names[share_id],
                 gpu_type=gpu_type,
                 gpus=gpus,
                 nodes=nodes_wanted,
                 priority=priority,
-                submitted=_epoch(submitted_at),
+                submitted=to_epoch(submitted),
             )
         )
     snapshot = engine.Snapshot(
