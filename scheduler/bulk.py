@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 from django.db import connection, models
+from django.utils import timezone
 
 from scheduler.models import Job
 
@@ -51,8 +52,8 @@ def rows_insert(
     returning: Sequence[str] = (),
 ) -> list[tuple]:
     """Insert `rows` (values in the order of `fields`, attribute names such as "job_id") into
-    `model`'s table; the model's other fields get their defaults. The caller fills
-    auto_now_add fields itself. Returns, per inserted row, the values of `returning`
+    `model`'s table; the model's other fields get their defaults, and auto_now(_add) fields the
+    current time, as the ORM does. Returns, per inserted row, the values of `returning`
     (attribute names, e.g. ("id", "job_id")); in no particular order on PostgreSQL, so a caller
     that needs to match ids to rows returns a key with them."""
     rows = list(rows)
@@ -60,6 +61,8 @@ def rows_insert(
         return []
     meta = model._meta
     given = [meta.get_field(name) for name in fields]
+    if any(getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False) for f in given):
+        raise ValueError("auto_now and auto_now_add fields are set by rows_insert")
     if not _postgresql():
         objects = model.objects.bulk_create(
             [model(**dict(zip(fields, row, strict=True))) for row in rows], batch_size=BATCH
@@ -74,12 +77,14 @@ def rows_insert(
         params.append(values)
         selects.append(f"%b::{field.db_type(connection)}[]")
     # Fields the caller leaves out get their model default, the same for every row.
+    now = timezone.now()
     defaults, default_selects = [], []
     for field in meta.concrete_fields:
         if field in given or field.primary_key:
             continue
+        stamped = getattr(field, "auto_now", False) or getattr(field, "auto_now_add", False)
         columns.append(field.column)
-        defaults.append(field.get_db_prep_save(field.get_default(), connection))
+        defaults.append(field.get_db_prep_save(now if stamped else field.get_default(), connection))
         default_selects.append(f", %s::{field.db_type(connection)}")
     quote = connection.ops.quote_name
     sql = (

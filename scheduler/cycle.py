@@ -492,14 +492,13 @@ def _apply_placements(
     attempt_ids = dict(
         rows_insert(
             JobAttempt,
-            ("job_id", "number", "allocations", "borrowed_gpus", "scheduled_at"),
+            ("job_id", "number", "allocations", "borrowed_gpus"),
             [
                 (
                     job["pk"],
                     job["attempt_count"] + 1,
                     [{"node": a.node, "gpu_indices": list(a.gpu_indices)} for a in p.allocations],
                     p.borrowed,
-                    now,
                 )
                 for p, job in accepted
             ],

@@ -73,8 +73,8 @@ def jobs_transition(
         jobs_set_reasons({job_id: reason for job_id, _from_state, reason in changes})
     rows_insert(
         JobEvent,
-        ("job_id", "at", "from_state", "to_state", "reason"),
-        [(job_id, now, from_state, to_state, reason) for job_id, from_state, reason in changes],
+        ("job_id", "from_state", "to_state", "reason"),
+        [(job_id, from_state, to_state, reason) for job_id, from_state, reason in changes],
     )
     return len(changes)
 
