@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, F, FloatField, Func, Max, Sum
+from django.db.models import Count, Expression, F, FloatField, Func, Max, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -253,16 +253,17 @@ class Epoch(Func):
     output_field = FloatField()
 
 
-def _epoch_columns(*names: str) -> tuple[list, Callable[[object], float]]:
-    """Columns that load as epoch seconds, and the conversion their values still need."""
+def _epoch_columns(*columns: str | Expression) -> tuple[list, Callable[[object], float]]:
+    """Datetime columns (names or expressions) for values_list() that load as epoch seconds on
+    PostgreSQL, and the conversion to epoch seconds their values still need."""
     if connection.vendor == "postgresql":
-        return [Epoch(name) for name in names], lambda value: value or 0.0
-    return list(names), _epoch
+        return [Epoch(column) for column in columns], lambda value: value or 0.0
+    return list(columns), _epoch
 
 
 def cycle_snapshot() -> tuple[engine.Snapshot, SnapshotContext]:
     """Load what the engine needs: nodes, shares, placed jobs (open attempts) and runnable jobs,
-    one query per table, as tuples."""
+    as tuples of the needed columns (no model instances but the few shares)."""
     nodes = list(Node.objects.values_list("pk", "name", "gpu_type", "gpus", "state"))
     node_views = tuple(
         engine.NodeView(name=name, gpu_type=gpu_type, gpus=gpus, state=state)
