@@ -90,6 +90,18 @@ def reset() -> None:
         cursor.execute("ANALYZE")
 
 
+def print_steps(title: str, runs: list[dict[str, float]]) -> None:
+    """Median seconds of each step of a cycle (CycleResult.timings); `commit` is what the
+    steps do not account for: mostly the COMMIT itself."""
+    steps = [step for step in runs[0] if step != "total"]
+    for timings in runs:
+        timings["commit"] = timings["total"] - sum(timings[step] for step in steps)
+    steps.append("commit")
+    print(f"  {title}, median per step:")
+    for step in steps:
+        print(f"    {step:<20} {statistics.median(t.get(step, 0.0) for t in runs) * 1000:8.1f} ms")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
@@ -115,17 +127,19 @@ def main() -> int:
         call_command("migrate", verbosity=0)
         populate(args.nodes, args.jobs)
         placing, placed, idle, replan, plan_only = [], [], [], [], []
+        placing_steps, replan_steps = [], []
         for _ in range(args.runs):
             reset()
             start = time.perf_counter()
             result = cycle_run(force=True)
             placing.append(time.perf_counter() - start)
             placed.append(result.placed)
+            placing_steps.append(result.timings)
             start = time.perf_counter()
             assert cycle_run().skipped
             idle.append(time.perf_counter() - start)
             start = time.perf_counter()
-            cycle_run(force=True)
+            replan_steps.append(cycle_run(force=True).timings)
             replan.append(time.perf_counter() - start)
             reset()
             snapshot, _ = cycle_snapshot()
@@ -141,6 +155,8 @@ def main() -> int:
         print(f"  forced re-plan, nothing to place: {med(replan):8.3f} s")
         print(f"  baseline engine.plan() alone on the same snapshot: {med(plan_only):8.3f} s")
         print(f"  ratio placing cycle / plan alone: {med(placing) / med(plan_only):8.2f}")
+        print_steps("placing cycle", placing_steps)
+        print_steps("forced re-plan", replan_steps)
     finally:
         from django.db import connections
 

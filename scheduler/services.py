@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
+from scheduler.bulk import id_batches, jobs_set_reasons, rows_insert
 from scheduler.models import Job, JobEvent, Node
 
 CANCELLED_BY_USER = "cancelled by {user}"
@@ -63,18 +64,17 @@ def jobs_transition(
     values = {"state": to_state, "updated_at": now, **fields}
     if to_state in Job.FINAL_STATES:
         values["finished_at"] = now
-    by_reason: dict[str, list[int]] = {}
-    for job_id, _from_state, reason in changes:
-        by_reason.setdefault(job_reason or reason, []).append(job_id)
-    for reason, ids in by_reason.items():
-        for start in range(0, len(ids), 900):
-            Job.objects.filter(pk__in=ids[start : start + 900]).update(reason=reason, **values)
-    JobEvent.objects.bulk_create(
-        [
-            JobEvent(job_id=job_id, from_state=from_state, to_state=to_state, reason=reason)
-            for job_id, from_state, reason in changes
-        ],
-        batch_size=1000,
+    if job_reason is not None:
+        values["reason"] = job_reason
+    ids = [job_id for job_id, _from_state, _reason in changes]
+    for batch in id_batches(ids):
+        Job.objects.filter(pk__in=batch).update(**values)
+    if job_reason is None:
+        jobs_set_reasons({job_id: reason for job_id, _from_state, reason in changes})
+    rows_insert(
+        JobEvent,
+        ("job_id", "from_state", "to_state", "reason"),
+        [(job_id, from_state, to_state, reason) for job_id, from_state, reason in changes],
     )
     return len(changes)
 

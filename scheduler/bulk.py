@@ -1,0 +1,126 @@
+"""Bulk writes of the scheduling cycle: one statement each on PostgreSQL, batched ORM elsewhere.
+
+A placing cycle inserts thousands of rows (attempts, GPU assignments, job events) and rewrites
+the reasons of tens of thousands of waiting jobs. Through model instances and `IN (...)` lists
+that is mostly Python and round trips; on PostgreSQL each write here is one statement over
+arrays (`unnest`), with no model instances. Other databases (SQLite in development and tests)
+get the same rows through the ORM in batches below their bound-parameter limit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+
+from django.db import connection, models
+from django.utils import timezone
+
+from scheduler.models import Job
+
+# Rows per statement on the ORM path: below SQLite's limit of bound parameters.
+BATCH = 900
+
+
+def _postgresql() -> bool:
+    return connection.vendor == "postgresql"
+
+
+def _binary_cursor():
+    """A Django cursor (query log, execute wrappers, error translation) over a psycopg cursor
+    that binds parameters on the server, so `%b` sends an array in binary: PostgreSQL then does
+    not parse a text literal of thousands of elements (Django's own cursors bind on the client,
+    as text)."""
+    import psycopg
+
+    connection.ensure_connection()
+    return connection._prepare_cursor(psycopg.Cursor(connection.connection))
+
+
+def id_batches(ids: Sequence[int]) -> Iterable[Sequence[int]]:
+    """`ids` in batches for `pk__in` filters: one on PostgreSQL, BATCH at a time elsewhere."""
+    size = 30_000 if _postgresql() else BATCH  # PostgreSQL allows 65,535 parameters
+    for start in range(0, len(ids), size):
+        yield ids[start : start + size]
+
+
+def rows_insert(
+    model: type[models.Model],
+    fields: Sequence[str],
+    rows: Iterable[Sequence],
+    *,
+    returning: Sequence[str] = (),
+) -> list[tuple]:
+    """Insert `rows` (values in the order of `fields`, attribute names such as "job_id") into
+    `model`'s table; the model's other fields get their defaults, and auto_now(_add) fields the
+    current time, as the ORM does. Returns, per inserted row, the values of `returning`
+    (attribute names, e.g. ("id", "job_id")); in no particular order on PostgreSQL, so a caller
+    that needs to match ids to rows returns a key with them."""
+    rows = list(rows)
+    if not rows:
+        return []
+    meta = model._meta
+    given = [meta.get_field(name) for name in fields]
+    if any(getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False) for f in given):
+        raise ValueError("auto_now and auto_now_add fields are set by rows_insert")
+    if not _postgresql():
+        objects = model.objects.bulk_create(
+            [model(**dict(zip(fields, row, strict=True))) for row in rows], batch_size=BATCH
+        )
+        return [tuple(getattr(obj, name) for name in returning) for obj in objects]
+    columns = [field.column for field in given]
+    selects, params = [], []
+    for index, field in enumerate(given):
+        values = [row[index] for row in rows]
+        if isinstance(field, models.JSONField):
+            values = [None if value is None else json.dumps(value) for value in values]
+        params.append(values)
+        selects.append(f"%b::{field.db_type(connection)}[]")
+    # Fields the caller leaves out get their model default, the same for every row.
+    now = timezone.now()
+    defaults, default_selects = [], []
+    for field in meta.concrete_fields:
+        if field in given or field.primary_key:
+            continue
+        stamped = getattr(field, "auto_now", False) or getattr(field, "auto_now_add", False)
+        columns.append(field.column)
+        defaults.append(field.get_db_prep_save(now if stamped else field.get_default(), connection))
+        default_selects.append(f", %s::{field.db_type(connection)}")
+    quote = connection.ops.quote_name
+    sql = (
+        f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(c) for c in columns)}) "
+        f"SELECT *{''.join(default_selects)} FROM unnest({', '.join(selects)})"
+    )
+    if returning:
+        sql += " RETURNING " + ", ".join(quote(meta.get_field(n).column) for n in returning)
+    with _binary_cursor() as cursor:
+        cursor.execute(sql, [*defaults, *params])
+        return [tuple(row) for row in cursor.fetchall()] if returning else []
+
+
+def jobs_set_reasons(reasons: dict[int, str], *, state: str | None = None) -> int:
+    """Set each job's `reason` to its own text (only the jobs still in `state`, when given).
+    Not a state change: no event, no updated_at. Returns the number of rows written."""
+    if not reasons:
+        return 0
+    if _postgresql():
+        table = connection.ops.quote_name(Job._meta.db_table)
+        condition = f" AND {table}.state = %s" if state is not None else ""
+        with _binary_cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {table} SET reason = v.reason "
+                "FROM unnest(%b::bigint[], %b::text[]) AS v(id, reason) "
+                f"WHERE {table}.id = v.id{condition}",
+                [list(reasons), list(reasons.values()), *([state] if state is not None else [])],
+            )
+            return cursor.rowcount
+    # Many jobs share one reason: one UPDATE per reason (and batch), not per job.
+    by_reason: dict[str, list[int]] = defaultdict(list)
+    for job_id, reason in reasons.items():
+        by_reason[reason].append(job_id)
+    written = 0
+    jobs = Job.objects.all() if state is None else Job.objects.filter(state=state)
+    for reason, ids in by_reason.items():
+        for start in range(0, len(ids), BATCH):
+            written += jobs.filter(pk__in=ids[start : start + BATCH]).update(reason=reason)
+    return written

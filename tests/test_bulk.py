@@ -1,0 +1,88 @@
+"""The cycle's bulk writes (scheduler.bulk) give the same rows as the ORM, on every database:
+one statement over arrays on PostgreSQL, batched ORM elsewhere."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from scheduler.bulk import jobs_set_reasons, rows_insert
+from scheduler.models import GpuAssignment, Job, JobAttempt, JobEvent
+from scheduler.services import job_submit
+from tests.conftest import make_node
+
+pytestmark = pytest.mark.django_db
+
+
+def submit(user, share: str, gpus: int = 1) -> Job:
+    job, _ = job_submit(user=user, share_name=share, gpu_type="h100", gpus=gpus, command="true")
+    return job
+
+
+def test_inserted_attempts_get_their_values_and_model_defaults(personas):
+    """Rows inserted in bulk carry the given values (JSON included), the model's defaults for
+    every other field and the current time in auto_now_add fields; the returned keys match each
+    row to its id."""
+    make_node("node-0")
+    jobs = [submit(personas.bruno, "research") for _ in range(3)]
+    before = timezone.now()
+    returned = rows_insert(
+        JobAttempt,
+        ("job_id", "number", "allocations", "borrowed_gpus"),
+        [
+            (job.pk, 1, [{"node": "node-0", "gpu_indices": [index]}], index)
+            for index, job in enumerate(jobs)
+        ],
+        returning=("job_id", "id"),
+    )
+    ids = dict(returned)
+    assert sorted(ids) == sorted(job.pk for job in jobs)
+    for index, job in enumerate(jobs):
+        attempt = JobAttempt.objects.get(pk=ids[job.pk])
+        assert attempt.job_id == job.pk
+        assert attempt.allocations == [{"node": "node-0", "gpu_indices": [index]}]
+        assert attempt.borrowed_gpus == index
+        assert before <= attempt.scheduled_at <= timezone.now()
+        assert (attempt.started_at, attempt.ended_at, attempt.preempted_for_id) == (None,) * 3
+        assert (attempt.outcome, attempt.end_reason, attempt.log_tail) == ("", "", "")
+
+
+def test_a_gpu_still_held_cannot_be_inserted_twice(personas):
+    """Bulk inserts keep the database's guarantee: a GPU still held is refused."""
+    node = make_node("node-0")
+    first, second = submit(personas.bruno, "research"), submit(personas.bruno, "research")
+    ids = dict(
+        rows_insert(
+            JobAttempt,
+            ("job_id", "number"),
+            [(first.pk, 1), (second.pk, 1)],
+            returning=("job_id", "id"),
+        )
+    )
+    rows_insert(
+        GpuAssignment, ("attempt_id", "node_id", "gpu_index"), [(ids[first.pk], node.pk, 0)]
+    )
+    with pytest.raises(IntegrityError), transaction.atomic():
+        rows_insert(
+            GpuAssignment,
+            ("attempt_id", "node_id", "gpu_index"),
+            [(ids[second.pk], node.pk, 1), (ids[second.pk], node.pk, 0)],
+        )
+    assert GpuAssignment.objects.filter(attempt_id=ids[second.pk]).count() == 0
+
+
+def test_reasons_are_written_only_to_jobs_still_in_the_state(personas):
+    """Each job gets its own reason; with `state`, a job that left that state keeps its own."""
+    make_node("node-0")
+    waiting = [submit(personas.bruno, "research") for _ in range(3)]
+    gone = submit(personas.bruno, "research")
+    Job.objects.filter(pk=gone.pk).update(state=Job.State.CANCELLED, reason="cancelled by bruno")
+    reasons = {job.pk: f"reason {index}" for index, job in enumerate([*waiting, gone])}
+    assert jobs_set_reasons(reasons, state=Job.State.RUNNABLE) == 3
+    for job in waiting:
+        assert Job.objects.get(pk=job.pk).reason == reasons[job.pk]
+    assert Job.objects.get(pk=gone.pk).reason == "cancelled by bruno"
+    events = JobEvent.objects.count()
+    assert jobs_set_reasons({gone.pk: "any"}) == 1
+    assert JobEvent.objects.count() == events  # not a state change: no event
