@@ -246,7 +246,7 @@ class _TypeCycle:
             share = self.shares[job.share]
             if share.strict_fifo and job.share in strict_deferred:
                 borrowers.append(job)  # strict FIFO: never ahead of an earlier job of its share
-            elif self.ledger.usage(job.share) + job.gpus <= self.ledger.limit(job.share):
+            elif self.ledger.fits_limit(job.share, job.gpus):
                 self._consider(job)
             else:
                 borrowers.append(job)
@@ -303,12 +303,12 @@ class _TypeCycle:
         own = {job.share: job.gpus}
         reason = self.ledger.check(job.share, own, within_limit=False)
         if reason is None:
-            used = self.ledger.usage(job.share)
+            used = self.ledger.held_usage(job.share)
             allocations = self.pool.take(per_node, job.nodes)
             if allocations is not None:
                 limit = self.ledger.limit(job.share)
                 borrowed = max(0, used + job.gpus - limit) - max(0, used - limit)
-                self.ledger.apply(own)
+                self.ledger.admit(own)
                 self.placements.append(Placement(job.id, allocations, borrowed))
                 if any(a.node in self.releasing for a in allocations):
                     self._releasing_version += 1
@@ -377,7 +377,7 @@ class _TypeCycle:
 
     def _tries(self, job: RunnableJob) -> list[str]:
         tries = []
-        if self.ledger.usage(job.share) + job.gpus <= self.ledger.limit(job.share):
+        if self.ledger.fits_limit(job.share, job.gpus):
             tries.append(TRY_BORROWERS)
         if self.shares[job.share].in_share_preemption:
             tries += [TRY_OWN_SHARE, TRY_BOTH]
@@ -529,7 +529,7 @@ class _TypeCycle:
             else:
                 kind, why = RECLAIM, reasons.reclaimed_by(job.share, job.id)
             self.preemptions.append(Preemption(victim.id, job.id, kind, why))
-        self.ledger.apply(final)
+        self.ledger.promise(final)
         self.waiting[job.id] = self._wait_reason(job, [*promised, *victims])
 
     def _claim_released(self, name: str, count: int) -> None:

@@ -437,6 +437,50 @@ def test_no_repeated_reclaim_while_victims_stop_then_placed():
     assert where(plan(third)) == {"vision-8": [("n1", tuple(range(8)))]}
 
 
+def test_stopping_victims_count_in_usage_during_the_grace_period():
+    """A victim's GPUs count for its share until it has stopped: a RESERVE share preempting in
+    its own share for a high-priority job does not place a second job on its free GPUs, which
+    would put it above its limit while the victim stops."""
+    snapshot = Snapshot(
+        nodes(1, gpus=16),
+        (share("a", 8, RESERVE, in_share_preemption=True),),
+        placed=(running("low", "a", "n0", range(8)),),
+        runnable=(
+            job("hi", "a", 2, priority=500, submitted=10),
+            job("lo2", "a", 2, priority=0, submitted=5),
+        ),
+    )
+    outcome = plan(snapshot)
+    assert victims(outcome) == {"low": "hi"}
+    assert outcome.placements == ()
+    assert outcome.waiting["lo2"] == reasons.at_limit("a", 8, 8, H100)
+    # Next cycle, low still stopping for hi: still nothing for lo2.
+    outcome = plan(advance(snapshot, outcome, now=20))
+    assert outcome.placements == () and outcome.preemptions == ()
+    assert outcome.waiting["lo2"] == reasons.at_limit("a", 8, 8, H100)
+
+
+def test_stopping_victims_quota_is_not_reclaimed_by_a_lower_priority_job():
+    """The quota a stopping in-share victim still holds is not free for a lower-priority job of
+    the same share to reclaim from a borrower in the same cycle."""
+    snapshot = Snapshot(
+        nodes(2),
+        (share("a", 8, LEND, in_share_preemption=True), share("b", 4, LAB)),
+        placed=(
+            running("low", "a", "n0", range(8)),
+            running("b-own", "b", "n1", range(4), started=1),
+            running("b-borrowed", "b", "n1", range(4, 8), started=2),
+        ),
+        runnable=(
+            job("hi", "a", 2, priority=500, submitted=10),
+            job("lo2", "a", 2, priority=0, submitted=5),
+        ),
+    )
+    outcome = plan(snapshot)
+    assert victims(outcome) == {"low": "hi"}
+    assert outcome.waiting["lo2"] == reasons.at_limit("a", 8, 8, H100)
+
+
 def test_promised_gpus_are_not_taken_by_others():
     """A reclaiming job reserves the free GPUs it will use next to its victim's: a later job
     that would fit on them waits."""
