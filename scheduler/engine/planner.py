@@ -141,9 +141,10 @@ def rejection_reason(
 
 
 def _victim_order(job: PlacedJob) -> tuple:
-    # Lowest priority first, then most recently started (least work lost), then later
-    # submission; the id only makes the order total.
-    return (job.priority, -job.started, -job.submitted, job.id)
+    # Lowest priority first, then jobs on borrowed GPUs before jobs on their share's own quota,
+    # then most recently started (least work lost), then later submission; the id only makes
+    # the order total.
+    return (job.priority, job.borrowed == 0, -job.started, -job.submitted, job.id)
 
 
 class _Capacity:
@@ -429,8 +430,16 @@ class _TypeCycle:
         own = name == job.share
         if own and candidate.priority >= job.priority:
             return  # in-share preemption takes strictly lower priority only
-        # Ties: borrowers' jobs before own jobs, then later start, then later submission.
-        key = (candidate.priority, -candidate.started, own, -candidate.submitted, candidate.id)
+        # Ties: jobs on borrowed GPUs before jobs on own quota, then later start, then (try 3)
+        # other shares' jobs before the job's own share's, then later submission.
+        key = (
+            candidate.priority,
+            candidate.borrowed == 0,
+            -candidate.started,
+            own,
+            -candidate.submitted,
+            candidate.id,
+        )
         heapq.heappush(heap, (key, name, position))
 
     def _search(

@@ -137,6 +137,31 @@ def test_reclaim_takes_back_lent_gpus_from_the_latest_borrower():
     assert outcome.waiting == {"vision-8": reasons.reclaiming(8, H100, ["nlp"], 1)}
 
 
+def test_victim_ties_take_jobs_on_borrowed_gpus_before_own_jobs():
+    """Two jobs of a borrower with equal priority, start and submission: the reclaim takes the
+    one running on borrowed GPUs, not the one on its share's own quota, whichever node or id
+    each has."""
+    for borrowed_one in ("nlp-x", "nlp-y"):
+        snapshot = Snapshot(
+            nodes(2),
+            (share("vision", 8, LEND), share("nlp", 8, LAB)),
+            placed=tuple(
+                running(
+                    job_id,
+                    "nlp",
+                    f"n{i}",
+                    range(8),
+                    started=5,
+                    submitted=1,
+                    borrowed=8 if job_id == borrowed_one else 0,
+                )
+                for i, job_id in enumerate(("nlp-x", "nlp-y"))
+            ),
+            runnable=(job("vision-8", "vision", 8),),
+        )
+        assert victims(plan(snapshot)) == {borrowed_one: "vision-8"}
+
+
 def test_reclaim_even_when_other_gpus_are_physically_free():
     """A job within its limit takes its own quota back even though a RESERVE share's GPUs sit
     free: those are not its to take."""
