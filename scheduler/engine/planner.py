@@ -27,6 +27,7 @@ from scheduler.engine.pool import NodePool
 from scheduler.engine.snapshot import (
     FAIR,
     IN_SHARE,
+    LEND_AND_BORROW,
     READY,
     RECLAIM,
     NodeView,
@@ -300,6 +301,14 @@ class _TypeCycle:
     def _schedule(self, job: RunnableJob) -> bool:
         """Place the job, or reserve GPUs for it (waiting for releases or victims), or record
         why it waits. True only when it is placed."""
+        share = self.shares[job.share]
+        limit = self.ledger.limit(job.share)
+        if job.gpus > limit and share.strategy != LEND_AND_BORROW:
+            # It stays RUNNABLE (an admin may raise the limit), but say plainly why it waits.
+            self.waiting[job.id] = reasons.larger_than_limit(
+                job.gpus, self.gpu_type, job.share, limit, share.strategy
+            )
+            return False
         per_node = job.gpus // job.nodes
         own = {job.share: job.gpus}
         reason = self.ledger.check(job.share, own, within_limit=False)
@@ -307,7 +316,6 @@ class _TypeCycle:
             used = self.ledger.held_usage(job.share)
             allocations = self.pool.take(per_node, job.nodes)
             if allocations is not None:
-                limit = self.ledger.limit(job.share)
                 borrowed = max(0, used + job.gpus - limit) - max(0, used - limit)
                 self.ledger.admit(own)
                 self.placements.append(Placement(job.id, allocations, borrowed))

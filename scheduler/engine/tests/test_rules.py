@@ -56,7 +56,26 @@ def test_lend_lends_but_never_borrows():
     outcome = plan(snapshot)
     assert [p.job_id for p in outcome.placements] == ["nlp-16"]
     assert outcome.placements[0].borrowed == 4
-    assert outcome.waiting == {"vision-8": reasons.at_limit("vision", 0, 4, H100)}
+    assert outcome.waiting == {"vision-8": reasons.larger_than_limit(8, H100, "vision", 4, LEND)}
+
+
+def test_job_larger_than_the_limit_of_a_share_that_cannot_borrow_says_so():
+    """A LEND or RESERVE share never borrows: a job larger than its limit can never start while
+    the limit stands. It stays RUNNABLE (the limit may be raised) with a reason that says so,
+    not "at its limit"."""
+    for strategy in (LEND, RESERVE):
+        snapshot = Snapshot(
+            nodes(2),
+            (share("nlp", 8, strategy),),
+            runnable=(job("big", "nlp", 16, nodes=2), job("small", "nlp", 8, submitted=1)),
+        )
+        outcome = plan(snapshot)
+        assert outcome.rejections == ()
+        assert outcome.waiting == {"big": reasons.larger_than_limit(16, H100, "nlp", 8, strategy)}
+        assert outcome.waiting["big"] == (
+            f"needs 16 h100 but share nlp's limit is 8 and a {strategy} share cannot borrow"
+        )
+        assert [p.job_id for p in outcome.placements] == ["small"]
 
 
 def test_lend_and_borrow_cap_is_rounded_down():
