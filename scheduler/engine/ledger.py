@@ -61,6 +61,15 @@ class Ledger:
         self._lend_limit = {name: lend_limit_for(s, gpu_type) for name, s in shares.items()}
         self._borrow_cap = {name: borrow_cap_for(s, gpu_type) for name, s in shares.items()}
         self._reserve = {name for name, s in shares.items() if s.strategy == RESERVE}
+        # How many idle GPUs of each share may be lent at most (no cap: its whole limit).
+        self._lend_cap = {
+            name: 0
+            if name in self._reserve
+            else self._limit[name]
+            if self._lend_limit[name] is None
+            else self._lend_limit[name]
+            for name in shares
+        }
         # Capacity not covered by any share's limit, DISABLED shares included: their quota still
         # exists and is still lent per their strategy.
         self.free_pool = max(0, capacity - sum(self._limit.values()))
@@ -93,11 +102,11 @@ class Ledger:
         return max(0, usage - self._limit[share])
 
     def _lendable(self, share: str, usage: int) -> int:
-        if share in self._reserve:
+        idle = self._limit[share] - usage
+        if idle <= 0:
             return 0
-        idle = max(0, self._limit[share] - usage)
-        lend_limit = self._lend_limit[share]
-        return idle if lend_limit is None else min(idle, lend_limit)
+        cap = self._lend_cap[share]
+        return idle if idle < cap else cap
 
     def check(self, share: str, deltas: Mapping[str, int], within_limit: bool) -> str | None:
         """None if `share` may admit a job when usage changes by `deltas` (the job's GPUs for
@@ -154,20 +163,31 @@ class Trial:
         self._share = share
         self._within_limit = within_limit
         self.deltas: dict[str, int] = {}
-        self._planned = [ledger.planned.borrowed_total, ledger.planned.lendable_total]
-        self._held = [ledger.held.borrowed_total, ledger.held.lendable_total]
+        # Borrowed minus lendable, as planned and as held now: the borrowing rule holds while
+        # it is at most the free pool.
+        self._planned = ledger.planned.borrowed_total - ledger.planned.lendable_total
+        self._held = ledger.held.borrowed_total - ledger.held.lendable_total
 
     def change(self, name: str, delta: int) -> None:
         ledger = self._ledger
-        if not delta or name not in ledger.planned.usage:
+        limit = ledger._limit.get(name)
+        if not delta or limit is None:
             return
+        cap = ledger._lend_cap[name]
         before = self.deltas.get(name, 0)
         self.deltas[name] = before + delta
-        for state, totals in ((ledger.planned, self._planned), (ledger.held, self._held)):
-            old = state.usage[name] + before
-            new = old + delta
-            totals[0] += ledger._borrowed(name, new) - ledger._borrowed(name, old)
-            totals[1] += ledger._lendable(name, new) - ledger._lendable(name, old)
+        # Borrowed minus lendable of one share at usage u: u - limit above the limit, else
+        # minus its lendable idle GPUs.
+        old = ledger.planned.usage[name] + before
+        new = old + delta
+        self._planned += (new - limit if new >= limit else -min(limit - new, cap)) - (
+            old - limit if old >= limit else -min(limit - old, cap)
+        )
+        old = ledger.held.usage[name] + before
+        new = old + delta
+        self._held += (new - limit if new >= limit else -min(limit - new, cap)) - (
+            old - limit if old >= limit else -min(limit - old, cap)
+        )
 
     def usage(self, name: str) -> int:
         """The share's planned usage with these changes."""
@@ -179,7 +199,7 @@ class Trial:
         ledger = self._ledger
         return self._reason(ledger.planned, self._planned) or self._reason(ledger.held, self._held)
 
-    def _reason(self, state: _State, totals: list[int]) -> str | None:
+    def _reason(self, state: _State, excess: int) -> str | None:
         ledger = self._ledger
         share = self._share
         limit = ledger._limit[share]
@@ -193,7 +213,7 @@ class Trial:
                 return reasons.borrow_limit_reached(
                     ledger._borrowed(share, used), cap, ledger.gpu_type
                 )
-        if totals[0] > ledger.free_pool + totals[1]:
+        if excess > ledger.free_pool:
             if after > limit:
                 return reasons.no_lendable(ledger.gpu_type)
             return reasons.quota_lent_out(share, ledger.gpu_type)

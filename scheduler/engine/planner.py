@@ -486,12 +486,17 @@ class _TypeCycle:
                 break
         if not found:
             return None
-        # Walk back and drop every victim the job can do without.
+        # Walk back and drop every victim the job can do without. The nodes are checked first:
+        # a victim the nodes need stays without a look at the quota.
         for index in range(len(chosen) - 1, -1, -1):
             victim = chosen[index]
             assert victim is not None
-            self._add_victim(victim, capacity, trial, -1)
-            if fits():
+            self._add_victim_gpus(victim, capacity, -1)
+            if capacity.nodes < job.nodes:
+                self._add_victim_gpus(victim, capacity, +1)
+                continue
+            trial.change(victim.share, victim.gpus)
+            if trial.reason() is None:
                 chosen[index] = None
             else:
                 self._add_victim(victim, capacity, trial, +1)
@@ -499,6 +504,9 @@ class _TypeCycle:
 
     def _add_victim(self, victim: PlacedJob, capacity: _Capacity, trial: Trial, sign: int) -> None:
         trial.change(victim.share, -sign * victim.gpus)
+        self._add_victim_gpus(victim, capacity, sign)
+
+    def _add_victim_gpus(self, victim: PlacedJob, capacity: _Capacity, sign: int) -> None:
         for allocation in victim.allocations:
             if allocation.node in self.pool:
                 capacity.add(allocation.node, sign * len(allocation.gpu_indices))
