@@ -468,22 +468,28 @@ class _TypeCycle:
         for name, delta in base_deltas.items():
             trial.change(name, delta)
 
-        def fits() -> bool:
-            return capacity.nodes >= job.nodes and trial.reason() is None
-
+        # Victims' GPUs per share not yet told to the trial: the quota is looked at only once
+        # the nodes have room, so a long walk over candidates costs dictionary updates only.
+        pending: dict[str, int] = defaultdict(int)
+        limits = self.ledger.limit
         chosen: list[PlacedJob | None] = []
         found = False
         while heap:
             _, name, position = heapq.heappop(heap)
             candidate = self.candidates[name][position]
-            if name != job.share and trial.usage(name) <= self.ledger.limit(name):
+            if name != job.share and trial.usage(name) - pending[name] <= limits(name):
                 continue  # victims only while their share is above its limit
             self._push_next(heap, job, name, position + 1)
             chosen.append(candidate)
-            self._add_victim(candidate, capacity, trial, +1)
-            if fits():
-                found = True
-                break
+            pending[candidate.share] += candidate.gpus
+            self._add_victim_gpus(candidate, capacity, +1)
+            if capacity.nodes >= job.nodes:
+                for share_name, gpus in pending.items():
+                    trial.change(share_name, -gpus)
+                pending.clear()
+                if trial.reason() is None:
+                    found = True
+                    break
         if not found:
             return None
         # Walk back and drop every victim the job can do without. The nodes are checked first:
