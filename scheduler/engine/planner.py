@@ -68,11 +68,14 @@ def plan(snapshot: Snapshot) -> Plan:
         else:
             jobs_by_type[job.gpu_type].append((position, job))
 
-    placed_by_type: dict[str, list[PlacedJob]] = defaultdict(list)
-    for placed in snapshot.placed:
-        placed_by_type[placed.gpu_type].append(placed)
+    # Only the GPU types with jobs to plan need their placed jobs and held GPUs.
+    placed_by_type: dict[str, list[PlacedJob]] = {gpu_type: [] for gpu_type in jobs_by_type}
     held: dict[str, set[int]] = defaultdict(set)
     for placed in snapshot.placed:
+        same_type = placed_by_type.get(placed.gpu_type)
+        if same_type is None:
+            continue
+        same_type.append(placed)
         for allocation in placed.allocations:
             held[allocation.node].update(allocation.gpu_indices)
 
