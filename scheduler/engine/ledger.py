@@ -34,11 +34,18 @@ def borrow_cap_for(share: ShareView, gpu_type: str) -> int | None:
 
 
 class Ledger:
-    """Usage per share of one GPU type and the two totals the borrowing rule compares.
+    """Usage per share of one GPU type and the two totals the borrowing rule compares, in two
+    states that every admission must respect:
 
-    `usage` counts every placed job, stopping ones included, until a job waiting for a reclaim
-    is committed: then its GPUs count for its share and its victims' no longer do, so that
-    later jobs in the same plan see the quota as it will be once the victims have stopped.
+    - `held`: the GPUs jobs hold now. Stopping jobs count until they have stopped (DESIGN §2:
+      usage includes jobs still stopping), so a victim's quota is not handed to anyone else
+      during its grace period;
+    - `planned`: as it will be once the victims have stopped. A job waiting for a reclaim (or
+      for GPUs being released) counts for its share, and its victims no longer count, so later
+      jobs in the same plan cannot take what was promised to it.
+
+    Both start as the snapshot's usage; a placement changes both, a committed wait only
+    `planned`.
     """
 
     def __init__(
@@ -53,37 +60,53 @@ class Ledger:
         self._limit = {name: s.capacity_limits.get(gpu_type, 0) for name, s in shares.items()}
         self._lend_limit = {name: lend_limit_for(s, gpu_type) for name, s in shares.items()}
         self._borrow_cap = {name: borrow_cap_for(s, gpu_type) for name, s in shares.items()}
+        self._reserve = {name for name, s in shares.items() if s.strategy == RESERVE}
+        # How many idle GPUs of each share may be lent at most (no cap: its whole limit).
+        self._lend_cap = {
+            name: 0
+            if name in self._reserve
+            else self._limit[name]
+            if self._lend_limit[name] is None
+            else self._lend_limit[name]
+            for name in shares
+        }
         # Capacity not covered by any share's limit, DISABLED shares included: their quota still
         # exists and is still lent per their strategy.
         self.free_pool = max(0, capacity - sum(self._limit.values()))
-        self._usage = {name: usage.get(name, 0) for name in shares}
-        self.borrowed_total = sum(self._borrowed(name, u) for name, u in self._usage.items())
-        self.lendable_total = sum(self._lendable(name, u) for name, u in self._usage.items())
+        self.planned = _State(self, {name: usage.get(name, 0) for name in shares})
+        self.held = _State(self, dict(self.planned.usage))
 
     def limit(self, share: str) -> int:
         return self._limit[share]
 
     def usage(self, share: str) -> int:
-        return self._usage[share]
+        """The share's usage as planned: once the victims of this plan have stopped."""
+        return self.planned.usage[share]
+
+    def held_usage(self, share: str) -> int:
+        """The GPUs the share's jobs hold now, stopping ones included."""
+        return self.held.usage[share]
 
     def borrowed(self, share: str) -> int:
-        return self._borrowed(share, self._usage[share])
-
-    def lendable(self, share: str) -> int:
-        return self._lendable(share, self._usage[share])
+        return self._borrowed(share, self.planned.usage[share])
 
     def above_limit(self, share: str) -> bool:
-        return self._usage[share] > self._limit[share]
+        return self.planned.usage[share] > self._limit[share]
+
+    def fits_limit(self, share: str, gpus: int) -> bool:
+        """Whether `gpus` more keep the share within its limit, now and once victims stopped."""
+        limit = self._limit[share]
+        return self.planned.usage[share] + gpus <= limit and self.held.usage[share] + gpus <= limit
 
     def _borrowed(self, share: str, usage: int) -> int:
         return max(0, usage - self._limit[share])
 
     def _lendable(self, share: str, usage: int) -> int:
-        if self._shares[share].strategy == RESERVE:
+        idle = self._limit[share] - usage
+        if idle <= 0:
             return 0
-        idle = max(0, self._limit[share] - usage)
-        lend_limit = self._lend_limit[share]
-        return idle if lend_limit is None else min(idle, lend_limit)
+        cap = self._lend_cap[share]
+        return idle if idle < cap else cap
 
     def check(self, share: str, deltas: Mapping[str, int], within_limit: bool) -> str | None:
         """None if `share` may admit a job when usage changes by `deltas` (the job's GPUs for
@@ -100,49 +123,87 @@ class Ledger:
         """A what-if on top of the ledger, changed one share at a time at constant cost."""
         return Trial(self, share, within_limit)
 
+    def admit(self, deltas: Mapping[str, int]) -> None:
+        """Record a placement: its GPUs are held now and stay held."""
+        self.held.apply(deltas)
+        self.planned.apply(deltas)
+
+    def promise(self, deltas: Mapping[str, int]) -> None:
+        """Record a committed wait: the job and its victims' release, once the victims stop."""
+        self.planned.apply(deltas)
+
+
+class _State:
+    """Usage per share and the borrowed and lendable totals, in one of the ledger's states."""
+
+    def __init__(self, ledger: Ledger, usage: dict[str, int]) -> None:
+        self.ledger = ledger
+        self.usage = usage
+        self.borrowed_total = sum(ledger._borrowed(name, u) for name, u in usage.items())
+        self.lendable_total = sum(ledger._lendable(name, u) for name, u in usage.items())
+
     def apply(self, deltas: Mapping[str, int]) -> None:
-        """Record usage changes: an admitted job, or a committed reclaim and its victims."""
+        ledger = self.ledger
         for name, delta in deltas.items():
-            if delta and name in self._usage:
-                old = self._usage[name]
+            if delta and name in self.usage:
+                old = self.usage[name]
                 new = old + delta
-                self.borrowed_total += self._borrowed(name, new) - self._borrowed(name, old)
-                self.lendable_total += self._lendable(name, new) - self._lendable(name, old)
-                self._usage[name] = new
+                self.borrowed_total += ledger._borrowed(name, new) - ledger._borrowed(name, old)
+                self.lendable_total += ledger._lendable(name, new) - ledger._lendable(name, old)
+                self.usage[name] = new
 
 
 class Trial:
     """Usage changes being tried for one admission (the job, its victims), with the borrowed
-    and lendable totals kept current so each check costs the same however many shares change."""
+    and lendable totals of both ledger states kept current, so each check costs the same
+    however many shares change."""
 
     def __init__(self, ledger: Ledger, share: str, within_limit: bool) -> None:
         self._ledger = ledger
         self._share = share
         self._within_limit = within_limit
         self.deltas: dict[str, int] = {}
-        self._borrowed = ledger.borrowed_total
-        self._lendable = ledger.lendable_total
+        # Borrowed minus lendable, as planned and as held now: the borrowing rule holds while
+        # it is at most the free pool.
+        self._planned = ledger.planned.borrowed_total - ledger.planned.lendable_total
+        self._held = ledger.held.borrowed_total - ledger.held.lendable_total
 
     def change(self, name: str, delta: int) -> None:
         ledger = self._ledger
-        if not delta or name not in ledger._usage:
+        limit = ledger._limit.get(name)
+        if not delta or limit is None:
             return
-        base = ledger._usage[name]
-        old = base + self.deltas.get(name, 0)
+        cap = ledger._lend_cap[name]
+        before = self.deltas.get(name, 0)
+        self.deltas[name] = before + delta
+        # Borrowed minus lendable of one share at usage u: u - limit above the limit, else
+        # minus its lendable idle GPUs.
+        old = ledger.planned.usage[name] + before
         new = old + delta
-        self.deltas[name] = new - base
-        self._borrowed += ledger._borrowed(name, new) - ledger._borrowed(name, old)
-        self._lendable += ledger._lendable(name, new) - ledger._lendable(name, old)
+        self._planned += (new - limit if new >= limit else -min(limit - new, cap)) - (
+            old - limit if old >= limit else -min(limit - old, cap)
+        )
+        old = ledger.held.usage[name] + before
+        new = old + delta
+        self._held += (new - limit if new >= limit else -min(limit - new, cap)) - (
+            old - limit if old >= limit else -min(limit - old, cap)
+        )
 
     def usage(self, name: str) -> int:
-        return self._ledger._usage[name] + self.deltas.get(name, 0)
+        """The share's planned usage with these changes."""
+        return self._ledger.planned.usage[name] + self.deltas.get(name, 0)
 
     def reason(self) -> str | None:
-        """None if the quota rules hold with these changes; else why not."""
+        """None if the quota rules hold with these changes, as planned and as held now; else
+        why not."""
+        ledger = self._ledger
+        return self._reason(ledger.planned, self._planned) or self._reason(ledger.held, self._held)
+
+    def _reason(self, state: _State, excess: int) -> str | None:
         ledger = self._ledger
         share = self._share
         limit = ledger._limit[share]
-        used = ledger._usage[share]
+        used = state.usage[share]
         after = used + self.deltas.get(share, 0)
         if after > limit:
             if self._within_limit or ledger._shares[share].strategy != LEND_AND_BORROW:
@@ -152,7 +213,7 @@ class Trial:
                 return reasons.borrow_limit_reached(
                     ledger._borrowed(share, used), cap, ledger.gpu_type
                 )
-        if self._borrowed > ledger.free_pool + self._lendable:
+        if excess > ledger.free_pool:
             if after > limit:
                 return reasons.no_lendable(ledger.gpu_type)
             return reasons.quota_lent_out(share, ledger.gpu_type)

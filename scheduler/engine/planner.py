@@ -27,6 +27,7 @@ from scheduler.engine.pool import NodePool
 from scheduler.engine.snapshot import (
     FAIR,
     IN_SHARE,
+    LEND_AND_BORROW,
     READY,
     RECLAIM,
     NodeView,
@@ -67,11 +68,14 @@ def plan(snapshot: Snapshot) -> Plan:
         else:
             jobs_by_type[job.gpu_type].append((position, job))
 
-    placed_by_type: dict[str, list[PlacedJob]] = defaultdict(list)
-    for placed in snapshot.placed:
-        placed_by_type[placed.gpu_type].append(placed)
+    # Only the GPU types with jobs to plan need their placed jobs and held GPUs.
+    placed_by_type: dict[str, list[PlacedJob]] = {gpu_type: [] for gpu_type in jobs_by_type}
     held: dict[str, set[int]] = defaultdict(set)
     for placed in snapshot.placed:
+        same_type = placed_by_type.get(placed.gpu_type)
+        if same_type is None:
+            continue
+        same_type.append(placed)
         for allocation in placed.allocations:
             held[allocation.node].update(allocation.gpu_indices)
 
@@ -141,9 +145,10 @@ def rejection_reason(
 
 
 def _victim_order(job: PlacedJob) -> tuple:
-    # Lowest priority first, then most recently started (least work lost), then later
-    # submission; the id only makes the order total.
-    return (job.priority, -job.started, -job.submitted, job.id)
+    # Lowest priority first, then jobs on borrowed GPUs before jobs on their share's own quota,
+    # then most recently started (least work lost), then later submission; the id only makes
+    # the order total.
+    return (job.priority, job.borrowed == 0, -job.started, -job.submitted, job.id)
 
 
 class _Capacity:
@@ -246,7 +251,7 @@ class _TypeCycle:
             share = self.shares[job.share]
             if share.strict_fifo and job.share in strict_deferred:
                 borrowers.append(job)  # strict FIFO: never ahead of an earlier job of its share
-            elif self.ledger.usage(job.share) + job.gpus <= self.ledger.limit(job.share):
+            elif self.ledger.fits_limit(job.share, job.gpus):
                 self._consider(job)
             else:
                 borrowers.append(job)
@@ -299,16 +304,23 @@ class _TypeCycle:
     def _schedule(self, job: RunnableJob) -> bool:
         """Place the job, or reserve GPUs for it (waiting for releases or victims), or record
         why it waits. True only when it is placed."""
+        share = self.shares[job.share]
+        limit = self.ledger.limit(job.share)
+        if job.gpus > limit and share.strategy != LEND_AND_BORROW:
+            # It stays RUNNABLE (an admin may raise the limit), but say plainly why it waits.
+            self.waiting[job.id] = reasons.larger_than_limit(
+                job.gpus, self.gpu_type, job.share, limit, share.strategy
+            )
+            return False
         per_node = job.gpus // job.nodes
         own = {job.share: job.gpus}
         reason = self.ledger.check(job.share, own, within_limit=False)
         if reason is None:
-            used = self.ledger.usage(job.share)
+            used = self.ledger.held_usage(job.share)
             allocations = self.pool.take(per_node, job.nodes)
             if allocations is not None:
-                limit = self.ledger.limit(job.share)
                 borrowed = max(0, used + job.gpus - limit) - max(0, used - limit)
-                self.ledger.apply(own)
+                self.ledger.admit(own)
                 self.placements.append(Placement(job.id, allocations, borrowed))
                 if any(a.node in self.releasing for a in allocations):
                     self._releasing_version += 1
@@ -377,7 +389,7 @@ class _TypeCycle:
 
     def _tries(self, job: RunnableJob) -> list[str]:
         tries = []
-        if self.ledger.usage(job.share) + job.gpus <= self.ledger.limit(job.share):
+        if self.ledger.fits_limit(job.share, job.gpus):
             tries.append(TRY_BORROWERS)
         if self.shares[job.share].in_share_preemption:
             tries += [TRY_OWN_SHARE, TRY_BOTH]
@@ -429,8 +441,16 @@ class _TypeCycle:
         own = name == job.share
         if own and candidate.priority >= job.priority:
             return  # in-share preemption takes strictly lower priority only
-        # Ties: borrowers' jobs before own jobs, then later start, then later submission.
-        key = (candidate.priority, -candidate.started, own, -candidate.submitted, candidate.id)
+        # Ties: jobs on borrowed GPUs before jobs on own quota, then later start, then (try 3)
+        # other shares' jobs before the job's own share's, then later submission.
+        key = (
+            candidate.priority,
+            candidate.borrowed == 0,
+            -candidate.started,
+            own,
+            -candidate.submitted,
+            candidate.id,
+        )
         heapq.heappush(heap, (key, name, position))
 
     def _search(
@@ -451,30 +471,41 @@ class _TypeCycle:
         for name, delta in base_deltas.items():
             trial.change(name, delta)
 
-        def fits() -> bool:
-            return capacity.nodes >= job.nodes and trial.reason() is None
-
+        # Victims' GPUs per share not yet told to the trial: the quota is looked at only once
+        # the nodes have room, so a long walk over candidates costs dictionary updates only.
+        pending: dict[str, int] = defaultdict(int)
+        limits = self.ledger.limit
         chosen: list[PlacedJob | None] = []
         found = False
         while heap:
             _, name, position = heapq.heappop(heap)
             candidate = self.candidates[name][position]
-            if name != job.share and trial.usage(name) <= self.ledger.limit(name):
+            if name != job.share and trial.usage(name) - pending[name] <= limits(name):
                 continue  # victims only while their share is above its limit
             self._push_next(heap, job, name, position + 1)
             chosen.append(candidate)
-            self._add_victim(candidate, capacity, trial, +1)
-            if fits():
-                found = True
-                break
+            pending[candidate.share] += candidate.gpus
+            self._add_victim_gpus(candidate, capacity, +1)
+            if capacity.nodes >= job.nodes:
+                for share_name, gpus in pending.items():
+                    trial.change(share_name, -gpus)
+                pending.clear()
+                if trial.reason() is None:
+                    found = True
+                    break
         if not found:
             return None
-        # Walk back and drop every victim the job can do without.
+        # Walk back and drop every victim the job can do without. The nodes are checked first:
+        # a victim the nodes need stays without a look at the quota.
         for index in range(len(chosen) - 1, -1, -1):
             victim = chosen[index]
             assert victim is not None
-            self._add_victim(victim, capacity, trial, -1)
-            if fits():
+            self._add_victim_gpus(victim, capacity, -1)
+            if capacity.nodes < job.nodes:
+                self._add_victim_gpus(victim, capacity, +1)
+                continue
+            trial.change(victim.share, victim.gpus)
+            if trial.reason() is None:
                 chosen[index] = None
             else:
                 self._add_victim(victim, capacity, trial, +1)
@@ -482,6 +513,9 @@ class _TypeCycle:
 
     def _add_victim(self, victim: PlacedJob, capacity: _Capacity, trial: Trial, sign: int) -> None:
         trial.change(victim.share, -sign * victim.gpus)
+        self._add_victim_gpus(victim, capacity, sign)
+
+    def _add_victim_gpus(self, victim: PlacedJob, capacity: _Capacity, sign: int) -> None:
         for allocation in victim.allocations:
             if allocation.node in self.pool:
                 capacity.add(allocation.node, sign * len(allocation.gpu_indices))
@@ -529,7 +563,7 @@ class _TypeCycle:
             else:
                 kind, why = RECLAIM, reasons.reclaimed_by(job.share, job.id)
             self.preemptions.append(Preemption(victim.id, job.id, kind, why))
-        self.ledger.apply(final)
+        self.ledger.promise(final)
         self.waiting[job.id] = self._wait_reason(job, [*promised, *victims])
 
     def _claim_released(self, name: str, count: int) -> None:

@@ -24,8 +24,11 @@ class NodePool:
         self._buckets: list[list[int]] = [[] for _ in range(largest + 1)]
         self._free: list[list[int]] = []
         for i, node in enumerate(nodes):
-            taken = held.get(node.name, set())
-            free = [index for index in range(node.gpus) if index not in taken]
+            taken = held.get(node.name)
+            if taken:
+                free = [index for index in range(node.gpus) if index not in taken]
+            else:
+                free = list(range(node.gpus))
             self._free.append(free)
             self._buckets[len(free)].append(i)
 

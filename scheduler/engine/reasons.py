@@ -19,6 +19,13 @@ def at_limit(share: str, used: int, limit: int, gpu_type: str) -> str:
     return f"share {share} at its limit ({used}/{limit} {gpu_type})"
 
 
+def larger_than_limit(gpus: int, gpu_type: str, share: str, limit: int, strategy: str) -> str:
+    return (
+        f"needs {gpus} {gpu_type} but share {share}'s limit is {limit} "
+        f"and a {strategy} share cannot borrow"
+    )
+
+
 def borrow_limit_reached(borrowed: int, cap: int, gpu_type: str) -> str:
     return f"borrow limit reached ({borrowed}/{cap} extra {gpu_type})"
 

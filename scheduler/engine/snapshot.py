@@ -81,6 +81,9 @@ class PlacedJob:
     # The runnable job whose reclaim (or in-share preemption) stops this one: the GPUs it
     # releases are promised to that job, so the reclaim is not repeated while it stops.
     preempted_for: str | None = None
+    # GPUs of this job above its share's limit when it started (Placement.borrowed): a job on
+    # borrowed GPUs goes before a job on its share's own quota in the victim order.
+    borrowed: int = 0
 
 
 @dataclass(frozen=True)

@@ -412,6 +412,7 @@ class Simulation:
             submitted=spec.submit,
             started=now,
             allocations=placement.allocations,
+            borrowed=placement.borrowed,
         )
         key = (spec.share, spec.gpu_type)
         self.usage[key] = self.usage.get(key, 0) + spec.gpus
@@ -463,6 +464,7 @@ class Simulation:
             allocations=placed.allocations,
             stopping=True,
             preempted_for=for_job_id,
+            borrowed=placed.borrowed,
         )
         self.promised[for_job_id] = self.promised.get(for_job_id, 0) + 1
         self._event(now, job, "preempt", job.node_names, job.borrowed)

@@ -47,6 +47,24 @@ def test_borrower_is_reclaimed_after_its_grace_period_and_resumes_from_scratch()
     assert borrowed == {"b0": 0, "b1": 8, "o1": 0}
 
 
+def test_placed_jobs_tell_the_engine_how_many_gpus_they_borrowed():
+    """The simulator passes each placed job's borrowed GPUs (from its placement) to the engine,
+    running or stopping, so the victim order can put jobs on borrowed GPUs first."""
+    from scheduler.engine import plan
+
+    seen: dict[tuple[str, bool], int] = {}
+
+    def engine(snapshot):
+        for placed in snapshot.placed:
+            seen[placed.id, placed.stopping] = placed.borrowed
+        return plan(snapshot)
+
+    data = reclaim_scenario(grace=60)
+    data["jobs"].append(h100_job("late", "borrower", 1, 130, 10))  # a cycle while b1 stops
+    simulate(parse_scenario(data), engine=engine)
+    assert seen == {("b0", False): 0, ("b1", False): 8, ("b1", True): 8}
+
+
 def test_preempted_job_resumes_from_its_last_checkpoint():
     """With checkpoints every 40 s, 90 s of work keeps 80 s: the borrower resumes at 630
     with 920 s left and finishes at 1550."""

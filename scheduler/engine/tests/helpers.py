@@ -68,7 +68,15 @@ def advance(snapshot: Snapshot, outcome: Plan, now: float) -> Snapshot:
         j = runnable[p.job_id]
         placed.append(
             PlacedJob(
-                j.id, j.share, j.gpu_type, j.gpus, j.priority, j.submitted, now, p.allocations
+                j.id,
+                j.share,
+                j.gpu_type,
+                j.gpus,
+                j.priority,
+                j.submitted,
+                now,
+                p.allocations,
+                borrowed=p.borrowed,
             )
         )
     done = {p.job_id for p in outcome.placements} | {r.job_id for r in outcome.rejections}

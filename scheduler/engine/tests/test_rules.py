@@ -56,7 +56,26 @@ def test_lend_lends_but_never_borrows():
     outcome = plan(snapshot)
     assert [p.job_id for p in outcome.placements] == ["nlp-16"]
     assert outcome.placements[0].borrowed == 4
-    assert outcome.waiting == {"vision-8": reasons.at_limit("vision", 0, 4, H100)}
+    assert outcome.waiting == {"vision-8": reasons.larger_than_limit(8, H100, "vision", 4, LEND)}
+
+
+def test_job_larger_than_the_limit_of_a_share_that_cannot_borrow_says_so():
+    """A LEND or RESERVE share never borrows: a job larger than its limit can never start while
+    the limit stands. It stays RUNNABLE (the limit may be raised) with a reason that says so,
+    not "at its limit"."""
+    for strategy in (LEND, RESERVE):
+        snapshot = Snapshot(
+            nodes(2),
+            (share("nlp", 8, strategy),),
+            runnable=(job("big", "nlp", 16, nodes=2), job("small", "nlp", 8, submitted=1)),
+        )
+        outcome = plan(snapshot)
+        assert outcome.rejections == ()
+        assert outcome.waiting == {"big": reasons.larger_than_limit(16, H100, "nlp", 8, strategy)}
+        assert outcome.waiting["big"] == (
+            f"needs 16 h100 but share nlp's limit is 8 and a {strategy} share cannot borrow"
+        )
+        assert [p.job_id for p in outcome.placements] == ["small"]
 
 
 def test_lend_and_borrow_cap_is_rounded_down():
@@ -135,6 +154,31 @@ def test_reclaim_takes_back_lent_gpus_from_the_latest_borrower():
     assert outcome.preemptions[0].kind == RECLAIM
     assert victims(outcome) == {"nlp-borrowed": "vision-8"}
     assert outcome.waiting == {"vision-8": reasons.reclaiming(8, H100, ["nlp"], 1)}
+
+
+def test_victim_ties_take_jobs_on_borrowed_gpus_before_own_jobs():
+    """Two jobs of a borrower with equal priority, start and submission: the reclaim takes the
+    one running on borrowed GPUs, not the one on its share's own quota, whichever node or id
+    each has."""
+    for borrowed_one in ("nlp-x", "nlp-y"):
+        snapshot = Snapshot(
+            nodes(2),
+            (share("vision", 8, LEND), share("nlp", 8, LAB)),
+            placed=tuple(
+                running(
+                    job_id,
+                    "nlp",
+                    f"n{i}",
+                    range(8),
+                    started=5,
+                    submitted=1,
+                    borrowed=8 if job_id == borrowed_one else 0,
+                )
+                for i, job_id in enumerate(("nlp-x", "nlp-y"))
+            ),
+            runnable=(job("vision-8", "vision", 8),),
+        )
+        assert victims(plan(snapshot)) == {borrowed_one: "vision-8"}
 
 
 def test_reclaim_even_when_other_gpus_are_physically_free():
@@ -435,6 +479,50 @@ def test_no_repeated_reclaim_while_victims_stop_then_placed():
     assert outcome.waiting == {"vision-8": reasons.reclaiming(8, H100, ["nlp"], 1)}
     third = release_stopped(second)
     assert where(plan(third)) == {"vision-8": [("n1", tuple(range(8)))]}
+
+
+def test_stopping_victims_count_in_usage_during_the_grace_period():
+    """A victim's GPUs count for its share until it has stopped: a RESERVE share preempting in
+    its own share for a high-priority job does not place a second job on its free GPUs, which
+    would put it above its limit while the victim stops."""
+    snapshot = Snapshot(
+        nodes(1, gpus=16),
+        (share("a", 8, RESERVE, in_share_preemption=True),),
+        placed=(running("low", "a", "n0", range(8)),),
+        runnable=(
+            job("hi", "a", 2, priority=500, submitted=10),
+            job("lo2", "a", 2, priority=0, submitted=5),
+        ),
+    )
+    outcome = plan(snapshot)
+    assert victims(outcome) == {"low": "hi"}
+    assert outcome.placements == ()
+    assert outcome.waiting["lo2"] == reasons.at_limit("a", 8, 8, H100)
+    # Next cycle, low still stopping for hi: still nothing for lo2.
+    outcome = plan(advance(snapshot, outcome, now=20))
+    assert outcome.placements == () and outcome.preemptions == ()
+    assert outcome.waiting["lo2"] == reasons.at_limit("a", 8, 8, H100)
+
+
+def test_stopping_victims_quota_is_not_reclaimed_by_a_lower_priority_job():
+    """The quota a stopping in-share victim still holds is not free for a lower-priority job of
+    the same share to reclaim from a borrower in the same cycle."""
+    snapshot = Snapshot(
+        nodes(2),
+        (share("a", 8, LEND, in_share_preemption=True), share("b", 4, LAB)),
+        placed=(
+            running("low", "a", "n0", range(8)),
+            running("b-own", "b", "n1", range(4), started=1),
+            running("b-borrowed", "b", "n1", range(4, 8), started=2),
+        ),
+        runnable=(
+            job("hi", "a", 2, priority=500, submitted=10),
+            job("lo2", "a", 2, priority=0, submitted=5),
+        ),
+    )
+    outcome = plan(snapshot)
+    assert victims(outcome) == {"low": "hi"}
+    assert outcome.waiting["lo2"] == reasons.at_limit("a", 8, 8, H100)
 
 
 def test_promised_gpus_are_not_taken_by_others():
