@@ -311,6 +311,7 @@ def cycle_snapshot() -> tuple[engine.Snapshot, SnapshotContext]:
         "stop_requested_at",
         "preempted_for_id",
         "allocations",
+        "borrowed_gpus",
     )
     for (
         job_id,
@@ -324,6 +325,7 @@ def cycle_snapshot() -> tuple[engine.Snapshot, SnapshotContext]:
         stop_requested_at,
         preempted_for,
         allocations,
+        borrowed,
     ) in attempts:
         placed.append(
             engine.PlacedJob(
@@ -340,6 +342,8 @@ def cycle_snapshot() -> tuple[engine.Snapshot, SnapshotContext]:
                 ),
                 stopping=stop_requested_at is not None or state == Job.State.PREEMPTING,
                 preempted_for=str(preempted_for) if preempted_for else None,
+                # Victim ties: jobs on borrowed GPUs go before jobs on their own quota.
+                borrowed=borrowed,
             )
         )
     (submitted_column,), to_epoch = _epoch_columns("submitted_at")

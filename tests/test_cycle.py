@@ -335,3 +335,16 @@ def test_rejected_job_fails_with_the_reason(personas, two_nodes):
     job = reload(job)
     assert job.state == Job.State.FAILED
     assert job.reason
+
+
+def test_the_snapshot_tells_the_engine_which_jobs_borrow(personas, two_nodes):
+    """research (limit 8) runs two 8-GPU jobs: the second one's attempt records 8 borrowed GPUs,
+    and the next snapshot hands that to the engine, which prefers such jobs as victims."""
+    first, second = (
+        submit(personas.bruno, "research", gpus=8),
+        submit(personas.bruno, "research", gpus=8),
+    )
+    cycle_run(force=True)
+    assert (attempt_of(first).borrowed_gpus, attempt_of(second).borrowed_gpus) == (0, 8)
+    snapshot, _ = cycle_snapshot()
+    assert {p.id: p.borrowed for p in snapshot.placed} == {str(first.pk): 0, str(second.pk): 8}
