@@ -68,6 +68,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, so it sees the view's exception first: database down → 503 JSON, not a 500.
+    "portal.middleware.DatabaseUnavailableMiddleware",
 ]
 
 ROOT_URLCONF = "portal.urls"
@@ -144,6 +146,19 @@ CELERY_BROKER_URL = celery_broker_url(REDIS_URL)
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A web request that asks for a cycle must not hang on a broker that is down or stuck: the
+# job is already committed, and beat runs the cycle anyway. Short socket timeouts and one
+# publish retry bound the wait to a few seconds (request_cycle logs and carries on).
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "socket_connect_timeout": env.float("CELERY_BROKER_CONNECT_TIMEOUT_SECONDS", default=2.0),
+    "socket_timeout": env.float("CELERY_BROKER_SOCKET_TIMEOUT_SECONDS", default=3.0),
+}
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 1,
+    "interval_start": 0,
+    "interval_step": 0.5,
+    "interval_max": 0.5,
+}
 CELERY_TIMEZONE = TIME_ZONE
 
 # The scheduling cycle: beat runs it every CYCLE_INTERVAL_SECONDS, and submits, finishes,

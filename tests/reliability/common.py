@@ -19,14 +19,18 @@ class ApiClient:
     (the API makes that idempotent), so every job it returns an id for was accepted with a
     2xx; `accepted` holds those ids."""
 
-    def __init__(self, url: str, user) -> None:
+    def __init__(self, url: str, user=None, *, token: str = "") -> None:
         self.url = url
         self.http = requests.Session()
-        self.http.headers["Authorization"] = f"Token {Token.objects.get_or_create(user=user)[0]}"
+        token = token or Token.objects.get_or_create(user=user)[0].key
+        self.http.headers["Authorization"] = f"Token {token}"
         self.accepted: set[int] = set()
 
     def post(self, path: str, body: dict | None = None, timeout: float = 30):
         return self.http.post(f"{self.url}/api/v1/{path}", json=body or {}, timeout=timeout)
+
+    def get(self, path: str, timeout: float = 30):
+        return self.http.get(f"{self.url}/api/v1/{path}", timeout=timeout)
 
     def try_submit(self, share: str, command: str, *, token: str, gpus: int = 1, **fields):
         """One POST; a 2xx adds the job to `accepted`. Returns the response."""

@@ -3,6 +3,8 @@ beat, Redis, the database, node agents with fake GPUs)."""
 
 from __future__ import annotations
 
+import itertools
+import time
 from pathlib import Path
 
 import pytest
@@ -54,3 +56,41 @@ def test_worker_killed_mid_cycle_rolls_back_and_the_next_cycle_places(personas, 
     assert list(JobAttempt.objects.filter(job_id=job_id).values_list("number", flat=True)) == [1]
     assert any(p != pid for p, *_ in trace_lines(trace, "cycle"))  # the new worker's cycles
     check_invariants(accepted_job_ids=client.accepted, settled=True)
+
+
+def test_two_workers_and_two_beats_never_run_cycles_at_once(personas, live, tmp_path):
+    """Two workers, each with its own beat every 0.5 s, for 30 s while both teams submit short
+    jobs: the cycles' locked intervals never overlap (the cycle lock), both workers ran cycles,
+    no GPU is ever held twice, and every job succeeds."""
+    trace = tmp_path / "cycles.trace"
+    system = live(
+        CYCLE_TEST_TRACE_FILE=str(trace),
+        CYCLE_INTERVAL_SECONDS="0.5",
+        CYCLE_FULL_EVERY_SECONDS="1",  # plan in full often, not only on changes
+    )
+    system.start_web()
+    system.start_worker("worker-1")
+    system.start_worker("worker-2")
+    system.start_agent("node-a", gpus=4)
+    system.start_agent("node-b", gpus=4)
+    wait_nodes("node-a", "node-b")
+    lender = ApiClient(system.url, personas.vera)
+    borrower = ApiClient(system.url, personas.bruno)
+
+    deadline = time.monotonic() + 30
+    submitted = 0
+    while time.monotonic() < deadline:
+        client, share = (lender, "vision") if submitted % 3 == 2 else (borrower, "research")
+        client.submit(share, job_command(8, 0.1), gpus=1 + submitted % 2)
+        submitted += 1
+        check_invariants()
+        time.sleep(0.5)
+    accepted = lender.accepted | borrower.accepted
+    wait_jobs(accepted, Job.State.SUCCEEDED, timeout=120)
+
+    cycles = sorted(trace_lines(trace, "cycle"), key=lambda line: line[1])
+    for (pid_a, _, done_a), (pid_b, locked_b, _) in itertools.pairwise(cycles):
+        assert locked_b >= done_a, f"cycles of {pid_a} and {pid_b} overlap"
+    pids = {system.workers[name].pid for name in ("worker-1", "worker-2")}
+    assert {pid for pid, *_ in cycles} == pids
+    check_invariants(accepted_job_ids=accepted, settled=True)
