@@ -29,6 +29,9 @@ class ApiClient:
     def post(self, path: str, body: dict | None = None, timeout: float = 30):
         return self.http.post(f"{self.url}/api/v1/{path}", json=body or {}, timeout=timeout)
 
+    def patch(self, path: str, body: dict, timeout: float = 30):
+        return self.http.patch(f"{self.url}/api/v1/{path}", json=body, timeout=timeout)
+
     def get(self, path: str, timeout: float = 30):
         return self.http.get(f"{self.url}/api/v1/{path}", timeout=timeout)
 
