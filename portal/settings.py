@@ -181,7 +181,7 @@ AGENT_POLL_MAX_WAIT_SECONDS = min(
 # A full cycle runs at least this often even when nothing changed (idle cycles are skipped).
 CYCLE_FULL_EVERY_SECONDS = env.float("CYCLE_FULL_EVERY_SECONDS", default=60.0)
 # Test-only hooks of the cycle (tests/reliability); never set them in production.
-# CYCLE_TEST_TRACE_FILE: each finished cycle appends "pid locked_ns done_ns" (CLOCK_MONOTONIC,
+# CYCLE_TEST_TRACE_FILE: each cycle appends "cycle pid locked_ns done_ns" (CLOCK_MONOTONIC,
 # taken while the cycle lock is held), so a test can check that cycles never overlap.
 CYCLE_TEST_TRACE_FILE = env.str("CYCLE_TEST_TRACE_FILE", default="")
 # CYCLE_TEST_PAUSE_BEFORE_COMMIT_SECONDS: a cycle that applied a plan sleeps this long inside
