@@ -69,6 +69,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, so it sees the view's exception first: database down → 503 JSON, not a 500.
+    "portal.middleware.DatabaseUnavailableMiddleware",
 ]
 
 ROOT_URLCONF = "portal.urls"
@@ -145,6 +147,19 @@ CELERY_BROKER_URL = celery_broker_url(REDIS_URL)
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A web request that asks for a cycle must not hang on a broker that is down or stuck: the
+# job is already committed, and beat runs the cycle anyway. Short socket timeouts and one
+# publish retry bound the wait to a few seconds (request_cycle logs and carries on).
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "socket_connect_timeout": env.float("CELERY_BROKER_CONNECT_TIMEOUT_SECONDS", default=2.0),
+    "socket_timeout": env.float("CELERY_BROKER_SOCKET_TIMEOUT_SECONDS", default=3.0),
+}
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 1,
+    "interval_start": 0,
+    "interval_step": 0.5,
+    "interval_max": 0.5,
+}
 CELERY_TIMEZONE = TIME_ZONE
 
 # The scheduling cycle: beat runs it every CYCLE_INTERVAL_SECONDS, and submits, finishes,
@@ -166,6 +181,15 @@ AGENT_POLL_MAX_WAIT_SECONDS = min(
 )
 # A full cycle runs at least this often even when nothing changed (idle cycles are skipped).
 CYCLE_FULL_EVERY_SECONDS = env.float("CYCLE_FULL_EVERY_SECONDS", default=60.0)
+# Test-only hooks of the cycle (tests/reliability); never set them in production.
+# CYCLE_TEST_TRACE_FILE: each cycle appends "cycle pid locked_ns done_ns" (CLOCK_MONOTONIC,
+# taken while the cycle lock is held), so a test can check that cycles never overlap.
+CYCLE_TEST_TRACE_FILE = env.str("CYCLE_TEST_TRACE_FILE", default="")
+# CYCLE_TEST_PAUSE_BEFORE_COMMIT_SECONDS: a cycle that applied a plan sleeps this long inside
+# its transaction, before the commit, so a test can kill the worker mid-cycle.
+CYCLE_TEST_PAUSE_BEFORE_COMMIT_SECONDS = env.float(
+    "CYCLE_TEST_PAUSE_BEFORE_COMMIT_SECONDS", default=0.0
+)
 
 # Utilization history, retention and /metrics access (docs/dashboards.md).
 from dashboards.conf import *  # noqa: E402, F403

@@ -9,12 +9,17 @@ nothing it should not.
 
 The steps are separate functions so tests can run one step at a time:
 `nodes_mark_lost`, `cancels_to_stop_orders`, `cycle_snapshot`, `cycle_apply`.
+
+Two test-only hooks, off unless their settings are set (tests/reliability): a trace line per
+cycle (CYCLE_TEST_TRACE_FILE) and a pause before the commit
+(CYCLE_TEST_PAUSE_BEFORE_COMMIT_SECONDS).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -93,6 +98,7 @@ def cycle_run(*, force: bool = False) -> CycleResult:
     with timed("total"), transaction.atomic():
         with timed("lock"):
             _lock()
+        locked_ns = time.monotonic_ns()
         with timed("nodes_lost"):
             nodes_mark_lost(now=now, result=result)
         with timed("cancels"):
@@ -101,18 +107,21 @@ def cycle_run(*, force: bool = False) -> CycleResult:
             before = _fingerprint()
             if not force and not result.nodes_to_notify and before == _last_fingerprint():
                 result.skipped = True
+                _test_trace("cycle", locked_ns, time.monotonic_ns())
                 return result
         with timed("snapshot"):
             snapshot, context = cycle_snapshot()
         with timed("plan"):
             plan = engine.plan(snapshot)
         cycle_apply(plan, context, now=now, result=result)
+        _test_pause(result)
         with timed("fingerprint"):
             # Safe to remember before the commit: after a rollback the database is back in the
             # state of `before`, which differs from `after` unless this cycle changed nothing.
             _remember_fingerprint(_fingerprint())
         nodes = set(result.nodes_to_notify)
         transaction.on_commit(lambda: notify_nodes(nodes))
+        _test_trace("cycle", locked_ns, time.monotonic_ns())
     if result.placed or result.preempted or result.rejected or result.attempts_lost:
         logger.info(
             "cycle: placed %d, preempted %d, rejected %d, lost %d attempts",
@@ -122,6 +131,29 @@ def cycle_run(*, force: bool = False) -> CycleResult:
             result.attempts_lost,
         )
     return result
+
+
+def _test_trace(*fields: object) -> None:
+    """Test-only (CYCLE_TEST_TRACE_FILE): append one line, in one write, while the cycle lock
+    is still held."""
+    path = settings.CYCLE_TEST_TRACE_FILE
+    if not path:
+        return
+    line = " ".join(str(f) for f in (fields[0], os.getpid(), *fields[1:])) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def _test_pause(result: CycleResult) -> None:
+    """Test-only (CYCLE_TEST_PAUSE_BEFORE_COMMIT_SECONDS): a cycle that changed something
+    sleeps before its commit, so a test can kill the worker in the middle of a cycle."""
+    seconds = settings.CYCLE_TEST_PAUSE_BEFORE_COMMIT_SECONDS
+    if seconds > 0 and (result.placed or result.preempted):
+        _test_trace("paused", result.placed, result.preempted)
+        time.sleep(seconds)
 
 
 def _lock() -> None:

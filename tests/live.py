@@ -78,6 +78,7 @@ class LiveSystem:
         (tmp / "var").mkdir(parents=True, exist_ok=True)
         self.web: subprocess.Popen | None = None
         self.worker: subprocess.Popen | None = None
+        self.workers: dict[str, subprocess.Popen] = {}
         self.agents: dict[str, subprocess.Popen] = {}
 
     def _spawn(self, name: str, command: list[str], **env: str) -> subprocess.Popen:
@@ -103,20 +104,53 @@ class LiveSystem:
         stop(self.web)
         self.web = None
 
-    def start_worker(self) -> None:
-        self.worker = self._spawn(
-            "worker",
+    def start_worker(self, name: str = "worker", **env: str) -> None:
+        """A Celery worker with its embedded beat (a child process); several may run, each
+        with its own name and beat schedule file. `env` overrides the system's environment."""
+        process = self._spawn(
+            name,
             [sys.executable, "-m", "celery", "-A", "portal", "worker", "-B", "--pool", "solo",
-             "-l", "info", "-s", str(self.tmp / "var" / "beat-schedule")],
+             "-n", f"{name}@%h", "-l", "info",
+             "-s", str(self.tmp / "var" / f"{name}-beat-schedule")],
+            **env,
         )  # fmt: skip
+        self.workers[name] = process
+        if name == "worker":
+            self.worker = process
 
-    def start_agent(self, name: str, gpus: int = 8, gpu_type: str = "h100") -> None:
+    def kill_worker(self, name: str = "worker") -> None:
+        """SIGKILL the worker and its embedded beat at once, like a machine that dies."""
+        import psutil
+
+        process = self.workers.pop(name)
+        if name == "worker":
+            self.worker = None
+        with contextlib.suppress(psutil.NoSuchProcess):
+            tree = psutil.Process(process.pid)
+            for child in tree.children(recursive=True):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    child.kill()
+        process.kill()
+        process.wait(10)
+
+    def start_agent(
+        self,
+        name: str,
+        gpus: int = 8,
+        gpu_type: str = "h100",
+        *,
+        module: str = "scheduler.agent",
+        **env: str,
+    ) -> None:
+        """A node agent with fake GPUs; `module` runs another entry point with the same flags
+        (e.g. an agent whose clock is off)."""
         self.agents[name] = self._spawn(
             f"agent-{name}",
-            [sys.executable, "-m", "scheduler.agent", "--portal", self.url, "--name", name,
+            [sys.executable, "-m", module, "--portal", self.url, "--name", name,
              "--fake-gpus", str(gpus), "--gpu-type", gpu_type, "--poll-wait", "5",
              "--work-dir", str(self.tmp / "agents" / name),
              "--checkpoint-root", str(self.checkpoints)],
+            **env,
         )  # fmt: skip
 
     def kill_agent(self, name: str) -> None:
@@ -147,7 +181,10 @@ class LiveSystem:
         for process in self.agents.values():
             stop(process)
         self.agents.clear()
-        stop(self.worker)
+        for process in self.workers.values():
+            stop(process)
+        self.workers.clear()
+        self.worker = None
         stop(self.web)
 
 

@@ -9,6 +9,7 @@ import pytest
 from scheduler.models import Job, JobAttempt, Node
 from scheduler.services import job_cancel, job_submit
 from tests.live import job_command, wait_for
+from tests.reliability.invariants import check_invariants
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
@@ -87,6 +88,7 @@ def test_agent_killed_mid_job_is_lost_and_the_job_requeued(personas, live):
     job = wait_state(job, Job.State.SUCCEEDED, timeout=60)
     assert outcomes(job) == ["NODE_LOST", "SUCCEEDED"]
     assert int(system.checkpoint_dir(job.pk).joinpath("attempt-2.start").read_text()) > 0
+    check_invariants(settled=True)
 
 
 def test_node_lost_on_missed_heartbeats_requeues_elsewhere(personas, live):
@@ -103,6 +105,7 @@ def test_node_lost_on_missed_heartbeats_requeues_elsewhere(personas, live):
     assert outcomes(job) == ["NODE_LOST", "SUCCEEDED"]
     assert Node.objects.get(name=first).state == Node.State.DOWN
     assert JobAttempt.objects.get(job=job, number=2).allocations[0]["node"] != first
+    check_invariants(settled=True)
 
 
 def test_portal_down_agent_keeps_running_and_catches_up(personas, live):
