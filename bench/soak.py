@@ -135,6 +135,7 @@ class Soak:
         self.submit_latencies: list[float] = []
         self.health_latencies: list[float] = []
         self.submit_errors: dict[str, int] = {}
+        self.error_samples: set[str] = set()
         self.accepted: list[int] = []
         self.share_edits = 0
         self.agent_restarts = 0
@@ -250,6 +251,8 @@ class Soak:
                     self.accepted.append(response.json()["id"])
                 else:
                     self.submit_errors[status] = self.submit_errors.get(status, 0) + 1
+                    if response is not None and len(self.error_samples) < 3:
+                        self.error_samples.add(response.text[:200])
 
     def health_sampler(self) -> None:
         session = requests.Session()
@@ -369,10 +372,9 @@ class Soak:
                 break
         self.stop.set()
         elapsed = time.monotonic() - started
-        try:
-            report = self.report(elapsed, finished_all)
-        finally:
-            self.stop_all()
+        # Stop everything first: the books are read from a database nobody writes to any more.
+        self.stop_all()
+        report = self.report(elapsed, finished_all)
         print(report, flush=True)
         if not self.args.keep:
             shutil.rmtree(self.tmp, ignore_errors=True)
@@ -468,6 +470,7 @@ class Soak:
             f"peak RSS:              web {self.peak_rss['web'] / 2**20:.0f} MiB (gunicorn, "
             f"all workers), worker {self.peak_rss['worker'] / 2**20:.0f} MiB (celery + beat)",
         ]
+        lines += [f"  a refused submit:    {sample}" for sample in sorted(self.error_samples)]
         return "\n".join(lines)
 
 
