@@ -214,6 +214,15 @@ class Soak:
         self.start_agent(name)
 
     def stop_all(self) -> None:
+        # The portal goes first: an agent that is stopped stops its jobs and reports them as
+        # exited (code -15), which must not count against the run.
+        for process in [self.web, self.worker]:
+            if process is not None and process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(15)
+                except subprocess.TimeoutExpired:
+                    process.kill()
         for process in [*self.agents.values(), self.worker, self.web]:
             if process is not None and process.poll() is None:
                 process.terminate()
