@@ -50,7 +50,8 @@ class BadRequest(Exception):
 def _body(request: HttpRequest) -> dict:
     try:
         data = json.loads(request.body or b"{}")
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        # RecursionError: nesting deeper than the parser's stack ("[[[[...").
         raise BadRequest("body", BODY_NOT_JSON) from None
     if not isinstance(data, dict):
         raise BadRequest("body", BODY_NOT_JSON)
@@ -70,7 +71,30 @@ def _str(data: dict, name: str, *, max_length: int, required=True) -> str:
     value = data.get(name, None if required else "")
     if not isinstance(value, str) or (required and not value) or len(value) > max_length:
         raise BadRequest(name, f"{name}: must be a non-empty string of at most {max_length}.")
+    if "\x00" in value:
+        # PostgreSQL text cannot hold NUL; a name or token with one is not a real one.
+        raise BadRequest(name, f"{name}: must not contain NUL characters.")
     return value
+
+
+def _text(data: dict, name: str, *, max_length: int) -> str:
+    """Free text from a process (its log tail, why it could not start): optional, and NUL
+    bytes, which PostgreSQL text cannot hold, become U+FFFD rather than refusing the report
+    (the agent would resend it forever)."""
+    value = data.get(name, "")
+    if not isinstance(value, str) or len(value) > max_length:
+        raise BadRequest(name, f"{name}: must be a string of at most {max_length} characters.")
+    return value.replace("\x00", "\ufffd")
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
 
 
 def _ids(data: dict, name: str) -> set[int]:
@@ -123,6 +147,8 @@ def register(request: HttpRequest, data: dict) -> JsonResponse:
     details = data.get("gpu_details", [])
     if not isinstance(details, list) or not all(isinstance(d, dict) for d in details):
         raise BadRequest("gpu_details", "gpu_details: must be a list of objects.")
+    if _has_nul(details):
+        raise BadRequest("gpu_details", "gpu_details: must not contain NUL characters.")
     try:
         node, token = node_register(
             join_token=join_token, name=name, gpu_type=gpu_type, gpus=gpus, gpu_details=details
@@ -215,7 +241,7 @@ def _event(event: Any, i: int) -> dict:
         raise BadRequest(f"{where}.type", f"{where}.type: one of {', '.join(EVENT_TYPES)}.")
     try:
         attempt = _int(event, "attempt", low=1)
-        log = _str(event, "log_tail", max_length=1_000_000, required=False)
+        log = _text(event, "log_tail", max_length=1_000_000)
         checked = {"type": kind, "attempt": attempt, "log": log}
         if kind == EVENT_EXITED:
             end = event.get("end")
@@ -227,7 +253,7 @@ def _event(event: Any, i: int) -> dict:
             if not isinstance(signalled, bool):
                 raise BadRequest("signalled", "signalled: must be true or false.")
             checked["signalled"] = signalled
-            checked["detail"] = _str(event, "detail", max_length=2000, required=False)
+            checked["detail"] = _text(event, "detail", max_length=2000)
     except BadRequest as error:
         ((field, message),) = error.errors.items()
         raise BadRequest(f"{where}.{field}", f"{where}.{message}") from None

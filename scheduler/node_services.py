@@ -257,8 +257,14 @@ def attempt_exited(
                     _notify_peers(attempt)
             attempt.save()
             return "ok"
-        if attempt.outcome in (JobAttempt.Outcome.FAILED, JobAttempt.Outcome.TIMEOUT):
-            outcome = attempt.outcome  # decided by an earlier node of the gang
+        if attempt.outcome in (
+            JobAttempt.Outcome.FAILED,
+            JobAttempt.Outcome.TIMEOUT,
+            JobAttempt.Outcome.NODE_LOST,
+        ):
+            # Decided by an earlier node of the gang; the others only exited from the stop
+            # order that decision sent them (a SIGTERM's exit code is not a failure).
+            outcome = attempt.outcome
         if job.cancel_requested:
             outcome = JobAttempt.Outcome.CANCELLED
         attempt.outcome = outcome

@@ -348,3 +348,25 @@ def test_the_snapshot_tells_the_engine_which_jobs_borrow(personas, two_nodes):
     assert (attempt_of(first).borrowed_gpus, attempt_of(second).borrowed_gpus) == (0, 8)
     snapshot, _ = cycle_snapshot()
     assert {p.id: p.borrowed for p in snapshot.placed} == {str(first.pk): 0, str(second.pk): 8}
+
+
+def test_gang_member_lost_requeues_the_job_instead_of_failing_it(personas, two_nodes):
+    """A 2-node gang: the agent on one node restarts and no longer has the process (lost); the
+    other node is told to stop and its process exits from the SIGTERM. The attempt ends as
+    NODE_LOST and the job is requeued, not FAILED for the signal's exit code."""
+    from scheduler.node_services import END_LOST
+
+    job = submit(personas.bruno, "research", gpus=8, nodes=2)
+    cycle_run(force=True)
+    run(job)
+    attempt = attempt_of(job)
+    lost_node, other = (Node.objects.get(name=a["node"]) for a in attempt.allocations)
+    attempt_exited(node=lost_node, attempt_id=attempt.pk, end=END_LOST)
+    assert JobAttempt.objects.get(pk=attempt.pk).stop_requested_at is not None
+    attempt_exited(node=other, attempt_id=attempt.pk, end=END_EXIT, exit_code=-15,
+                   signalled=True)  # fmt: skip
+    attempt = JobAttempt.objects.get(pk=attempt.pk)
+    assert attempt.outcome == JobAttempt.Outcome.NODE_LOST
+    job = reload(job)
+    assert job.state == Job.State.RUNNABLE
+    assert job.failure_count == 0

@@ -19,6 +19,9 @@ BODY_TOO_LARGE = (
 )
 
 
+JSON_TOO_DEEP = "JSON parse error - the body nests arrays or objects too deeply."
+
+
 class PayloadTooLarge(exceptions.APIException):
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
     default_detail = "request body too large."
@@ -50,7 +53,11 @@ class SizeLimitedJSONParser(JSONParser):
         request = (parser_context or {}).get("request")
         if request is not None and (error := _too_large(request)) is not None:
             raise error
-        return super().parse(stream, media_type, parser_context)
+        try:
+            return super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            # Nesting deeper than the JSON parser's stack ("[[[[..."): bad input, not a crash.
+            raise exceptions.ParseError(JSON_TOO_DEEP) from None
 
 
 def django_validation_detail(error: DjangoValidationError) -> dict[str, list[str]]:

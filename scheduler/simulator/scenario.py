@@ -9,6 +9,7 @@ any node set, a GPU type its share has no limit for) are not errors: the job get
 from __future__ import annotations
 
 import csv
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -175,21 +176,30 @@ def read_trace(path: Path, share_by_name: Mapping[str, ShareView]) -> list[JobSp
         handle = path.open(newline="")
     except OSError as exc:
         raise ScenarioError(f"trace {path}: cannot read it: {exc.strerror}") from exc
-    with handle:
-        reader = csv.DictReader(handle)
-        columns = reader.fieldnames or []
-        missing = [c for c in TRACE_COLUMNS if c not in columns]
-        if missing:
-            raise ScenarioError(f"trace {path.name}: missing columns {', '.join(missing)}")
-        unknown = [c for c in columns if c not in TRACE_COLUMNS + OPTIONAL_TRACE_COLUMNS]
-        if unknown:
-            raise ScenarioError(f"trace {path.name}: unknown columns {', '.join(unknown)}")
-        jobs = []
-        for row in reader:
-            # An empty optional cell means "not set", like a key left out in YAML.
-            raw = {k: v for k, v in row.items() if v not in ("", None)}
-            where = f"trace {path.name} line {reader.line_num}"
-            jobs.append(_parse_job(raw, where, share_by_name, from_text=True))
+    except ValueError as exc:  # a path with a NUL byte
+        raise ScenarioError(f"trace {path!r}: not a usable path ({exc})") from exc
+    try:
+        with handle:
+            return _read_trace_rows(handle, path, share_by_name)
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise ScenarioError(f"trace {path.name}: not a UTF-8 CSV file ({exc})") from exc
+
+
+def _read_trace_rows(handle, path: Path, share_by_name: Mapping[str, ShareView]) -> list[JobSpec]:
+    reader = csv.DictReader(handle)
+    columns = reader.fieldnames or []
+    missing = [c for c in TRACE_COLUMNS if c not in columns]
+    if missing:
+        raise ScenarioError(f"trace {path.name}: missing columns {', '.join(missing)}")
+    unknown = [c for c in columns if c not in TRACE_COLUMNS + OPTIONAL_TRACE_COLUMNS]
+    if unknown:
+        raise ScenarioError(f"trace {path.name}: unknown columns {', '.join(unknown)}")
+    jobs = []
+    for row in reader:
+        # An empty optional cell means "not set", like a key left out in YAML.
+        raw = {k: v for k, v in row.items() if v not in ("", None)}
+        where = f"trace {path.name} line {reader.line_num}"
+        jobs.append(_parse_job(raw, where, share_by_name, from_text=True))
     return jobs
 
 
@@ -276,13 +286,13 @@ def _build_share(name: str, fields: Mapping[str, Any], where: str) -> ShareView:
         )
     lend_limit = _parse_lend_limit(fields.get("lend_limit"), limits, where)
     grace = fields.get("grace_seconds", 120)
-    if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
+    if not _finite(grace) or grace < 0:
         raise ScenarioError(f"{where}: grace_seconds must be a number of seconds >= 0")
     state = fields.get("state", ENABLED)
     if state not in (ENABLED, DISABLED):
         raise ScenarioError(f"{where}: state must be {ENABLED} or {DISABLED}")
     weight = fields.get("weight", 1.0)
-    if isinstance(weight, bool) or not isinstance(weight, int | float) or weight <= 0:
+    if not _finite(weight) or weight <= 0:
         raise ScenarioError(f"{where}: weight must be a number > 0")
     return ShareView(
         name=name,
@@ -403,13 +413,12 @@ def _parse_changes(raw: Any, share_by_name: Mapping[str, ShareView]) -> tuple[Sh
     changes = []
     for at, _index, share, settings, where in sorted(entries, key=lambda e: (e[0], e[1])):
         fields = {**current[share], **{k: v for k, v in settings.items() if k != "team"}}
-        if "capacity_limits" in settings and "lend_limit" not in settings:
+        new_limits = settings.get("capacity_limits")
+        if isinstance(new_limits, dict) and "lend_limit" not in settings:
             # A new set of GPU types drops lend limits for the types it no longer names.
             lend = fields.get("lend_limit")
             if isinstance(lend, dict):
-                fields["lend_limit"] = {
-                    t: n for t, n in lend.items() if t in settings["capacity_limits"]
-                } or None
+                fields["lend_limit"] = {t: n for t, n in lend.items() if t in new_limits} or None
         built = _build_share(share, fields, f"{where} ({share})")
         current[share] = _share_fields(built)
         changes.append(ShareChange(at=at, share=share, fields=current[share]))
@@ -466,17 +475,23 @@ def _bool(value: Any, where: str, key: str) -> bool:
     return value
 
 
+def _finite(value: Any) -> bool:
+    """A number a clock can use: not a bool, not NaN, not infinite."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+
 def _number(value: Any, where: str, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if not _finite(value):
         raise ScenarioError(f"{where}: {key} must be a number, not {value!r}")
     return value
 
 
 def _number_from_text(value: Any, where: str, key: str) -> float:
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return value
+        return _number(value, where, key)
     try:
         number = float(value)
     except (TypeError, ValueError):
         raise ScenarioError(f"{where}: {key} must be a number, not {value!r}") from None
+    _number(number, where, key)
     return int(number) if number.is_integer() else number

@@ -84,9 +84,80 @@ def test_permission_matrix(world, method, path, body, persona, expected):
         assert SECRET not in response.content.decode()
 
 
-@pytest.mark.skip(reason="node tokens arrive with the agent branch (cycle); fill the column then")
-def test_node_token_reaches_no_user_endpoint():
-    """A node token gets 401/403 on every endpoint of MATRIX."""
+# Public pages: they describe the API and hold no data, so any caller gets them.
+PUBLIC_PATHS = ("/api/schema/", "/api/docs/")
+NODE_CASES = [
+    pytest.param(method, path, body, scheme, id=f"{method} {path} with {scheme} <node token>")
+    for method, path, body, _ in MATRIX
+    if path not in PUBLIC_PATHS
+    for scheme in ("Node", "Token", "Bearer")
+]
+
+
+def node_token(world) -> str:
+    """A node registers over the agent API and gets its own token."""
+    from django.test import Client
+
+    from scheduler.models import ClusterSettings
+
+    ClusterSettings.objects.update_or_create(pk=1, defaults={"agent_join_token": "join-secret"})
+    response = Client().post(
+        "/api/v1/agent/register/",
+        {"join_token": "join-secret", "name": "agent-node", "gpu_type": "h100", "gpus": 8},
+        content_type="application/json",
+    )
+    assert response.status_code == 201
+    return response.json()["token"]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "scheme"), NODE_CASES)
+def test_node_token_reaches_no_user_endpoint(world, method, path, body, scheme):
+    """The NODE_TOKEN_COLUMN: a node token, sent with any scheme, gets 401/403 on every user
+    endpoint of MATRIX, and nothing it should not see."""
+    token = node_token(world)
+    jobs = {
+        "bob_job": submit(world, "bob", "research").pk,
+        "alice_job": submit(world, "alice", "research").pk,
+        "vision_job": submit(world, "carol", "vision").pk,
+    }
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"{scheme} {token}")
+    response = getattr(client, method)(
+        path.format(**jobs), body, format="json" if body is not None else None
+    )
+    assert response.status_code in (401, 403), (NODE_TOKEN_COLUMN, response.content)
+    assert SECRET not in response.content.decode()
+
+
+@pytest.mark.parametrize("path", ["poll", "report"])
+@pytest.mark.parametrize("scheme", ["Node", "Token"])
+@pytest.mark.parametrize("persona", ["root", "bob"])
+def test_user_token_reaches_no_agent_endpoint(world, path, scheme, persona):
+    """A user's API token (even an admin's) is not a node token: 401 on the agent endpoints."""
+    from django.test import Client
+
+    response = Client().post(
+        f"/api/v1/agent/{path}/",
+        {"events": []} if path == "report" else {},
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"{scheme} {world.tokens[persona]}",
+    )
+    assert response.status_code == 401
+
+
+def test_user_token_is_not_a_join_token(world):
+    """Registering a node takes the cluster's join token, not a user's API token."""
+    from django.test import Client
+
+    response = Client().post(
+        "/api/v1/agent/register/",
+        {"join_token": world.tokens["root"], "name": "sneaky", "gpu_type": "h100", "gpus": 8},
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Token {world.tokens['root']}",
+    )
+    assert response.status_code == 403
 
 
 def test_listing_shows_only_your_teams_jobs(world):
