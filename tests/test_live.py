@@ -91,6 +91,27 @@ def test_agent_killed_mid_job_is_lost_and_the_job_requeued(personas, live):
     check_invariants(settled=True)
 
 
+def test_agent_shut_down_requeues_its_jobs_instead_of_failing_them(personas, live):
+    """An agent stopped for maintenance (SIGTERM) stops its job with its grace period and reports
+    it lost, not failed: the job is requeued and resumes from its checkpoint when a node is back."""
+    from tests.live import stop
+
+    system = live()
+    system.start({"node-a": (8, "h100")})
+    wait_nodes("node-a")
+    job = submit(personas.bruno, "research", job_command(30, 0.1))
+    wait_state(job, Job.State.RUNNING)
+    wait_for(lambda: system.checkpoint_dir(job.pk).joinpath("checkpoint").exists(),
+             what="a checkpoint")  # fmt: skip
+    stop(system.agents.pop("node-a"))
+    job = wait_state(job, Job.State.RUNNABLE, Job.State.SCHEDULED, timeout=30)
+    assert outcomes(job)[0] == "NODE_LOST"
+    system.start_agent("node-a")
+    job = wait_state(job, Job.State.SUCCEEDED, timeout=90)
+    assert outcomes(job)[-1] == "SUCCEEDED" and "FAILED" not in outcomes(job)
+    check_invariants(settled=True)
+
+
 def test_node_lost_on_missed_heartbeats_requeues_elsewhere(personas, live):
     """A node whose agent stops sending heartbeats is marked DOWN, its attempt ends NODE_LOST
     with its GPUs released, and the job runs on another node."""

@@ -72,6 +72,9 @@ class Process:
     term_sent_at: float | None = None
     killed: bool = False
     timed_out: bool = False
+    # Stopped because the agent itself shuts down (node maintenance): the job did nothing
+    # wrong, so it is reported lost and the portal runs it again, like on a lost node.
+    evicted: bool = False
     last_log: float = field(default_factory=time.monotonic)
 
 
@@ -346,6 +349,15 @@ class Agent:
                 del self.processes[attempt]
                 (self.work_dir / "running" / f"{attempt}.pgid").unlink(missing_ok=True)
                 logger.info("attempt %s exited with %s", attempt, code)
+                if process.evicted:
+                    self._end(
+                        attempt,
+                        end="lost",
+                        exit_code=code,
+                        detail="its node agent shut down",
+                        log_tail=self._tail(process),
+                    )
+                    continue
                 self._end(
                     attempt,
                     end="timeout" if process.timed_out else "exit",
@@ -410,9 +422,12 @@ class Agent:
         self.shutdown()
 
     def shutdown(self) -> None:
-        """On SIGTERM/SIGINT the agent stops its jobs (SIGTERM, grace, SIGKILL) and reports."""
+        """On SIGTERM/SIGINT the agent stops its jobs (SIGTERM, grace, SIGKILL) and reports them
+        lost, so the portal requeues them (they resume from their checkpoints elsewhere); jobs
+        already being stopped by the portal end as the portal asked."""
         for process in self.processes.values():
             if process.term_sent_at is None:
+                process.evicted = True
                 self.terminate(process)
         deadline = time.monotonic() + max((p.grace for p in self.processes.values()), default=0)
         while self.processes and time.monotonic() < deadline + 5:
