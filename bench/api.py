@@ -117,7 +117,13 @@ def client(args: tuple[int, str, str, float]) -> tuple[int, int, list[float]]:
     body = json.dumps(
         {"share": "bench", "gpu_type": "h100", "gpus": 8, "command": "python train.py"}
     )
-    headers = {"Authorization": f"Token {token}", "Content-Type": "application/json"}
+    # Production runs behind a proxy that terminates TLS and says so (SECURE_PROXY_SSL_HEADER);
+    # without the header, SECURE_SSL_REDIRECT answers every submit with a 301.
+    headers = {
+        "Authorization": f"Token {token}",
+        "Content-Type": "application/json",
+        "X-Forwarded-Proto": "https",
+    }
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     ok = errors = 0
     latencies: list[float] = []
@@ -125,7 +131,7 @@ def client(args: tuple[int, str, str, float]) -> tuple[int, int, list[float]]:
     while (start := time.perf_counter()) < deadline:
         try:
             if kind == "health":
-                connection.request("GET", "/health/")
+                connection.request("GET", "/health/", headers={"X-Forwarded-Proto": "https"})
             else:
                 connection.request("POST", "/api/v1/jobs/", body=body, headers=headers)
             response = connection.getresponse()
