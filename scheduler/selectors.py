@@ -7,7 +7,19 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
-from django.db.models import Prefetch, QuerySet
+from django.db.models import (
+    Count,
+    Exists,
+    F,
+    IntegerField,
+    Max,
+    OuterRef,
+    Prefetch,
+    QuerySet,
+    Subquery,
+    Value,
+)
+from django.db.models.functions import Coalesce
 
 from scheduler.models import GpuAssignment, Job, JobAttempt, Node
 from shares.models import Membership, QuotaShare
@@ -80,6 +92,67 @@ def user_role_for_share(user, share: QuotaShare) -> str | None:
         Membership.objects.filter(team_id=share.team_id, user=user)
         .values_list("role", flat=True)
         .first()
+    )
+
+
+# --- Submit -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SubmitTarget:
+    """What a submit checks, read in one query: the share (None when no share has that name),
+    whether the user may submit to it, its limits, and the nodes of the job's GPU type."""
+
+    share: QuotaShare | None
+    visible: bool
+    limits: dict[str, int]
+    largest_node: int | None  # GPUs of the largest node of the type that is not DOWN
+    nodes_that_fit: int  # nodes of the type, not DOWN, with at least per_node GPUs
+
+
+def submit_target(*, user, share_name: str, gpu_type: str, per_node: int) -> SubmitTarget:
+    """The share named `share_name` as `user` would submit to it, with its capacity limits,
+    membership and the node sizes of `gpu_type`, in one query (a submit's only read besides
+    the token): one row per capacity limit, the share's columns repeated."""
+    up_nodes = Node.objects.filter(gpu_type=gpu_type).exclude(state=Node.State.DOWN).order_by()
+    if is_admin(user):
+        visible = Value(True)
+    else:
+        visible = Exists(Membership.objects.filter(team_id=OuterRef("team_id"), user=user))
+    rows = list(
+        QuotaShare.objects.filter(name=share_name)
+        .annotate(
+            visible=visible,
+            largest_node=Subquery(
+                up_nodes.values("gpu_type").annotate(m=Max("gpus")).values("m"),
+                output_field=IntegerField(),
+            ),
+            nodes_that_fit=Coalesce(
+                Subquery(
+                    up_nodes.filter(gpus__gte=per_node)
+                    .values("gpu_type")
+                    .annotate(n=Count("pk"))
+                    .values("n"),
+                    output_field=IntegerField(),
+                ),
+                0,
+            ),
+            limit_gpu_type=F("capacity_limits__gpu_type"),
+            limit_max_gpus=F("capacity_limits__max_gpus"),
+        )
+        .order_by()
+    )
+    if not rows:
+        return SubmitTarget(
+            share=None, visible=False, limits={}, largest_node=None, nodes_that_fit=0
+        )
+    share = rows[0]
+    return SubmitTarget(
+        share=share,
+        visible=bool(share.visible),
+        limits={row.limit_gpu_type: row.limit_max_gpus for row in rows if row.limit_gpu_type},
+        largest_node=share.largest_node,
+        nodes_that_fit=share.nodes_that_fit,
     )
 
 

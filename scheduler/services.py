@@ -147,6 +147,14 @@ class ClientTokenConflict(Exception):
         super().__init__(CLIENT_TOKEN_CONFLICT.format(token=token, job_id=job.pk))
 
 
+class ShareNotVisible(Exception):
+    """The user may not submit to this share: not on its team (or it does not exist)."""
+
+    def __init__(self, share_name: str) -> None:
+        self.share_name = share_name
+        super().__init__(share_name)
+
+
 IDEMPOTENT_FIELDS = (
     "name",
     "gpu_type",
@@ -179,37 +187,35 @@ def request_cycle() -> None:
     transaction.on_commit(enqueue)
 
 
-def validate_fits_nodes(*, gpu_type: str, gpus: int, nodes: int) -> None:
-    """Refuse a job that no set of registered nodes could ever hold (all-or-nothing gang)."""
+def validate_fits_nodes(
+    *, gpu_type: str, gpus: int, nodes: int, largest_node: int | None, nodes_that_fit: int
+) -> None:
+    """Refuse a job that no set of registered nodes could ever hold (all-or-nothing gang).
+    `largest_node` and `nodes_that_fit` describe the nodes of `gpu_type` that are not DOWN
+    (see `submit_target`)."""
     from django.core.exceptions import ValidationError
 
     if gpus % nodes:
         from scheduler.models import GPUS_DIVISIBLE_BY_NODES
 
         raise ValidationError({"gpus": GPUS_DIVISIBLE_BY_NODES.format(nodes=nodes)})
-    sizes = list(
-        Node.objects.filter(gpu_type=gpu_type)
-        .exclude(state=Node.State.DOWN)
-        .values_list("gpus", flat=True)
-    )
-    if not sizes:
+    if largest_node is None:
         raise ValidationError({"gpu_type": NO_NODES_OF_TYPE.format(gpu_type=gpu_type)})
     per_node = gpus // nodes
-    if per_node > max(sizes):
+    if per_node > largest_node:
         raise ValidationError(
             {
                 "gpus": NEVER_FITS_PER_NODE.format(
                     per_node=per_node, gpus=gpus, nodes=nodes, gpu_type=gpu_type,
-                    largest=max(sizes),
+                    largest=largest_node,
                 )
             }
         )  # fmt: skip
-    available = sum(1 for size in sizes if size >= per_node)
-    if nodes > available:
+    if nodes > nodes_that_fit:
         raise ValidationError(
             {
                 "nodes": NEVER_FITS_NODE_COUNT.format(
-                    nodes=nodes, gpu_type=gpu_type, per_node=per_node, available=available
+                    nodes=nodes, gpu_type=gpu_type, per_node=per_node, available=nodes_that_fit
                 )
             }
         )
@@ -230,15 +236,19 @@ def job_submit(
     timeout_seconds: int | None = None,
     max_preemptions: int | None = None,
     retry_attempts: int = 0,
+    members_only: bool = False,
 ) -> tuple[Job, bool]:
     """Accept a job into its share's queue; returns (job, created).
 
     Raises ValidationError naming the field and the rule. The same `client_token` with the
     same request returns the first job (created False); with a different request it raises
-    ClientTokenConflict. A DISABLED share refuses new jobs."""
+    ClientTokenConflict. A DISABLED share refuses new jobs. With `members_only` (the API), a
+    share the user may not see (not on its team, not an admin) raises ShareNotVisible, like
+    one that does not exist, before anything else is looked at."""
     from django.core.exceptions import ValidationError
     from django.db import IntegrityError
 
+    from scheduler.selectors import submit_target
     from shares.models import QuotaShare
 
     request = {
@@ -253,16 +263,21 @@ def job_submit(
         "max_preemptions": max_preemptions,
         "retry_attempts": retry_attempts,
     }
+    target = submit_target(
+        user=user, share_name=share_name, gpu_type=gpu_type, per_node=gpus // max(nodes, 1)
+    )
+    if members_only and not target.visible:
+        raise ShareNotVisible(share_name)
     if client_token:
         existing = _job_for_token(user, client_token)
         if existing is not None:
             return _same_request_or_conflict(existing, share_name, request, client_token), False
-    share = QuotaShare.objects.prefetch_related("capacity_limits").filter(name=share_name).first()
+    share = target.share
     if share is None:
         raise ValidationError({"share": SHARE_UNKNOWN.format(name=share_name)})
     if share.state == QuotaShare.State.DISABLED:
         raise ValidationError({"share": SHARE_DISABLED.format(name=share_name)})
-    limits = share.limits
+    limits = target.limits
     if gpu_type not in limits:
         raise ValidationError(
             {
@@ -278,7 +293,13 @@ def job_submit(
     # messages users read; validating the constraints again would cost one query each (five
     # per submit), and the database enforces them anyway (the client_token race included).
     job.full_clean(exclude=["share", "submitted_by"], validate_constraints=False)
-    validate_fits_nodes(gpu_type=gpu_type, gpus=gpus, nodes=nodes)
+    validate_fits_nodes(
+        gpu_type=gpu_type,
+        gpus=gpus,
+        nodes=nodes,
+        largest_node=target.largest_node,
+        nodes_that_fit=target.nodes_that_fit,
+    )
     try:
         with transaction.atomic():
             job.state = Job.State.RUNNABLE
