@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -169,14 +170,60 @@ IDEMPOTENT_FIELDS = (
 )
 
 
+# Two keys per database: a request that finds neither publishes a cycle now and sets the first;
+# one that finds the first publishes a cycle for the end of the window and sets the second; one
+# that finds both publishes nothing (see _cycle_publish_delay).
+CYCLE_REQUESTED_KEY = "portal:cycle:requested:{db}"
+CYCLE_TRAILING_KEY = "portal:cycle:trailing:{db}"
+# KEYS: requested, trailing; ARGV: the window in ms. Returns 0: publish now; 1: publish for
+# the end of the window; 2: the cycle published for the end of the window covers this request.
+_CYCLE_COALESCE_SCRIPT = """
+if redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then return 0 end
+if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[1]) then return 1 end
+return 2
+"""
+
+
+def _cycle_publish_delay() -> float | None:
+    """Seconds to delay the cycle this request asks for, or None when no cycle need be
+    published: one published earlier starts after this request's commit anyway.
+
+    At most two cycles are published per CYCLE_REQUEST_WINDOW_SECONDS: the first request of a
+    window gets one now; the next gets one at the end of the window, and it covers every
+    request until then, since each of those committed before that cycle starts (and a cycle
+    runs every runnable job). So no request is left waiting for beat, whichever comes last."""
+    from django.db import connection
+
+    from scheduler.notify import redis_client
+
+    window = settings.CYCLE_REQUEST_WINDOW_SECONDS
+    if window <= 0:
+        return 0.0
+    db = connection.settings_dict["NAME"]
+    keys = [CYCLE_REQUESTED_KEY.format(db=db), CYCLE_TRAILING_KEY.format(db=db)]
+    try:
+        outcome = redis_client().eval(_CYCLE_COALESCE_SCRIPT, 2, *keys, int(window * 1000))
+    except Exception:  # noqa: BLE001 — without the keys, publish as if the window were empty
+        return 0.0
+    return {0: 0.0, 1: window}.get(int(outcome))
+
+
 def request_cycle() -> None:
-    """Ask for a scheduling cycle as soon as the current transaction commits."""
+    """Ask for a scheduling cycle that starts after the current transaction commits.
+    Requests close together share one (see _cycle_publish_delay); beat runs the cycle anyway
+    every CYCLE_INTERVAL_SECONDS."""
 
     def enqueue() -> None:
         from scheduler.tasks import cycle
 
         try:
-            cycle.delay()
+            delay = _cycle_publish_delay()
+            if delay is None:
+                return
+            if delay:
+                cycle.apply_async(countdown=delay)
+            else:
+                cycle.delay()
         except Exception:  # noqa: BLE001 — the broker being down must not fail a submit
             import logging
 
