@@ -30,3 +30,27 @@ def test_a_submit_reads_the_share_membership_limits_and_nodes_in_one_query(world
         Job.State.SUBMITTED,
         Job.State.RUNNABLE,
     ]
+
+
+def test_shared_fields_write_a_job_as_drf_builds_them_per_instance(world):
+    """The job serializers build their fields once per class; the JSON is what DRF's
+    ModelSerializer writes when it builds them for every instance."""
+    from rest_framework import serializers
+
+    from scheduler.api.serializers import JobDetailSerializer, JobSerializer
+    from scheduler.selectors import job_detail
+
+    class PerInstance(serializers.ModelSerializer):
+        share = serializers.SlugRelatedField(slug_field="name", read_only=True)
+        submitted_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+        class Meta(JobSerializer.Meta):
+            pass
+
+    response = world.client("bob").post(JOBS, job_request(env={"A": "1"}), format="json")
+    job = job_detail(user=world.users["bob"], job_id=response.json()["id"])
+    assert response.json() == PerInstance(job).data
+    assert JobSerializer([job, job], many=True).data == [PerInstance(job).data] * 2
+    detail = JobDetailSerializer(job).data
+    assert {k: detail[k] for k in JobSerializer.Meta.fields} == PerInstance(job).data
+    assert [e["to_state"] for e in detail["events"]] == ["SUBMITTED", "RUNNABLE"]
