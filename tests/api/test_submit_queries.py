@@ -54,3 +54,31 @@ def test_shared_fields_write_a_job_as_drf_builds_them_per_instance(world):
     detail = JobDetailSerializer(job).data
     assert {k: detail[k] for k in JobSerializer.Meta.fields} == PerInstance(job).data
     assert [e["to_state"] for e in detail["events"]] == ["SUBMITTED", "RUNNABLE"]
+
+
+def test_a_wrong_token_or_an_inactive_user_is_refused_as_drf_refuses_them(world):
+    """The written-out token lookup answers as DRF's TokenAuthentication: 401 and its words."""
+    from rest_framework.test import APIClient
+
+    stranger = APIClient()
+    stranger.credentials(HTTP_AUTHORIZATION="Token not-a-token")
+    response = stranger.get(JOBS)
+    assert (response.status_code, response.json()["detail"]) == (401, "Invalid token.")
+
+    world.users["bob"].is_active = False
+    world.users["bob"].save()
+    response = world.client("bob").get(JOBS)
+    assert (response.status_code, response.json()["detail"]) == (401, "User inactive or deleted.")
+
+
+def test_the_token_authenticates_its_user_with_the_token_as_request_auth(world, rf):
+    from scheduler.api.authentication import ApiTokenAuthentication
+
+    request = rf.get(JOBS, HTTP_AUTHORIZATION=f"Token {world.tokens['alice']}")
+    user, token = ApiTokenAuthentication().authenticate(request)
+    assert user == world.users["alice"]
+    assert (token.key, token.user, token.created) == (
+        world.tokens["alice"],
+        user,
+        type(token).objects.get(key=world.tokens["alice"]).created,
+    )
