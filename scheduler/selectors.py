@@ -83,6 +83,68 @@ def user_role_for_share(user, share: QuotaShare) -> str | None:
     )
 
 
+# --- Submit -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SubmitTarget:
+    """What a submit checks, read in one query: the share (None when no share has that name),
+    whether the user may submit to it, its limits, and the nodes of the job's GPU type."""
+
+    share: QuotaShare | None
+    visible: bool
+    limits: dict[str, int]
+    largest_node: int | None  # GPUs of the largest node of the type that is not DOWN
+    nodes_that_fit: int  # nodes of the type, not DOWN, with at least per_node GPUs
+
+
+# Written out rather than composed with the ORM: building this query with annotations and
+# subqueries cost a submit more CPU than the rest of its database work together. Plain SQL
+# that SQLite and PostgreSQL both run; table and column names come from the models.
+_SUBMIT_TARGET_SQL = """
+SELECT s.*, {visible} AS visible,
+       (SELECT MAX(n.gpus) FROM {node} n WHERE n.gpu_type = %s AND n.state <> %s)
+           AS largest_node,
+       (SELECT COUNT(*) FROM {node} n WHERE n.gpu_type = %s AND n.state <> %s AND n.gpus >= %s)
+           AS nodes_that_fit,
+       l.gpu_type AS limit_gpu_type, l.max_gpus AS limit_max_gpus
+FROM {share} s LEFT OUTER JOIN {limit} l ON l.share_id = s.id
+WHERE s.name = %s
+"""
+_MEMBER_SQL = "EXISTS (SELECT 1 FROM {membership} m WHERE m.team_id = s.team_id AND m.user_id = %s)"
+
+
+def submit_target(*, user, share_name: str, gpu_type: str, per_node: int) -> SubmitTarget:
+    """The share named `share_name` as `user` would submit to it, with its capacity limits,
+    membership and the node sizes of `gpu_type`, in one query (a submit's only read besides
+    the token): one row per capacity limit, the share's columns repeated."""
+    from shares.models import CapacityLimit
+
+    admin = is_admin(user)
+    sql = _SUBMIT_TARGET_SQL.format(
+        visible="1" if admin else _MEMBER_SQL.format(membership=Membership._meta.db_table),
+        node=Node._meta.db_table,
+        share=QuotaShare._meta.db_table,
+        limit=CapacityLimit._meta.db_table,
+    )
+    down = Node.State.DOWN
+    params = [] if admin else [user.pk]
+    params += [gpu_type, down, gpu_type, down, per_node, share_name]
+    rows = list(QuotaShare.objects.raw(sql, params))
+    if not rows:
+        return SubmitTarget(
+            share=None, visible=False, limits={}, largest_node=None, nodes_that_fit=0
+        )
+    share = rows[0]
+    return SubmitTarget(
+        share=share,
+        visible=bool(share.visible),
+        limits={row.limit_gpu_type: row.limit_max_gpus for row in rows if row.limit_gpu_type},
+        largest_node=share.largest_node,
+        nodes_that_fit=share.nodes_that_fit,
+    )
+
+
 # --- Queue snapshot ---------------------------------------------------------------------------
 
 

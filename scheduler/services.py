@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -147,6 +148,14 @@ class ClientTokenConflict(Exception):
         super().__init__(CLIENT_TOKEN_CONFLICT.format(token=token, job_id=job.pk))
 
 
+class ShareNotVisible(Exception):
+    """The user may not submit to this share: not on its team (or it does not exist)."""
+
+    def __init__(self, share_name: str) -> None:
+        self.share_name = share_name
+        super().__init__(share_name)
+
+
 IDEMPOTENT_FIELDS = (
     "name",
     "gpu_type",
@@ -161,14 +170,60 @@ IDEMPOTENT_FIELDS = (
 )
 
 
+# Two keys per database: a request that finds neither publishes a cycle now and sets the first;
+# one that finds the first publishes a cycle for the end of the window and sets the second; one
+# that finds both publishes nothing (see _cycle_publish_delay).
+CYCLE_REQUESTED_KEY = "portal:cycle:requested:{db}"
+CYCLE_TRAILING_KEY = "portal:cycle:trailing:{db}"
+# KEYS: requested, trailing; ARGV: the window in ms. Returns 0: publish now; 1: publish for
+# the end of the window; 2: the cycle published for the end of the window covers this request.
+_CYCLE_COALESCE_SCRIPT = """
+if redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then return 0 end
+if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[1]) then return 1 end
+return 2
+"""
+
+
+def _cycle_publish_delay() -> float | None:
+    """Seconds to delay the cycle this request asks for, or None when no cycle need be
+    published: one published earlier starts after this request's commit anyway.
+
+    At most two cycles are published per CYCLE_REQUEST_WINDOW_SECONDS: the first request of a
+    window gets one now; the next gets one at the end of the window, and it covers every
+    request until then, since each of those committed before that cycle starts (and a cycle
+    runs every runnable job). So no request is left waiting for beat, whichever comes last."""
+    from django.db import connection
+
+    from scheduler.notify import redis_client
+
+    window = settings.CYCLE_REQUEST_WINDOW_SECONDS
+    if window <= 0:
+        return 0.0
+    db = connection.settings_dict["NAME"]
+    keys = [CYCLE_REQUESTED_KEY.format(db=db), CYCLE_TRAILING_KEY.format(db=db)]
+    try:
+        outcome = redis_client().eval(_CYCLE_COALESCE_SCRIPT, 2, *keys, int(window * 1000))
+    except Exception:  # noqa: BLE001 — without the keys, publish as if the window were empty
+        return 0.0
+    return {0: 0.0, 1: window}.get(int(outcome))
+
+
 def request_cycle() -> None:
-    """Ask for a scheduling cycle as soon as the current transaction commits."""
+    """Ask for a scheduling cycle that starts after the current transaction commits.
+    Requests close together share one (see _cycle_publish_delay); beat runs the cycle anyway
+    every CYCLE_INTERVAL_SECONDS."""
 
     def enqueue() -> None:
         from scheduler.tasks import cycle
 
         try:
-            cycle.delay()
+            delay = _cycle_publish_delay()
+            if delay is None:
+                return
+            if delay:
+                cycle.apply_async(countdown=delay)
+            else:
+                cycle.delay()
         except Exception:  # noqa: BLE001 — the broker being down must not fail a submit
             import logging
 
@@ -179,37 +234,35 @@ def request_cycle() -> None:
     transaction.on_commit(enqueue)
 
 
-def validate_fits_nodes(*, gpu_type: str, gpus: int, nodes: int) -> None:
-    """Refuse a job that no set of registered nodes could ever hold (all-or-nothing gang)."""
+def validate_fits_nodes(
+    *, gpu_type: str, gpus: int, nodes: int, largest_node: int | None, nodes_that_fit: int
+) -> None:
+    """Refuse a job that no set of registered nodes could ever hold (all-or-nothing gang).
+    `largest_node` and `nodes_that_fit` describe the nodes of `gpu_type` that are not DOWN
+    (see `submit_target`)."""
     from django.core.exceptions import ValidationError
 
     if gpus % nodes:
         from scheduler.models import GPUS_DIVISIBLE_BY_NODES
 
         raise ValidationError({"gpus": GPUS_DIVISIBLE_BY_NODES.format(nodes=nodes)})
-    sizes = list(
-        Node.objects.filter(gpu_type=gpu_type)
-        .exclude(state=Node.State.DOWN)
-        .values_list("gpus", flat=True)
-    )
-    if not sizes:
+    if largest_node is None:
         raise ValidationError({"gpu_type": NO_NODES_OF_TYPE.format(gpu_type=gpu_type)})
     per_node = gpus // nodes
-    if per_node > max(sizes):
+    if per_node > largest_node:
         raise ValidationError(
             {
                 "gpus": NEVER_FITS_PER_NODE.format(
                     per_node=per_node, gpus=gpus, nodes=nodes, gpu_type=gpu_type,
-                    largest=max(sizes),
+                    largest=largest_node,
                 )
             }
         )  # fmt: skip
-    available = sum(1 for size in sizes if size >= per_node)
-    if nodes > available:
+    if nodes > nodes_that_fit:
         raise ValidationError(
             {
                 "nodes": NEVER_FITS_NODE_COUNT.format(
-                    nodes=nodes, gpu_type=gpu_type, per_node=per_node, available=available
+                    nodes=nodes, gpu_type=gpu_type, per_node=per_node, available=nodes_that_fit
                 )
             }
         )
@@ -230,15 +283,19 @@ def job_submit(
     timeout_seconds: int | None = None,
     max_preemptions: int | None = None,
     retry_attempts: int = 0,
+    members_only: bool = False,
 ) -> tuple[Job, bool]:
     """Accept a job into its share's queue; returns (job, created).
 
     Raises ValidationError naming the field and the rule. The same `client_token` with the
     same request returns the first job (created False); with a different request it raises
-    ClientTokenConflict. A DISABLED share refuses new jobs."""
+    ClientTokenConflict. A DISABLED share refuses new jobs. With `members_only` (the API), a
+    share the user may not see (not on its team, not an admin) raises ShareNotVisible, like
+    one that does not exist, before anything else is looked at."""
     from django.core.exceptions import ValidationError
     from django.db import IntegrityError
 
+    from scheduler.selectors import submit_target
     from shares.models import QuotaShare
 
     request = {
@@ -253,16 +310,21 @@ def job_submit(
         "max_preemptions": max_preemptions,
         "retry_attempts": retry_attempts,
     }
+    target = submit_target(
+        user=user, share_name=share_name, gpu_type=gpu_type, per_node=gpus // max(nodes, 1)
+    )
+    if members_only and not target.visible:
+        raise ShareNotVisible(share_name)
     if client_token:
         existing = _job_for_token(user, client_token)
         if existing is not None:
             return _same_request_or_conflict(existing, share_name, request, client_token), False
-    share = QuotaShare.objects.prefetch_related("capacity_limits").filter(name=share_name).first()
+    share = target.share
     if share is None:
         raise ValidationError({"share": SHARE_UNKNOWN.format(name=share_name)})
     if share.state == QuotaShare.State.DISABLED:
         raise ValidationError({"share": SHARE_DISABLED.format(name=share_name)})
-    limits = share.limits
+    limits = target.limits
     if gpu_type not in limits:
         raise ValidationError(
             {
@@ -278,7 +340,13 @@ def job_submit(
     # messages users read; validating the constraints again would cost one query each (five
     # per submit), and the database enforces them anyway (the client_token race included).
     job.full_clean(exclude=["share", "submitted_by"], validate_constraints=False)
-    validate_fits_nodes(gpu_type=gpu_type, gpus=gpus, nodes=nodes)
+    validate_fits_nodes(
+        gpu_type=gpu_type,
+        gpus=gpus,
+        nodes=nodes,
+        largest_node=target.largest_node,
+        nodes_that_fit=target.nodes_that_fit,
+    )
     try:
         with transaction.atomic():
             job.state = Job.State.RUNNABLE

@@ -7,6 +7,7 @@ import re
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.utils.serializer_helpers import BindingDict
 
 from scheduler.models import (
     MAX_PRIORITY,
@@ -67,10 +68,32 @@ def _range(message: str) -> dict[str, str]:
     return {"min_value": message, "max_value": message}
 
 
+class SharedFieldsMixin:
+    """Build the serializer's fields once per class, not once per instance.
+
+    DRF builds a ModelSerializer's fields for every instance (for a job: about 20 model fields
+    mapped with their kwargs and validators), which was most of the time a submit spent turning
+    its job into JSON. For a read-only serializer whose fields need nothing from the request,
+    the fields can be shared: they are bound to a prototype instance with an empty context, so
+    they must not read `context` (no request-dependent SerializerMethodField, no hyperlinks)."""
+
+    @property
+    def fields(self) -> BindingDict:
+        cls = type(self)
+        shared = cls.__dict__.get("_shared_fields")
+        if shared is None:
+            prototype = cls()
+            shared = BindingDict(prototype)
+            for name, field in prototype.get_fields().items():
+                shared[name] = field
+            cls._shared_fields = shared  # a race builds it twice: same fields, no harm
+        return shared
+
+
 # --- Jobs -------------------------------------------------------------------------------------
 
 
-class JobSerializer(serializers.ModelSerializer):
+class JobSerializer(SharedFieldsMixin, serializers.ModelSerializer):
     """A job as lists show it (AWS ServiceJobSummary)."""
 
     share = serializers.SlugRelatedField(slug_field="name", read_only=True)

@@ -137,12 +137,15 @@ class JobListCreateView(generics.GenericAPIView):
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
         share_name = data.pop("share")
-        if not shares_visible_to(request.user).filter(name=share_name).exists():
+        try:
+            job, created = job_services.job_submit(
+                user=request.user, share_name=share_name, members_only=True, **data
+            )
+        except job_services.ShareNotVisible:
             message = (SHARE_NOT_FOUND if is_admin(request.user) else SHARE_NOT_YOURS).format(
                 name=share_name
             )
             return Response({"share": [message]}, status=status.HTTP_404_NOT_FOUND)
-        job, created = job_services.job_submit(user=request.user, share_name=share_name, **data)
         return Response(
             s.JobSerializer(job).data,
             status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,

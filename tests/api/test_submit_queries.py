@@ -1,0 +1,84 @@
+"""A submit reads little: throughput of the API depends on it (bench/api.py)."""
+
+from __future__ import annotations
+
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from scheduler.models import Job, JobEvent
+from tests.api.conftest import job_request
+
+JOBS = "/api/v1/jobs/"
+
+
+def statements(context: CaptureQueriesContext, verb: str) -> list[str]:
+    return [q["sql"] for q in context.captured_queries if q["sql"].lstrip().startswith(verb)]
+
+
+def test_a_submit_reads_the_share_membership_limits_and_nodes_in_one_query(world):
+    """Besides the token, one SELECT: the share with its limits, whether the user is on its team,
+    and the sizes of the nodes of the GPU type; then the job and its two events are inserted."""
+    client = world.client("bob")
+    with CaptureQueriesContext(connection) as context:
+        response = client.post(JOBS, job_request(), format="json")
+    assert response.status_code == 201, response.content
+    selects = statements(context, "SELECT")
+    assert len(selects) == 2, selects  # the token, then the share and everything it decides
+    assert len(statements(context, "INSERT")) == 2  # the job, then both of its events
+    job = Job.objects.get()
+    assert list(JobEvent.objects.filter(job=job).values_list("to_state", flat=True)) == [
+        Job.State.SUBMITTED,
+        Job.State.RUNNABLE,
+    ]
+
+
+def test_shared_fields_write_a_job_as_drf_builds_them_per_instance(world):
+    """The job serializers build their fields once per class; the JSON is what DRF's
+    ModelSerializer writes when it builds them for every instance."""
+    from rest_framework import serializers
+
+    from scheduler.api.serializers import JobDetailSerializer, JobSerializer
+    from scheduler.selectors import job_detail
+
+    class PerInstance(serializers.ModelSerializer):
+        share = serializers.SlugRelatedField(slug_field="name", read_only=True)
+        submitted_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+        class Meta(JobSerializer.Meta):
+            pass
+
+    response = world.client("bob").post(JOBS, job_request(env={"A": "1"}), format="json")
+    job = job_detail(user=world.users["bob"], job_id=response.json()["id"])
+    assert response.json() == PerInstance(job).data
+    assert JobSerializer([job, job], many=True).data == [PerInstance(job).data] * 2
+    detail = JobDetailSerializer(job).data
+    assert {k: detail[k] for k in JobSerializer.Meta.fields} == PerInstance(job).data
+    assert [e["to_state"] for e in detail["events"]] == ["SUBMITTED", "RUNNABLE"]
+
+
+def test_a_wrong_token_or_an_inactive_user_is_refused_as_drf_refuses_them(world):
+    """The written-out token lookup answers as DRF's TokenAuthentication: 401 and its words."""
+    from rest_framework.test import APIClient
+
+    stranger = APIClient()
+    stranger.credentials(HTTP_AUTHORIZATION="Token not-a-token")
+    response = stranger.get(JOBS)
+    assert (response.status_code, response.json()["detail"]) == (401, "Invalid token.")
+
+    world.users["bob"].is_active = False
+    world.users["bob"].save()
+    response = world.client("bob").get(JOBS)
+    assert (response.status_code, response.json()["detail"]) == (401, "User inactive or deleted.")
+
+
+def test_the_token_authenticates_its_user_with_the_token_as_request_auth(world, rf):
+    from scheduler.api.authentication import ApiTokenAuthentication
+
+    request = rf.get(JOBS, HTTP_AUTHORIZATION=f"Token {world.tokens['alice']}")
+    user, token = ApiTokenAuthentication().authenticate(request)
+    assert user == world.users["alice"]
+    assert (token.key, token.user, token.created) == (
+        world.tokens["alice"],
+        user,
+        type(token).objects.get(key=world.tokens["alice"]).created,
+    )
