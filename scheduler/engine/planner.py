@@ -2,7 +2,9 @@
 
 Each GPU type is planned on its own (quotas, nodes and victims never cross types). Per type:
 
-1. jobs that already have victims stopping for them go first, so nothing takes what was promised;
+1. jobs that were promised GPUs go first, so nothing takes them: jobs with victims still
+   stopping for them, and jobs whose victims have just stopped (a runnable job was preempted
+   for them), so the victims, back in the queue, do not take their GPUs back;
 2. the within-limit pass: every job that fits within its share's limit, by priority then
    submission;
 3. the borrowers' pass: the rest, FIFO or fair (lowest borrowed/weight first).
@@ -220,6 +222,12 @@ class _TypeCycle:
         self.candidates = {
             name: sorted(share_jobs, key=_victim_order) for name, share_jobs in candidates.items()
         }
+        # Jobs promised GPUs: victims stopping for them, or victims already stopped and back in
+        # the queue (the GPUs they released stay promised until the job starts).
+        self.claimants = set(self.promised)
+        for _, job in jobs:
+            if job.preempted_for in waiting_ids:
+                self.claimants.add(job.preempted_for)
         self.releasing = {name: sorted(indices) for name, indices in releasing.items()}
         self.releasing_counts = {name: len(indices) for name, indices in self.releasing.items()}
         # Bumped whenever free or released GPUs change on a node with GPUs being released.
@@ -241,8 +249,8 @@ class _TypeCycle:
     # --- the passes ----------------------------------------------------------------------
 
     def run(self) -> None:
-        first = [job for _, job in self.jobs if job.id in self.promised]
-        rest = [job for _, job in self.jobs if job.id not in self.promised]
+        first = [job for _, job in self.jobs if job.id in self.claimants]
+        rest = [job for _, job in self.jobs if job.id not in self.claimants]
         for job in first:
             self._consider(job)
         borrowers: list[RunnableJob] = []
