@@ -471,6 +471,10 @@ class _TypeCycle:
         """The minimal victim set of this try (greedy in victim order, then pruned backwards),
         or None when the try cannot make the job fit."""
         within_limit = attempt != TRY_OWN_SHARE
+        if attempt != TRY_BORROWERS and not self._own_victims_may_suffice(
+            job, within_limit, base_deltas.get(job.share, 0)
+        ):
+            return None
         heap = self._candidate_streams(job, attempt)
         if not heap:
             return None
@@ -518,6 +522,27 @@ class _TypeCycle:
             else:
                 self._add_victim(victim, capacity, trial, +1)
         return [victim for victim in chosen if victim is not None]
+
+    def _own_victims_may_suffice(self, job: RunnableJob, within_limit: bool, delta: int) -> bool:
+        """Whether the share's usage could get within what the try allows (its limit, or its
+        borrow cap) with every lower-priority job of its own as a victim. When it cannot, no
+        victim set of the try works, whatever other shares give up: the search may stop before
+        walking the candidates."""
+        cap = self.ledger.usage_cap(job.share, within_limit)
+        if cap is None:
+            return True
+        ledger = self.ledger
+        after = max(ledger.usage(job.share), ledger.held_usage(job.share)) + delta
+        if after <= cap:
+            return True
+        for candidate in self.candidates.get(job.share, ()):
+            if candidate.priority >= job.priority:
+                break  # sorted lowest priority first
+            if candidate.id not in self.victims:
+                after -= candidate.gpus
+                if after <= cap:
+                    return True
+        return False
 
     def _add_victim(self, victim: PlacedJob, capacity: _Capacity, trial: Trial, sign: int) -> None:
         trial.change(victim.share, -sign * victim.gpus)
