@@ -98,6 +98,15 @@ class Ledger:
         limit = self._limit[share]
         return self.planned.usage[share] + gpus <= limit and self.held.usage[share] + gpus <= limit
 
+    def usage_cap(self, share: str, within_limit: bool) -> int | None:
+        """The most GPUs the share may use after an admission (its limit, or its limit plus its
+        borrow cap); None: no cap beyond the cluster."""
+        limit = self._limit[share]
+        if within_limit or self._shares[share].strategy != LEND_AND_BORROW:
+            return limit
+        cap = self._borrow_cap[share]
+        return None if cap is None else limit + cap
+
     def _borrowed(self, share: str, usage: int) -> int:
         return max(0, usage - self._limit[share])
 

@@ -2,7 +2,9 @@
 
 Each GPU type is planned on its own (quotas, nodes and victims never cross types). Per type:
 
-1. jobs that already have victims stopping for them go first, so nothing takes what was promised;
+1. jobs that were promised GPUs go first, so nothing takes them: jobs with victims still
+   stopping for them, and jobs whose victims have just stopped (a runnable job was preempted
+   for them), so the victims, back in the queue, do not take their GPUs back;
 2. the within-limit pass: every job that fits within its share's limit, by priority then
    submission;
 3. the borrowers' pass: the rest, FIFO or fair (lowest borrowed/weight first).
@@ -220,6 +222,12 @@ class _TypeCycle:
         self.candidates = {
             name: sorted(share_jobs, key=_victim_order) for name, share_jobs in candidates.items()
         }
+        # Jobs promised GPUs: victims stopping for them, or victims already stopped and back in
+        # the queue (the GPUs they released stay promised until the job starts).
+        self.claimants = set(self.promised)
+        for _, job in jobs:
+            if job.preempted_for in waiting_ids:
+                self.claimants.add(job.preempted_for)
         self.releasing = {name: sorted(indices) for name, indices in releasing.items()}
         self.releasing_counts = {name: len(indices) for name, indices in self.releasing.items()}
         # Bumped whenever free or released GPUs change on a node with GPUs being released.
@@ -241,8 +249,8 @@ class _TypeCycle:
     # --- the passes ----------------------------------------------------------------------
 
     def run(self) -> None:
-        first = [job for _, job in self.jobs if job.id in self.promised]
-        rest = [job for _, job in self.jobs if job.id not in self.promised]
+        first = [job for _, job in self.jobs if job.id in self.claimants]
+        rest = [job for _, job in self.jobs if job.id not in self.claimants]
         for job in first:
             self._consider(job)
         borrowers: list[RunnableJob] = []
@@ -463,6 +471,10 @@ class _TypeCycle:
         """The minimal victim set of this try (greedy in victim order, then pruned backwards),
         or None when the try cannot make the job fit."""
         within_limit = attempt != TRY_OWN_SHARE
+        if attempt != TRY_BORROWERS and not self._own_victims_may_suffice(
+            job, within_limit, base_deltas.get(job.share, 0)
+        ):
+            return None
         heap = self._candidate_streams(job, attempt)
         if not heap:
             return None
@@ -510,6 +522,27 @@ class _TypeCycle:
             else:
                 self._add_victim(victim, capacity, trial, +1)
         return [victim for victim in chosen if victim is not None]
+
+    def _own_victims_may_suffice(self, job: RunnableJob, within_limit: bool, delta: int) -> bool:
+        """Whether the share's usage could get within what the try allows (its limit, or its
+        borrow cap) with every lower-priority job of its own as a victim. When it cannot, no
+        victim set of the try works, whatever other shares give up: the search may stop before
+        walking the candidates."""
+        cap = self.ledger.usage_cap(job.share, within_limit)
+        if cap is None:
+            return True
+        ledger = self.ledger
+        after = max(ledger.usage(job.share), ledger.held_usage(job.share)) + delta
+        if after <= cap:
+            return True
+        for candidate in self.candidates.get(job.share, ()):
+            if candidate.priority >= job.priority:
+                break  # sorted lowest priority first
+            if candidate.id not in self.victims:
+                after -= candidate.gpus
+                if after <= cap:
+                    return True
+        return False
 
     def _add_victim(self, victim: PlacedJob, capacity: _Capacity, trial: Trial, sign: int) -> None:
         trial.change(victim.share, -sign * victim.gpus)

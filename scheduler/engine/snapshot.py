@@ -97,6 +97,10 @@ class RunnableJob:
     nodes: int = 1
     priority: int = 0
     submitted: float = 0.0
+    # The job this one was last preempted for, while it waits to run again. If that job is
+    # runnable too, the GPUs this one released are still promised to it: it goes ahead of
+    # them, so the victims do not take their GPUs back before it starts.
+    preempted_for: str | None = None
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scheduler.engine.snapshot import (
@@ -129,6 +129,9 @@ class Simulation:
         self.used_gpus: dict[str, int] = {n.name: 0 for n in scenario.nodes}  # bit mask per node
         self.usage: dict[tuple[str, str], int] = {}  # (share, GPU type) -> GPUs held
         self.promised: dict[str, int] = {}  # reclaiming job -> victims still stopping
+        # Reclaiming job -> its victims back in the queue, until it starts: their views carry
+        # `preempted_for` so the engine keeps the GPUs they released for it.
+        self.claims: dict[str, set[str]] = {}
         self.unsettled: set[str] = set(self.gpu_types)
 
         self._heap: list[tuple[float, int, int, Any]] = []
@@ -198,7 +201,7 @@ class Simulation:
         job.state = RUNNABLE
         return self._enqueue(job)
 
-    def _enqueue(self, job: SimJob) -> RunnableJob:
+    def _enqueue(self, job: SimJob, preempted_for: str | None = None) -> RunnableJob:
         spec = job.spec
         view = RunnableJob(
             id=spec.id,
@@ -208,12 +211,24 @@ class Simulation:
             nodes=spec.nodes,
             priority=spec.priority,
             submitted=spec.submit,
+            preempted_for=preempted_for,
         )
         self.runnable.setdefault(spec.gpu_type, {})[spec.id] = view
+        if preempted_for is not None:
+            self.claims.setdefault(preempted_for, set()).add(spec.id)
         return view
 
     def _dequeue(self, job: SimJob) -> None:
-        del self.runnable[job.spec.gpu_type][job.spec.id]
+        view = self.runnable[job.spec.gpu_type].pop(job.spec.id)
+        if view.preempted_for is not None:
+            self.claims[view.preempted_for].discard(view.id)
+
+    def _drop_claim(self, job_id: str) -> None:
+        """The job started: the GPUs its victims released are no longer promised to it."""
+        for victim_id in self.claims.pop(job_id, ()):
+            victim = self.jobs[victim_id]
+            queue = self.runnable[victim.spec.gpu_type]
+            queue[victim_id] = replace(queue[victim_id], preempted_for=None)
 
     def _reject(self, now: float, job: SimJob, reason: str) -> None:
         job.state = FAILED
@@ -258,7 +273,8 @@ class Simulation:
                 self._event(now, job, "fail", job.node_names, job.borrowed)
             else:
                 job.state = RUNNABLE
-                self._enqueue(job)
+                # Its GPUs stay promised to the job it was preempted for (DESIGN §2).
+                self._enqueue(job, placed.preempted_for)
         return spec.gpu_type
 
     def _apply_change(self, change: ShareChange) -> None:
@@ -403,6 +419,7 @@ class Simulation:
                 )
             self.used_gpus[allocation.node] |= mask
         self._dequeue(job)
+        self._drop_claim(spec.id)
         self.placed[spec.id] = self.placed_by_type[spec.gpu_type][spec.id] = PlacedJob(
             id=spec.id,
             share=spec.share,

@@ -296,10 +296,36 @@ def test_node_names_follow_count():
     assert sorted(start["nodes"]) == ["plain", "solo-0"]
 
 
-def test_skipping_settled_gpu_types_changes_nothing():
+# Engine calls one run of the scenario below may make; about 340 are needed. More means jobs
+# preempt each other over and over: fail then, rather than hang.
+MAX_ENGINE_CALLS = 2000
+
+
+def bounded_engine(preempted: list[tuple[str, str]]):
+    """The engine, failing past MAX_ENGINE_CALLS; each (victim, job it is preempted for) is
+    appended to `preempted`."""
+    from scheduler.engine import plan
+
+    calls = 0
+
+    def engine(snapshot):
+        nonlocal calls
+        calls += 1
+        assert calls <= MAX_ENGINE_CALLS, "the engine keeps being called: a preemption loop?"
+        outcome = plan(snapshot)
+        preempted.extend((p.job_id, p.for_job_id) for p in outcome.preemptions)
+        return outcome
+
+    return engine
+
+
+@pytest.mark.parametrize("in_share", [False, True])
+def test_skipping_settled_gpu_types_changes_nothing(in_share):
     """Leaving out of a cycle the waiting jobs of a GPU type where nothing changed gives the
-    same events as sending every waiting job to every cycle (in-share preemption is off here:
-    see the engine note on victims' quota within a cycle)."""
+    same events as sending every waiting job to every cycle, with in-share preemption off
+    and on. With it on, a job that preempted in its share starts before its victims, back in
+    the queue, take their GPUs back: the run ends, and no job is preempted twice for the
+    same job."""
     import random
 
     rng = random.Random(3)
@@ -329,6 +355,7 @@ def test_skipping_settled_gpu_types_changes_nothing():
                 "name": "a",
                 "capacity_limits": {"h100": 12, "a100": 4},
                 "strategy": "LEND_AND_BORROW",
+                "in_share_preemption": in_share,
             },
             {
                 "name": "b",
@@ -342,13 +369,18 @@ def test_skipping_settled_gpu_types_changes_nothing():
                 "strategy": "LEND_AND_BORROW",
                 "borrow_limit": 100,
                 "grace_seconds": 30,
+                "in_share_preemption": in_share,
             },
         ],
         "jobs": jobs,
     }
     scenario = parse_scenario(data)
-    fast = simulate(scenario).data
-    full = simulate(scenario, skip_settled=False).data
+    preempted: list[tuple[str, str]] = []
+    fast = simulate(scenario, engine=bounded_engine(preempted)).data
+    full = simulate(scenario, engine=bounded_engine([]), skip_settled=False).data
     key = lambda e: (e["t"], e["job"], e["type"])  # noqa: E731
     assert sorted(map(key, fast["events"])) == sorted(map(key, full["events"]))
     assert fast["shares"] == full["shares"]
+    assert len(set(preempted)) == len(preempted)
+    if in_share:
+        assert any(e["type"] == "preempt" for e in fast["events"])

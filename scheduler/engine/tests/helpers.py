@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from dataclasses import replace
+
 from scheduler.engine import Allocation, NodeView, PlacedJob, Plan, RunnableJob, ShareView, Snapshot
 from scheduler.engine.snapshot import LEND, READY
 
@@ -96,5 +99,41 @@ def release_stopped(snapshot: Snapshot) -> Snapshot:
         snapshot.shares,
         tuple(p for p in snapshot.placed if not p.stopping),
         snapshot.runnable,
+        snapshot.borrow_order,
+    )
+
+
+def requeue_stopped(
+    snapshot: Snapshot,
+    started: Collection[str] = frozenset(),
+    only: Collection[str] | None = None,
+) -> Snapshot:
+    """Stopping jobs (or those of them in `only`) have stopped: their GPUs are free and they
+    are runnable again, naming the job they were preempted for (as the cycle does) until that
+    job has started. `started`: jobs placed since, whose victims' claims are spent."""
+    stopped = [p for p in snapshot.placed if p.stopping and (only is None or p.id in only)]
+    gone = {p.id for p in stopped}
+    waiting = tuple(
+        replace(j, preempted_for=None) if j.preempted_for in started else j
+        for j in snapshot.runnable
+    )
+    requeued = tuple(
+        RunnableJob(
+            p.id,
+            p.share,
+            p.gpu_type,
+            p.gpus,
+            len(p.allocations),
+            p.priority,
+            p.submitted,
+            preempted_for=p.preempted_for,
+        )
+        for p in stopped
+    )
+    return Snapshot(
+        snapshot.nodes,
+        snapshot.shares,
+        tuple(p for p in snapshot.placed if p.id not in gone),
+        waiting + requeued,
         snapshot.borrow_order,
     )

@@ -4,6 +4,7 @@ cycles: placements start, victims stop for one cycle then return to the queue, j
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -20,9 +21,11 @@ from scheduler.engine.snapshot import (
     STRATEGIES,
     NodeView,
 )
-from scheduler.engine.tests.helpers import H100, advance
+from scheduler.engine.tests.helpers import H100, advance, requeue_stopped
 
 WAITING_ON_RELEASE = ("reclaiming", "preempting", "waiting for")
+# Preemptions of one job in a cluster where nothing finishes and nothing is submitted.
+MAX_PREEMPTIONS_WHEN_SETTLED = 2
 
 
 @st.composite
@@ -229,29 +232,53 @@ def test_every_cycle_keeps_the_rules(cluster, finishes):
             outcome = plan(snapshot)
             assert plan(snapshot) == outcome
             check_plan(snapshot, outcome)
-            stopped = [p for p in snapshot.placed if p.stopping]
-            snapshot = advance(snapshot, outcome, now=float(100 + cycle))
-            # Jobs that were stopping have stopped: back to the queue, keeping submission time.
-            placed = [p for p in snapshot.placed if p.id not in {s.id for s in stopped}]
-            if finish:
-                running = [p for p in placed if not p.stopping]
-                if running:
-                    placed.remove(running[0])
-            requeued = tuple(
-                RunnableJob(
-                    p.id, p.share, p.gpu_type, p.gpus, len(p.allocations), p.priority, p.submitted
-                )
-                for p in stopped
-            )
-            snapshot = Snapshot(
-                snapshot.nodes,
-                snapshot.shares,
-                tuple(placed),
-                snapshot.runnable + requeued,
-                snapshot.borrow_order,
-            )
+            snapshot = next_cycle(snapshot, outcome, cycle, finish)
     finally:
         planner._TypeCycle._search = original
+
+
+def next_cycle(snapshot: Snapshot, outcome: Plan, cycle: int, finish: bool) -> Snapshot:
+    """Apply the plan; jobs that were stopping have stopped and are back in the queue, keeping
+    their submission time and naming the job they were preempted for until it starts; with
+    `finish`, the first running job ends."""
+    stopped = {p.id for p in snapshot.placed if p.stopping}
+    snapshot = requeue_stopped(
+        advance(snapshot, outcome, now=float(100 + cycle)),
+        started={p.job_id for p in outcome.placements},
+        only=stopped,
+    )
+    if finish:
+        running = [p for p in snapshot.placed if not p.stopping]
+        if running:
+            snapshot = replace(
+                snapshot, placed=tuple(p for p in snapshot.placed if p is not running[0])
+            )
+    return snapshot
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(cluster=clusters())
+def test_preemptions_settle_when_nothing_else_changes(cluster):
+    """With no job finishing and none submitted, victims stop and return to the queue, and
+    preemption dies out: no job is preempted twice for the same job, none more than twice,
+    and the last cycles preempt nothing (no two jobs preempt each other forever)."""
+    preempted: list[tuple[str, str]] = []
+    cycles = 24
+    quiet_from = cycles - 8
+    for cycle in range(cycles):
+        outcome = plan(cluster)
+        assert cycle < quiet_from or outcome.preemptions == ()
+        preempted.extend((p.job_id, p.for_job_id) for p in outcome.preemptions)
+        cluster = next_cycle(cluster, outcome, cycle, finish=False)
+    assert len(set(preempted)) == len(preempted)
+    per_job = defaultdict(int)
+    for victim, _ in preempted:
+        per_job[victim] += 1
+    assert max(per_job.values(), default=0) <= MAX_PREEMPTIONS_WHEN_SETTLED
 
 
 def test_placed_job_builder_keeps_fields():

@@ -22,6 +22,7 @@ from scheduler.engine.tests.helpers import (
     job,
     nodes,
     release_stopped,
+    requeue_stopped,
     running,
     share,
     victims,
@@ -258,6 +259,50 @@ def test_in_share_preemption_only_when_enabled():
     outcome = plan(_in_share_snapshot(False, 5))
     assert outcome.preemptions == ()
     assert "high" in outcome.waiting
+
+
+def _victim_back_in_queue_snapshot() -> Snapshot:
+    # nlp may hold 2 GPUs at most (limit 1, borrow cap 1): "big" needs "small"'s GPU.
+    return Snapshot(
+        nodes(1, gpus=4),
+        (share("nlp", 1, LAB, borrow_limit=100, in_share_preemption=True),),
+        placed=(running("small", "nlp", "n0", range(1), priority=0),),
+        runnable=(job("big", "nlp", 2, priority=1, submitted=1),),
+    )
+
+
+def test_job_whose_victims_stopped_starts_before_they_return():
+    """A job that preempted in its share (as a borrower) starts once its victim has stopped,
+    although the victim, back in the queue within its share's limit, would otherwise go
+    first: the victim's GPUs are promised to it, and the victim waits. Without that, the two
+    would preempt and restart each other forever."""
+    first = _victim_back_in_queue_snapshot()
+    outcome = plan(first)
+    assert victims(outcome) == {"small": "big"}
+    second = requeue_stopped(advance(first, outcome, now=10))
+    assert second.runnable[-1].preempted_for == "big"
+    outcome = plan(second)
+    assert where(outcome) == {"big": [("n0", (0, 1))]}
+    assert outcome.preemptions == ()
+    assert outcome.waiting == {"small": reasons.borrow_limit_reached(1, 1, H100)}
+    # Once big runs, small's claim is spent: nothing more is preempted.
+    third = requeue_stopped(advance(second, outcome, now=20), started={"big"})
+    outcome = plan(third)
+    assert outcome.preemptions == () and outcome.placements == ()
+
+
+def test_victims_claim_counts_only_while_its_job_is_runnable():
+    """A requeued victim naming a job that is not runnable (it started, or is gone) keeps its
+    ordinary place in the queue."""
+    snapshot = Snapshot(
+        nodes(1, gpus=4),
+        (share("nlp", 1, LAB, borrow_limit=100, in_share_preemption=True),),
+        runnable=(
+            job("small", "nlp", 1, preempted_for="gone"),
+            job("big", "nlp", 2, priority=1, submitted=1),
+        ),
+    )
+    assert set(where(plan(snapshot))) == {"small"}
 
 
 def _tries_snapshot(gpus: int) -> Snapshot:
