@@ -379,6 +379,7 @@ def cycle_snapshot() -> tuple[engine.Snapshot, SnapshotContext]:
             )
         )
     (submitted_column,), to_epoch = _epoch_columns("submitted_at")
+    claims = _reclaim_claims()
     runnable = []
     reasons = {}
     # The index job_state_gpu_type serves WHERE state = 'RUNNABLE'.
@@ -399,6 +400,7 @@ def cycle_snapshot() -> tuple[engine.Snapshot, SnapshotContext]:
                 nodes=nodes_wanted,
                 priority=priority,
                 submitted=to_epoch(submitted),
+                preempted_for=claims.get(job_id),
             )
         )
     snapshot = engine.Snapshot(
@@ -410,6 +412,34 @@ def cycle_snapshot() -> tuple[engine.Snapshot, SnapshotContext]:
     )
     context = SnapshotContext(reasons=reasons, node_ids={name: pk for pk, name, *_ in nodes})
     return snapshot, context
+
+
+def _reclaim_claims() -> dict[int, str]:
+    """{requeued victim: the job it was last preempted for}, while that job has not been placed
+    since: the engine lets the claimant start on the freed GPUs before its victims return
+    (without it, within-limit victims retake them and the same preemption repeats forever)."""
+    victims = list(
+        JobAttempt.objects.filter(
+            job__state=Job.State.RUNNABLE,
+            outcome=JobAttempt.Outcome.PREEMPTED,
+            preempted_for__isnull=False,
+            number=F("job__attempt_count"),  # the victim's latest attempt
+        ).values_list("job_id", "preempted_for_id", "ended_at")
+    )
+    if not victims:
+        return {}
+    last_placed = dict(
+        JobAttempt.objects.filter(job_id__in={claimant for _, claimant, _ in victims})
+        .values("job_id")
+        .annotate(latest=Max("scheduled_at"))
+        .values_list("job_id", "latest")
+        .order_by()
+    )
+    return {
+        victim: str(claimant)
+        for victim, claimant, ended_at in victims
+        if last_placed.get(claimant) is None or last_placed[claimant] < ended_at
+    }
 
 
 # --- Applying a plan ------------------------------------------------------------------------

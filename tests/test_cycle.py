@@ -120,8 +120,12 @@ def test_reclaim_preempts_the_borrower_then_requeues_it(personas, two_nodes):
     assert victim.failure_count == 0
     assert attempt_of(victim).outcome == JobAttempt.Outcome.PREEMPTED
     assert not GpuAssignment.objects.filter(attempt=attempt, released=False).exists()
+    # The requeued victim tells the engine whom it was stopped for, until that job is placed.
+    claims = {j.id: j.preempted_for for j in cycle_snapshot()[0].runnable}
+    assert claims == {str(victim.pk): str(owner.pk), str(owner.pk): None}
     cycle_run(force=True)
     assert reload(owner).state == Job.State.SCHEDULED
+    assert all(j.preempted_for is None for j in cycle_snapshot()[0].runnable)
 
 
 def one_node_research_limit_4(personas) -> None:
