@@ -14,20 +14,14 @@ import argparse
 import csv
 import math
 import random
+import sys
 from pathlib import Path
 
-COLUMNS = (
-    "id",
-    "share",
-    "gpu_type",
-    "gpus",
-    "submit",
-    "duration",
-    "priority",
-    "nodes",
-    "max_preemptions",
-    "checkpoint_interval",
-)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from scheduler.simulator.scenario import OPTIONAL_TRACE_COLUMNS, TRACE_COLUMNS  # noqa: E402
+
+COLUMNS = TRACE_COLUMNS + OPTIONAL_TRACE_COLUMNS
 TEAM_NAMES = ("research", "vision", "speech", "nlp", "robotics", "recsys", "infra", "search")
 SIZES = (1, 2, 4, 8, 16, 32)
 SIZE_WEIGHTS = (34, 15, 20, 21, 7, 3)

@@ -49,21 +49,10 @@ SHARE_KEYS = {
     "strict_fifo",
 }
 REQUIRED_SHARE_KEYS = ("name", "capacity_limits", "strategy")
-JOB_KEYS = {
-    "id",
-    "share",
-    "gpu_type",
-    "gpus",
-    "submit",
-    "duration",
-    "priority",
-    "nodes",
-    "max_preemptions",
-    "checkpoint_interval",
-}
 REQUIRED_JOB_KEYS = ("id", "share", "gpu_type", "gpus", "submit", "duration")
 TRACE_COLUMNS = ("id", "share", "gpu_type", "gpus", "submit", "duration", "priority")
 OPTIONAL_TRACE_COLUMNS = ("nodes", "max_preemptions", "checkpoint_interval")
+JOB_KEYS = set(TRACE_COLUMNS + OPTIONAL_TRACE_COLUMNS)
 CHANGE_KEYS = {"at", "share", "set"}
 
 SLUG = re.compile(r"^[a-z0-9]([a-z0-9_-]*[a-z0-9])?$")
