@@ -1,14 +1,21 @@
 """Plotly figures, built on the server. Each share has one colour on every page, derived from
-its name, so a lead recognises it at a glance."""
+its name, so a lead recognises it at a glance.
+
+Figures are plain dicts in plotly.js's own schema ({"data": [traces], "layout": {...}}) rather
+than plotly.graph_objects: a graph object validates and deep-copies every point, which cost most
+of a page's time with 40 stacked series. tests/test_dashboard_pages.py checks that each figure
+is still one that plotly.graph_objects accepts."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from collections import defaultdict
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Mapping
+from datetime import datetime
 
 import plotly.colors
-import plotly.graph_objects as go
+import plotly.io
 
 from dashboards.selectors import (
     ClusterPoint,
@@ -18,6 +25,8 @@ from dashboards.selectors import (
     ShareTotalPoint,
     UsagePoint,
 )
+
+Figure = dict  # {"data": [trace dicts], "layout": layout dict}, as plotly.js takes them
 
 # Roles on a share's chart (its own use is drawn in the share's colour).
 COLOURS = {
@@ -50,6 +59,12 @@ def share_colour(name: str) -> str:
     return SHARE_PALETTE[int.from_bytes(digest[:4], "big") % len(SHARE_PALETTE)]
 
 
+@functools.cache
+def _template(name: str) -> dict:
+    """A named plotly template as the dict plotly.js takes (plotly.js knows no names)."""
+    return plotly.io.templates[name].to_plotly_json()
+
+
 def _layout(title: str, y_title: str, *, x_title: str = "time (UTC)", height: int = 360) -> dict:
     return {
         "title": {"text": title, "x": 0.01, "xanchor": "left"},
@@ -59,68 +74,80 @@ def _layout(title: str, y_title: str, *, x_title: str = "time (UTC)", height: in
         "yaxis": {"title": {"text": y_title}, "rangemode": "tozero"},
         "legend": {"orientation": "h", "y": -0.3, "traceorder": "normal"},
         "hovermode": "x unified",
-        "template": "plotly_white",
+        "template": _template("plotly_white"),
     }
 
 
-def to_html(fig: go.Figure, div_id: str) -> str:
+def to_html(fig: Figure, div_id: str) -> str:
     """The figure as a <div> and the script that draws it with our own plotly.js."""
-    return fig.to_html(
-        include_plotlyjs=False, full_html=False, div_id=div_id, config=CONFIG, validate=False
+    return plotly.io.to_html(
+        fig, include_plotlyjs=False, full_html=False, div_id=div_id, config=CONFIG, validate=False
     )
 
 
-def _times(points: Iterable) -> list[str]:
-    return sorted({p.at.strftime(TIME_FORMAT) for p in points})
+@functools.lru_cache(maxsize=4096)
+def _time(at: datetime) -> str:
+    # Every series of a chart shares its buckets: format each instant once.
+    return at.strftime(TIME_FORMAT)
 
 
-def capacity_now(rows: list[GpuTypeNow]) -> go.Figure:
+def capacity_now(rows: list[GpuTypeNow]) -> Figure:
     """Grouped bars per GPU type: capacity, in use, idle lendable, down."""
     types = [r.gpu_type for r in rows]
-    fig = go.Figure(layout=_layout("GPUs now, per GPU type", "GPUs", x_title="GPU type"))
-    for name, key in (
-        ("capacity (nodes up)", "capacity"),
-        ("in use", "in_use"),
-        ("idle, lendable", "idle_lendable"),
-        ("down", "down"),
-    ):
-        fig.add_bar(name=name, x=types, y=[getattr(r, key) for r in rows],
-                    marker_color=COLOURS[key])  # fmt: skip
-    fig.update_layout(barmode="group", hovermode="closest")
-    return fig
+    layout = _layout("GPUs now, per GPU type", "GPUs", x_title="GPU type")
+    layout.update(barmode="group", hovermode="closest")
+    data = [
+        {"type": "bar", "name": name, "x": types, "y": [getattr(r, key) for r in rows],
+         "marker": {"color": COLOURS[key]}}
+        for name, key in (
+            ("capacity (nodes up)", "capacity"),
+            ("in use", "in_use"),
+            ("idle, lendable", "idle_lendable"),
+            ("down", "down"),
+        )
+    ]  # fmt: skip
+    return {"data": data, "layout": layout}
 
 
 def stacked_usage(
     gpu_type: str, points: list[ShareTotalPoint], cluster: list[ClusterPoint], range_label: str
-) -> go.Figure:
+) -> Figure:
     """GPUs of one type in use over time, stacked by share, under the cluster's capacity."""
-    times = _times(points)
-    by_share: dict[str, dict[str, float]] = defaultdict(dict)
+    instants = sorted({p.at for p in points})
+    column = {at: i for i, at in enumerate(instants)}
+    by_share: dict[str, list[float]] = {}
     for p in points:
-        by_share[p.share][p.at.strftime(TIME_FORMAT)] = p.usage
-    fig = go.Figure(
-        layout=_layout(f"{gpu_type}: GPUs in use by share ({range_label})", f"{gpu_type} GPUs")
-    )
-    for share in sorted(by_share):
-        values = by_share[share]
-        fig.add_scatter(
-            name=share,
-            x=times,
-            y=[values.get(t, 0) for t in times],
-            mode="lines",
-            stackgroup="usage",
-            line={"width": 0.5, "color": share_colour(share)},
-            hovertemplate="%{y:.1f}",
-        )
+        values = by_share.get(p.share)
+        if values is None:
+            values = by_share[p.share] = [0] * len(instants)
+        values[column[p.at]] = p.usage
+    times = [_time(at) for at in instants]
+    data = [
+        {
+            "type": "scatter",
+            "name": share,
+            "x": times,
+            "y": [round(v, 3) for v in by_share[share]],
+            "mode": "lines",
+            "stackgroup": "usage",
+            "line": {"width": 0.5, "color": share_colour(share)},
+            "hovertemplate": "%{y:.1f}",
+        }
+        for share in sorted(by_share)
+    ]
     if cluster:
-        fig.add_scatter(
-            name="capacity",
-            x=[c.at.strftime(TIME_FORMAT) for c in cluster],
-            y=[c.capacity for c in cluster],
-            mode="lines",
-            line={"color": COLOURS["capacity"], "dash": "dash", "width": 1.5, "shape": "hv"},
+        data.append(
+            {
+                "type": "scatter",
+                "name": "capacity",
+                "x": [_time(c.at) for c in cluster],
+                "y": [c.capacity for c in cluster],
+                "mode": "lines",
+                "line": {"color": COLOURS["capacity"], "dash": "dash", "width": 1.5, "shape": "hv"},
+            }
         )
-    return fig
+    title = f"{gpu_type}: GPUs in use by share ({range_label})"
+    return {"data": data, "layout": _layout(title, f"{gpu_type} GPUs")}
 
 
 def share_usage(
@@ -130,33 +157,35 @@ def share_usage(
     preemptions: list[PreemptionEvent],
     changes: list[dict],
     range_label: str,
-) -> go.Figure:
+) -> Figure:
     """One share's GPUs of one type: own use (share colour), lent to others (up to the limit),
     borrowed (above the limit), the limit, runnable demand, and markers for preemptions and
     share changes."""
-    x = [p.at.strftime(TIME_FORMAT) for p in points]
-    fig = go.Figure(
-        layout=_layout(f"Share {share}: {gpu_type} GPUs ({range_label})", f"{gpu_type} GPUs")
-    )
+    x = [_time(p.at) for p in points]
+    data = []
     # Lent and borrowed bands are hatched, so they read apart from any share's colour.
     for name, values, colour, pattern in (
         ("own use (within limit)", [p.own for p in points], share_colour(share), ""),
         ("lent to others", [p.lent for p in points], COLOURS["lent"], "/"),
         ("borrowed (above limit)", [p.borrowed for p in points], COLOURS["borrowed"], "x"),
     ):
-        fig.add_scatter(
-            name=name, x=x, y=values, mode="lines", stackgroup="share",
-            line={"width": 0.5, "color": colour}, hovertemplate="%{y:.1f}",
-            fillpattern={"shape": pattern, "fgcolor": colour, "solidity": 0.4} if pattern else None,
-        )  # fmt: skip
-    fig.add_scatter(
-        name="limit", x=x, y=[p.limit for p in points], mode="lines",
-        line={"color": COLOURS["limit"], "dash": "dash", "width": 1.5, "shape": "hv"},
-    )  # fmt: skip
-    fig.add_scatter(
-        name="runnable demand", x=x, y=[p.demand for p in points], mode="lines",
-        line={"color": COLOURS["demand"], "dash": "dot", "width": 2},
-    )  # fmt: skip
+        trace = {
+            "type": "scatter", "name": name, "x": x, "y": values, "mode": "lines",
+            "stackgroup": "share", "line": {"width": 0.5, "color": colour},
+            "hovertemplate": "%{y:.1f}",
+        }  # fmt: skip
+        if pattern:
+            trace["fillpattern"] = {"shape": pattern, "fgcolor": colour, "solidity": 0.4}
+        data.append(trace)
+    data.append({
+        "type": "scatter", "name": "limit", "x": x, "y": [p.limit for p in points],
+        "mode": "lines",
+        "line": {"color": COLOURS["limit"], "dash": "dash", "width": 1.5, "shape": "hv"},
+    })  # fmt: skip
+    data.append({
+        "type": "scatter", "name": "runnable demand", "x": x, "y": [p.demand for p in points],
+        "mode": "lines", "line": {"color": COLOURS["demand"], "dash": "dot", "width": 2},
+    })  # fmt: skip
     top = max([p.limit + p.borrowed for p in points] or [1])
     of_type = [e for e in preemptions if e.gpu_type == gpu_type]
     victims = [e for e in of_type if e.share == share]
@@ -165,87 +194,96 @@ def share_usage(
         ("preempted (its jobs)", victims, COLOURS["preempted"], "x"),
         ("reclaimed (for its jobs)", reclaims, COLOURS["reclaimed"], "triangle-up"),
     ):
-        fig.add_scatter(
-            name=name,
-            x=[e.at.strftime(TIME_FORMAT) for e in events],
-            y=[top * 1.05] * len(events),
-            mode="markers",
-            marker={"color": colour, "symbol": symbol, "size": 11},
-            text=[e.text for e in events],
-            hovertemplate="%{text}<extra></extra>",
+        data.append(
+            {
+                "type": "scatter",
+                "name": name,
+                "x": [_time(e.at) for e in events],
+                "y": [top * 1.05] * len(events),
+                "mode": "markers",
+                "marker": {"color": colour, "symbol": symbol, "size": 11},
+                "text": [e.text for e in events],
+                "hovertemplate": "%{text}<extra></extra>",
+            }
         )
-    fig.add_scatter(
-        name="share changed",
-        x=[c["at"].strftime(TIME_FORMAT) for c in changes],
-        y=[top * 1.12] * len(changes),
-        mode="markers",
-        marker={"color": COLOURS["change"], "symbol": "diamond", "size": 10},
-        text=[f"{c['by']}: " + "<br>".join(c["fields"]) for c in changes],
-        hovertemplate="%{text}<extra></extra>",
+    data.append(
+        {
+            "type": "scatter",
+            "name": "share changed",
+            "x": [_time(c["at"]) for c in changes],
+            "y": [top * 1.12] * len(changes),
+            "mode": "markers",
+            "marker": {"color": COLOURS["change"], "symbol": "diamond", "size": 10},
+            "text": [f"{c['by']}: " + "<br>".join(c["fields"]) for c in changes],
+            "hovertemplate": "%{text}<extra></extra>",
+        }
     )
-    fig.update_layout(hovermode="closest")
-    return fig
+    layout = _layout(f"Share {share}: {gpu_type} GPUs ({range_label})", f"{gpu_type} GPUs")
+    layout["hovermode"] = "closest"
+    return {"data": data, "layout": layout}
 
 
-def lending_bars(team: str, flows: LendingFlows, range_label: str) -> go.Figure:
+def lending_bars(team: str, flows: LendingFlows, range_label: str) -> Figure:
     """Horizontal bars: GPU-hours the team lent to each borrower, and borrowed from each
     lender (or the free pool)."""
-    fig = go.Figure(
-        layout=_layout(
-            f"Team {team}: lending and borrowing, GPU-hours ({range_label}, approximate)",
-            "",
-            x_title="GPU-hours",
-            height=320,
-        )
+    layout = _layout(
+        f"Team {team}: lending and borrowing, GPU-hours ({range_label}, approximate)",
+        "",
+        x_title="GPU-hours",
+        height=320,
     )
-    fig.add_bar(
-        name="lent to (borrowers)",
-        y=[f"lent to {s}" for s in flows.lent_to],
-        x=list(flows.lent_to.values()),
-        orientation="h",
-        marker_color=[share_colour(s) for s in flows.lent_to],
-    )
-    fig.add_bar(
-        name="borrowed from (lenders)",
-        y=[f"borrowed from {s}" for s in flows.borrowed_from],
-        x=list(flows.borrowed_from.values()),
-        orientation="h",
-        marker_color=[
-            COLOURS["free_pool"] if s == "free pool" else share_colour(s)
-            for s in flows.borrowed_from
-        ],
-        marker_pattern_shape="/",
-    )
-    fig.update_layout(hovermode="closest", yaxis={"automargin": True, "title": None})
-    return fig
+    layout.update(hovermode="closest")
+    layout["yaxis"] = {"rangemode": "tozero", "automargin": True}  # the bars are labelled
+    data = [
+        {
+            "type": "bar",
+            "name": "lent to (borrowers)",
+            "y": [f"lent to {s}" for s in flows.lent_to],
+            "x": list(flows.lent_to.values()),
+            "orientation": "h",
+            "marker": {"color": [share_colour(s) for s in flows.lent_to]},
+        },
+        {
+            "type": "bar",
+            "name": "borrowed from (lenders)",
+            "y": [f"borrowed from {s}" for s in flows.borrowed_from],
+            "x": list(flows.borrowed_from.values()),
+            "orientation": "h",
+            "marker": {
+                "color": [
+                    COLOURS["free_pool"] if s == "free pool" else share_colour(s)
+                    for s in flows.borrowed_from
+                ],
+                "pattern": {"shape": "/"},
+            },
+        },
+    ]
+    return {"data": data, "layout": layout}
 
 
 def _nice_step(raw: float) -> float:
     """The smallest of 1, 2, 5 × 10^k that is at least `raw` (bins a person can read)."""
-    import math
-
     if raw <= 0:
         return 1.0
     magnitude = 10 ** math.floor(math.log10(raw))
     return next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw)
 
 
-def wait_histogram(team: str, waits: Mapping[str, list[float]], range_label: str) -> go.Figure:
+def wait_histogram(team: str, waits: Mapping[str, list[float]], range_label: str) -> Figure:
     """How long the team's jobs waited from submission to first start, per share."""
-    fig = go.Figure(
-        layout=_layout(
-            f"Team {team}: wait before first start ({range_label})",
-            "jobs",
-            x_title="wait (minutes)",
-            height=320,
-        )
+    layout = _layout(
+        f"Team {team}: wait before first start ({range_label})",
+        "jobs",
+        x_title="wait (minutes)",
+        height=320,
     )
+    layout.update(barmode="stack", hovermode="closest")
     longest = max((max(v) for v in waits.values() if v), default=0.0)
     bins = {"start": 0, "size": _nice_step(longest / 20)}
-    for share in sorted(waits):
-        fig.add_histogram(
-            name=share, x=waits[share], marker_color=share_colour(share), opacity=0.85,
-            xbins=bins, bingroup="waits",
-        )  # fmt: skip
-    fig.update_layout(barmode="stack", hovermode="closest")
-    return fig
+    data = [
+        {"type": "histogram", "name": share, "x": waits[share],
+         "marker": {"color": share_colour(share)}, "opacity": 0.85, "xbins": bins,
+         "bingroup": "waits"}
+        for share in sorted(waits)
+    ]  # fmt: skip
+    return {"data": data, "layout": layout}

@@ -163,6 +163,9 @@ class EpochBucket(Func):
 
     def as_sqlite(self, compiler, connection, **extra):
         column, params = compiler.compile(self.source_expressions[0])
+        # unixepoch() (SQLite 3.38+) takes a third less time than parsing strftime's text.
+        if connection.Database.sqlite_version_info >= (3, 38):
+            return f"(unixepoch({column}) / {self.step}) * {self.step}", params
         return f"(CAST(strftime('%%s', {column}) AS INTEGER) / {self.step}) * {self.step}", params
 
     def as_postgresql(self, compiler, connection, **extra):
@@ -174,30 +177,36 @@ class EpochBucket(Func):
 
 
 # Points per series that a chart shows at most: a range is cut into display buckets of a
-# round length, so 24 h shows 5-minute points and 30 days 3-hour points.
+# round length, so 24 h shows 5-minute points and 30 days 3-hour points. The overview stacks
+# every share, so it shows half as many (10 minutes, 6 hours): its page stays light to build,
+# send and draw.
 MAX_POINTS = 300
+OVERVIEW_MAX_POINTS = 150
 DISPLAY_STEPS = (15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
 
 
-def display_step(start: datetime, end: datetime, resolution: int) -> int:
-    """Seconds per point: the shortest round step that keeps MAX_POINTS per series and is no
+def display_step(
+    start: datetime, end: datetime, resolution: int, max_points: int = MAX_POINTS
+) -> int:
+    """Seconds per point: the shortest round step that keeps max_points per series and is no
     finer than the resolution read."""
     finest = 15 if resolution == Resolution.RAW else int(STEP[resolution].total_seconds())
-    wanted = (end - start).total_seconds() / MAX_POINTS
+    wanted = (end - start).total_seconds() / max_points
     return next((s for s in DISPLAY_STEPS if s >= max(finest, wanted)), DISPLAY_STEPS[-1])
 
 
-def _stitched(model, resolution, start, end, filters: Q, key, averaged, peaks):
+def _stitched(model, resolution, start, end, filters: Q, key, averaged, peaks, max_points):
     """Rows of `resolution` in [start, end), then rows of each finer resolution for the time
     after the newest coarse bucket (so a 30-day chart still reaches the last sample), averaged
     in SQL into display buckets (weighted by the time each row stands for; peaks max-ed).
     `averaged` maps names to fields or expressions. Yields (bucket start, seconds, *key,
     *averaged, *peaks), oldest first."""
-    step = display_step(start, end, resolution)
+    step = display_step(start, end, resolution, max_points)
     averaged = {f: F(f) for f in averaged} if not isinstance(averaged, dict) else averaged
     aggregates = {f"w_{f}": Sum(e * F("seconds")) for f, e in averaged.items()}
     aggregates.update({f"p_{f}": Max(f) for f in peaks})
     aggregates["covered"] = Sum("seconds")
+    n_key, n_sums = len(key), 1 + len(averaged)
     # {(bucket, *key): [covered, *time-weighted sums, *peaks]}; a bucket may get rows from two
     # resolutions where they meet.
     merged: dict[tuple, list[float]] = {}
@@ -212,16 +221,15 @@ def _stitched(model, resolution, start, end, filters: Q, key, averaged, peaks):
             .values_list("bucket", *key, "covered", *(f"w_{f}" for f in averaged),
                          *(f"p_{f}" for f in peaks))
         )  # fmt: skip
-        for bucket, *rest in rows:
-            slot_key = (bucket, *rest[: len(key)])
-            values = rest[len(key) :]
+        for row in rows:
+            slot_key, values = row[: 1 + n_key], row[1 + n_key :]
             slot = merged.get(slot_key)
             if slot is None:
                 merged[slot_key] = list(values)
                 continue
-            for i in range(1 + len(averaged)):
+            for i in range(n_sums):
                 slot[i] += values[i]
-            for i in range(1 + len(averaged), len(values)):
+            for i in range(n_sums, len(values)):
                 slot[i] = max(slot[i], values[i])
         if current == Resolution.RAW:
             break
@@ -231,9 +239,13 @@ def _stitched(model, resolution, start, end, filters: Q, key, averaged, peaks):
         if cutoff >= end:
             break
         current -= 1
+    instants: dict[int, datetime] = {}  # every series shares its buckets: convert each once
     for (bucket, *key_values), (covered, *values) in sorted(merged.items()):
+        at = instants.get(bucket)
+        if at is None:
+            at = instants[bucket] = datetime.fromtimestamp(bucket, UTC)
         yield (
-            datetime.fromtimestamp(bucket, UTC),
+            at,
             covered,
             *key_values,
             *(v / covered if covered else 0.0 for v in values[: len(averaged)]),
@@ -242,7 +254,12 @@ def _stitched(model, resolution, start, end, filters: Q, key, averaged, peaks):
 
 
 def usage_history(
-    *, start: datetime, end: datetime, resolution: int, shares: Iterable[str] | None = None
+    *,
+    start: datetime,
+    end: datetime,
+    resolution: int,
+    shares: Iterable[str] | None = None,
+    max_points: int = MAX_POINTS,
 ) -> list[UsagePoint]:
     """Usage of the given shares (all when None) in [start, end), oldest first, one point per
     share, GPU type and display bucket."""
@@ -251,17 +268,19 @@ def usage_history(
         UsagePoint(*row)
         for row in _stitched(
             UsageSample, resolution, start, end, filters, ("share", "gpu_type"),
-            ("limit", "own", "borrowed", "lent", "idle", "demand"), ("usage_max",),
+            ("limit", "own", "borrowed", "lent", "idle", "demand"), ("usage_max",), max_points,
         )
     ]  # fmt: skip
 
 
-def cluster_history(*, start: datetime, end: datetime, resolution: int) -> list[ClusterPoint]:
+def cluster_history(
+    *, start: datetime, end: datetime, resolution: int, max_points: int = MAX_POINTS
+) -> list[ClusterPoint]:
     return [
         ClusterPoint(*row)
         for row in _stitched(
             ClusterSample, resolution, start, end, Q(), ("gpu_type",),
-            ("capacity", "in_use", "down"), ("in_use_max",),
+            ("capacity", "in_use", "down"), ("in_use_max",), max_points,
         )
     ]  # fmt: skip
 
@@ -275,14 +294,16 @@ class ShareTotalPoint:
     usage: float
 
 
-def usage_totals_history(*, start: datetime, end: datetime, resolution: int):
+def usage_totals_history(
+    *, start: datetime, end: datetime, resolution: int, max_points: int = OVERVIEW_MAX_POINTS
+) -> list[ShareTotalPoint]:
     """GPUs in use (own + borrowed) per share and GPU type in [start, end): the overview's
     stacked areas, with one aggregate instead of usage_history's seven."""
     return [
         ShareTotalPoint(*row)
         for row in _stitched(
             UsageSample, resolution, start, end, Q(), ("share", "gpu_type"),
-            {"usage": F("own") + F("borrowed")}, (),
+            {"usage": F("own") + F("borrowed")}, (), max_points,
         )
     ]  # fmt: skip
 

@@ -69,10 +69,10 @@ def overview(request: HttpRequest) -> HttpResponse:
     now, time_range, resolution, context = _range_context(request)
     usage = current_usage()
     gpu_now = selectors.cluster_now(usage)
-    points = selectors.usage_totals_history(start=time_range.start, end=time_range.end,
-                                            resolution=resolution)  # fmt: skip
-    cluster = selectors.cluster_history(start=time_range.start, end=time_range.end,
-                                        resolution=resolution)  # fmt: skip
+    window = {"start": time_range.start, "end": time_range.end, "resolution": resolution,
+              "max_points": selectors.OVERVIEW_MAX_POINTS}  # fmt: skip
+    points = selectors.usage_totals_history(**window)
+    cluster = selectors.cluster_history(**window)  # the capacity line on the same buckets
     by_type, cluster_by_type = defaultdict(list), defaultdict(list)
     for p in points:
         by_type[p.gpu_type].append(p)

@@ -252,3 +252,40 @@ def test_the_overview_stacks_every_share_and_links_only_to_visible_ones(client, 
     assert 'href="/dash/shares/vision/' in page
     assert 'href="/dash/shares/research/' not in page
     assert "/static/vendor/plotly.min.js" in page and "cdn" not in page.lower()
+
+
+def test_every_figure_is_built_as_a_figure_plotly_accepts():
+    """Figures are plain dicts (graph objects were too slow); plotly's graph objects still
+    accept each one, so no property is misspelt or misplaced."""
+    import plotly.graph_objects as go
+
+    from dashboards import figures
+    from dashboards.selectors import (
+        ClusterPoint,
+        GpuTypeNow,
+        LendingFlows,
+        PreemptionEvent,
+        ShareTotalPoint,
+        UsagePoint,
+    )
+
+    at = [T0 + timedelta(minutes=10 * i) for i in range(3)]
+    totals = [ShareTotalPoint(t, 600, s, "h100", 3.0) for t in at for s in ("research", "vision")]
+    cluster = [ClusterPoint(t, 600, "h100", 16, 6, 0, 7) for t in at]
+    usage = [UsagePoint(t, 600, "research", "h100", 8, 6, 2, 0, 2, 1, 8) for t in at]
+    preempted = PreemptionEvent(at[1], 1, "#1 sweep", "research", "h100", 4, "reclaim", 2,
+                                "#2 detector", "vision")  # fmt: skip
+    change = {"at": at[2], "by": "root", "fields": ["weight: 1.0 → 2.0"]}
+    built = [
+        figures.capacity_now([GpuTypeNow("h100", 16, 6, 0, 10.0)]),
+        figures.stacked_usage("h100", totals, cluster, "last hour"),
+        figures.share_usage("research", "h100", usage, [preempted], [change], "last hour"),
+        figures.lending_bars("Vision", LendingFlows({"research": 1.5}, {FREE_POOL: 2.0}), "1 h"),
+        figures.wait_histogram("Vision", {"vision": [1.0, 4.0]}, "last hour"),
+    ]
+    for fig in built:
+        go.Figure(fig)  # raises ValueError on any property plotly does not know
+    stacked = built[1]["data"]
+    assert [t["name"] for t in stacked] == ["research", "vision", "capacity"]
+    assert stacked[0]["y"] == [3.0, 3.0, 3.0]
+    assert stacked[0]["line"]["color"] == figures.share_colour("research")
