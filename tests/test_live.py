@@ -104,8 +104,9 @@ def test_agent_shut_down_requeues_its_jobs_instead_of_failing_them(personas, liv
     wait_for(lambda: system.checkpoint_dir(job.pk).joinpath("checkpoint").exists(),
              what="a checkpoint")  # fmt: skip
     stop(system.agents.pop("node-a"))
-    job = wait_state(job, Job.State.RUNNABLE, Job.State.SCHEDULED, timeout=30)
-    assert outcomes(job)[0] == "NODE_LOST"
+    first = JobAttempt.objects.filter(job=job, number=1)
+    wait_for(lambda: first.exclude(outcome="").exists(), timeout=60, what="attempt 1 to end")
+    assert outcomes(job)[0] == "NODE_LOST", Job.objects.get(pk=job.pk).reason
     system.start_agent("node-a")
     job = wait_state(job, Job.State.SUCCEEDED, timeout=90)
     assert outcomes(job)[-1] == "SUCCEEDED" and "FAILED" not in outcomes(job)

@@ -28,6 +28,7 @@ from scheduler.agent.gpus import Gpu
 logger = logging.getLogger("scheduler.agent")
 
 LOG_TAIL_BYTES = 8000
+SHUTDOWN_REPORT_SECONDS = 5.0  # how long a stopping agent keeps trying to report
 LOG_EVERY_SECONDS = 15.0
 MAX_BACKOFF_SECONDS = 10.0
 # Variables of the agent itself that a job must not see.
@@ -433,5 +434,15 @@ class Agent:
         while self.processes and time.monotonic() < deadline + 5:
             self.supervise()
             time.sleep(0.05)
-        self.report_backoff.succeeded()
-        self.flush()
+        # The last reports say what became of the jobs: try for a few seconds before leaving.
+        deadline = time.monotonic() + SHUTDOWN_REPORT_SECONDS
+        while True:
+            self.report_backoff.succeeded()
+            self.flush()
+            with self.lock:
+                if not self.outbox:
+                    break
+            if time.monotonic() >= deadline:
+                logger.warning("leaving with %d unsent report(s)", len(self.outbox))
+                break
+            time.sleep(0.2)
