@@ -197,15 +197,9 @@ def _parse_nodes(raw: Any) -> tuple[NodeView, ...]:
         raise ScenarioError("nodes: must be a non-empty list")
     nodes: list[NodeView] = []
     for index, entry in enumerate(raw):
-        where = f"nodes[{index}]"
-        if not isinstance(entry, dict):
-            raise ScenarioError(f"{where}: must be a mapping")
-        if "name" in entry:
-            where = f"{where} ({entry['name']})"
-        _no_unknown_keys(entry, NODE_KEYS, where)
-        for key in ("name", "gpu_type", "gpus"):
-            if key not in entry:
-                raise ScenarioError(f"{where}: `{key}` is required")
+        where = _checked_entry(
+            entry, f"nodes[{index}]", NODE_KEYS, ("name", "gpu_type", "gpus"), label="name"
+        )
         name = _text(entry["name"], where, "name")
         gpu_type = _text(entry["gpu_type"], where, "gpu_type")
         gpus = _int(entry["gpus"], where, "gpus", minimum=1)
@@ -228,15 +222,9 @@ def _parse_shares(raw: Any) -> tuple[ShareView, ...]:
         raise ScenarioError("shares: must be a non-empty list")
     shares: list[ShareView] = []
     for index, entry in enumerate(raw):
-        where = f"shares[{index}]"
-        if not isinstance(entry, dict):
-            raise ScenarioError(f"{where}: must be a mapping")
-        if "name" in entry:
-            where = f"{where} ({entry['name']})"
-        _no_unknown_keys(entry, SHARE_KEYS, where)
-        for key in REQUIRED_SHARE_KEYS:
-            if key not in entry:
-                raise ScenarioError(f"{where}: `{key}` is required")
+        where = _checked_entry(
+            entry, f"shares[{index}]", SHARE_KEYS, REQUIRED_SHARE_KEYS, label="name"
+        )
         name = _text(entry["name"], where, "name")
         if not SLUG.match(name):
             raise ScenarioError(f"{where}: name must be a slug (lower-case letters, digits, - _)")
@@ -325,14 +313,7 @@ def _parse_lend_limit(raw: Any, limits: Mapping[str, int], where: str) -> dict[s
 def _parse_job(
     raw: Any, where: str, share_by_name: Mapping[str, ShareView], *, from_text: bool = False
 ) -> JobSpec:
-    if not isinstance(raw, dict):
-        raise ScenarioError(f"{where}: must be a mapping")
-    if "id" in raw:
-        where = f"{where} ({raw['id']})"
-    _no_unknown_keys(raw, JOB_KEYS, where)
-    for key in REQUIRED_JOB_KEYS:
-        if key not in raw:
-            raise ScenarioError(f"{where}: `{key}` is required")
+    where = _checked_entry(raw, where, JOB_KEYS, REQUIRED_JOB_KEYS, label="id")
     share = str(raw["share"])
     if share not in share_by_name:
         raise ScenarioError(f"{where}: unknown share {share!r}")
@@ -377,13 +358,7 @@ def _parse_changes(raw: Any, share_by_name: Mapping[str, ShareView]) -> tuple[Sh
         raise ScenarioError("changes: must be a list")
     entries = []
     for index, entry in enumerate(raw):
-        where = f"changes[{index}]"
-        if not isinstance(entry, dict):
-            raise ScenarioError(f"{where}: must be a mapping")
-        _no_unknown_keys(entry, CHANGE_KEYS, where)
-        for key in ("at", "share", "set"):
-            if key not in entry:
-                raise ScenarioError(f"{where}: `{key}` is required")
+        where = _checked_entry(entry, f"changes[{index}]", CHANGE_KEYS, ("at", "share", "set"))
         at = _number(entry["at"], where, "at")
         if at < 0:
             raise ScenarioError(f"{where}: at must be >= 0")
@@ -431,6 +406,22 @@ def _share_fields(share: ShareView) -> dict[str, Any]:
 def share_with(share: ShareView, fields: Mapping[str, Any]) -> ShareView:
     """`share` with the (already checked) settings of a change."""
     return replace(share, **fields)
+
+
+def _checked_entry(
+    entry: Any, where: str, allowed: set[str], required: tuple[str, ...], label: str | None = None
+) -> str:
+    """Check one entry of a list: a mapping with only `allowed` keys and every `required` one.
+    Returns how messages name it: `where`, with the entry's `label` key when it has one."""
+    if not isinstance(entry, dict):
+        raise ScenarioError(f"{where}: must be a mapping")
+    if label is not None and label in entry:
+        where = f"{where} ({entry[label]})"
+    _no_unknown_keys(entry, allowed, where)
+    for key in required:
+        if key not in entry:
+            raise ScenarioError(f"{where}: `{key}` is required")
+    return where
 
 
 def _no_unknown_keys(entry: Mapping[str, Any], allowed: set[str], where: str) -> None:
