@@ -128,6 +128,36 @@ class Ledger:
             trial.change(name, delta)
         return trial.reason()
 
+    def admission_reason(self, share: str, gpus: int) -> str | None:
+        """`check(share, {share: gpus}, within_limit=False)` for the common case of one job and
+        no victims, without building a trial: it runs for every runnable job of every plan."""
+        if not gpus:
+            return None
+        limit = self._limit[share]
+        cap = self._lend_cap[share]
+        for state in (self.planned, self.held):
+            used = state.usage[share]
+            after = used + gpus
+            if after > limit:
+                if self._shares[share].strategy != LEND_AND_BORROW:
+                    return reasons.at_limit(share, used, limit, self.gpu_type)
+                borrow_cap = self._borrow_cap[share]
+                if borrow_cap is not None and after - limit > borrow_cap:
+                    return reasons.borrow_limit_reached(
+                        self._borrowed(share, used), borrow_cap, self.gpu_type
+                    )
+            excess = (
+                state.borrowed_total
+                - state.lendable_total
+                + (after - limit if after >= limit else -min(limit - after, cap))
+                - (used - limit if used >= limit else -min(limit - used, cap))
+            )
+            if excess > self.free_pool:
+                if after > limit:
+                    return reasons.no_lendable(self.gpu_type)
+                return reasons.quota_lent_out(share, self.gpu_type)
+        return None
+
     def trial(self, share: str, within_limit: bool) -> Trial:
         """A what-if on top of the ledger, changed one share at a time at constant cost."""
         return Trial(self, share, within_limit)

@@ -20,6 +20,7 @@ placeable. Jobs still running there keep counting in their share's usage until t
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
@@ -49,11 +50,13 @@ TRY_OWN_SHARE = "own_share"  # (2) victims only from the job's own share (in-sha
 TRY_BOTH = "both"  # (3) both together; share within its limit after
 
 
-def plan(snapshot: Snapshot) -> Plan:
+def plan(snapshot: Snapshot, *, exhaustive: bool = False) -> Plan:
     """Decide one cycle: which runnable jobs start where, which placed jobs are preempted, which
     runnable jobs are rejected, and why every other runnable job waits.
 
-    Deterministic: the same snapshot always gives an equal plan.
+    Deterministic: the same snapshot always gives an equal plan. `exhaustive` makes victim
+    searches walk and prune every candidate one at a time, as DESIGN §2 words the rule, without
+    the shortcuts that give the same victims faster; tests compare the two.
     """
     shares = {share.name: share for share in snapshot.shares}
     nodes_by_type: dict[str, list[NodeView]] = defaultdict(list)
@@ -93,6 +96,7 @@ def plan(snapshot: Snapshot) -> Plan:
             placed_by_type.get(gpu_type, []),
             jobs_by_type[gpu_type],
             snapshot.borrow_order,
+            exhaustive,
         )
         cycle.run()
         placements.extend(cycle.placements)
@@ -191,8 +195,10 @@ class _TypeCycle:
         placed: Sequence[PlacedJob],
         jobs: Sequence[tuple[int, RunnableJob]],
         borrow_order: str,
+        exhaustive: bool = False,
     ) -> None:
         self.gpu_type = gpu_type
+        self.exhaustive = exhaustive
         self.shares = shares
         self.borrow_order = borrow_order
         ready = [node for node in nodes if node.state == READY]
@@ -322,8 +328,9 @@ class _TypeCycle:
             return False
         per_node = job.gpus // job.nodes
         own = {job.share: job.gpus}
-        reason = self.ledger.check(job.share, own, within_limit=False)
-        if reason is None:
+        reason = self.ledger.admission_reason(job.share, job.gpus)
+        quota_allows = reason is None
+        if quota_allows:
             used = self.ledger.held_usage(job.share)
             allocations = self.pool.take(per_node, job.nodes)
             if allocations is not None:
@@ -342,10 +349,13 @@ class _TypeCycle:
         for stopping in promised:
             deltas[stopping.share] = deltas.get(stopping.share, 0) - stopping.gpus
 
-        may_wait = (promised or self.releasing) and self._may_wait_for_release(
-            job, per_node, promised
-        )
-        if may_wait and self.ledger.check(job.share, deltas, within_limit=False) is None:
+        if promised:
+            quota_allows = self.ledger.check(job.share, deltas, within_limit=False) is None
+        if (
+            quota_allows
+            and (promised or self.releasing)
+            and self._may_wait_for_release(job, per_node, promised)
+        ):
             capacity = self._capacity(per_node, promised)
             if capacity.nodes >= job.nodes:
                 self._commit(job, promised, [], deltas)
@@ -478,50 +488,19 @@ class _TypeCycle:
         heap = self._candidate_streams(job, attempt)
         if not heap:
             return None
-        capacity = self._capacity(job.gpus // job.nodes, promised)
-        trial = self.ledger.trial(job.share, within_limit)
-        for name, delta in base_deltas.items():
-            trial.change(name, delta)
-
-        # Victims' GPUs per share not yet told to the trial: the quota is looked at only once
-        # the nodes have room, so a long walk over candidates costs dictionary updates only.
-        pending: dict[str, int] = defaultdict(int)
-        limits = self.ledger.limit
-        chosen: list[PlacedJob | None] = []
-        found = False
-        while heap:
-            _, name, position = heapq.heappop(heap)
-            candidate = self.candidates[name][position]
-            if name != job.share and trial.usage(name) - pending[name] <= limits(name):
-                continue  # victims only while their share is above its limit
-            self._push_next(heap, job, name, position + 1)
-            chosen.append(candidate)
-            pending[candidate.share] += candidate.gpus
-            self._add_victim_gpus(candidate, capacity, +1)
-            if capacity.nodes >= job.nodes:
-                for share_name, gpus in pending.items():
-                    trial.change(share_name, -gpus)
-                pending.clear()
-                if trial.reason() is None:
-                    found = True
-                    break
-        if not found:
+        walk = _Walk(self, job, within_limit, promised, base_deltas)
+        if not walk.greedy(heap):
             return None
-        # Walk back and drop every victim the job can do without. The nodes are checked first:
-        # a victim the nodes need stays without a look at the quota.
-        for index in range(len(chosen) - 1, -1, -1):
-            victim = chosen[index]
-            assert victim is not None
-            self._add_victim_gpus(victim, capacity, -1)
-            if capacity.nodes < job.nodes:
-                self._add_victim_gpus(victim, capacity, +1)
-                continue
-            trial.change(victim.share, victim.gpus)
-            if trial.reason() is None:
-                chosen[index] = None
-            else:
-                self._add_victim(victim, capacity, trial, +1)
-        return [victim for victim in chosen if victim is not None]
+        return walk.pruned()
+
+    def _own_victims_needed(self, job: RunnableJob, within_limit: bool, delta: int) -> int:
+        """GPUs the job's share must give up of its own jobs before the try's quota rule can
+        hold: its usage, now and as planned, plus `delta`, within its limit (or borrow cap)."""
+        cap = self.ledger.usage_cap(job.share, within_limit)
+        if cap is None:
+            return 0
+        ledger = self.ledger
+        return max(ledger.usage(job.share), ledger.held_usage(job.share)) + delta - cap
 
     def _own_victims_may_suffice(self, job: RunnableJob, within_limit: bool, delta: int) -> bool:
         """Whether the share's usage could get within what the try allows (its limit, or its
@@ -543,15 +522,6 @@ class _TypeCycle:
                 if after <= cap:
                     return True
         return False
-
-    def _add_victim(self, victim: PlacedJob, capacity: _Capacity, trial: Trial, sign: int) -> None:
-        trial.change(victim.share, -sign * victim.gpus)
-        self._add_victim_gpus(victim, capacity, sign)
-
-    def _add_victim_gpus(self, victim: PlacedJob, capacity: _Capacity, sign: int) -> None:
-        for allocation in victim.allocations:
-            if allocation.node in self.pool:
-                capacity.add(allocation.node, sign * len(allocation.gpu_indices))
 
     def _commit(
         self,
@@ -617,3 +587,258 @@ class _TypeCycle:
         if others:
             return reasons.reclaiming(gpus, self.gpu_type, others, len(stopping))
         return reasons.preempting_in_share(gpus, self.gpu_type, job.share, len(stopping))
+
+
+# After this many candidates without the job fitting, check that it can fit at all.
+_LONG_WALK = 64
+
+
+class _Walk:
+    """One victim search: the greedy walk over candidates in victim order, then the backward
+    prune (DESIGN §2, "Which victims").
+
+    The walk records, for every prefix of the chosen list, how many nodes could host the job and
+    how many GPUs each node and each share gave up. The prune then does not step back over every
+    chosen victim: victim i is kept exactly when the job does not fit with the victims before i
+    plus those kept after i, and that fit only grows with i, so a binary search finds the next
+    victim kept, and every victim between two kept ones is dropped at once. Long walks (a
+    high-priority job whose own share's victims come after many borrowers') cost the walk only.
+    """
+
+    def __init__(
+        self,
+        cycle: _TypeCycle,
+        job: RunnableJob,
+        within_limit: bool,
+        promised: Sequence[PlacedJob],
+        base_deltas: Mapping[str, int],
+    ) -> None:
+        self.cycle = cycle
+        self.job = job
+        self.within_limit = within_limit
+        self.base_deltas = base_deltas
+        self.need = job.gpus // job.nodes
+        self.promised = promised
+        self.capacity = cycle._capacity(self.need, promised)
+        # GPUs stopping for the job, by node: there before any victim is chosen.
+        self.promised_gpus = dict(self.capacity.extra)
+        self.own_needed = cycle._own_victims_needed(
+            job, within_limit, base_deltas.get(job.share, 0)
+        )
+        self.chosen: list[PlacedJob] = []
+        self.node_counts = [self.capacity.nodes]  # nodes able to host after the first k victims
+        self.node_steps: dict[str, tuple[list[int], list[int]]] = {}  # victim k, GPUs so far
+        self.share_steps: dict[str, tuple[list[int], list[int]]] = {}
+        # Chosen victims kept without the backward walk, last first (see _jump_to_own_victims).
+        self.decided: list[int] = []
+
+    def greedy(self, heap: list[tuple[tuple, str, int]]) -> bool:
+        """Take candidates in victim order until the job fits; False if it never does."""
+        cycle = self.cycle
+        job = self.job
+        candidates = cycle.candidates
+        limits = cycle.ledger.limit
+        pool = cycle.pool
+        capacity = self.capacity
+        trial = self._trial()
+        # Victims' GPUs per share not yet told to the trial: the quota is looked at only once
+        # the nodes have room and the job's share has given up enough of its own jobs to be
+        # within what the try allows, so a long walk over candidates costs dictionary updates.
+        pending: dict[str, int] = defaultdict(int)
+        given_up: dict[str, int] = defaultdict(int)
+        freed: dict[str, int] = defaultdict(int)
+        own_taken = 0
+        jumped = False
+        streams = [name for _, name, _ in heap]
+        walked = 0
+        while heap:
+            walked += 1
+            # Nothing was told to the trial yet: the nodes never had room.
+            if (
+                walked == _LONG_WALK
+                and not cycle.exhaustive
+                and capacity.nodes < job.nodes
+                and not self._nodes_may_fit(streams, trial)
+            ):
+                return False
+            _, name, position = heapq.heappop(heap)
+            candidate = candidates[name][position]
+            if name != job.share and trial.usage(name) - pending[name] <= limits(name):
+                continue  # victims only while their share is above its limit
+            cycle._push_next(heap, job, name, position + 1)
+            index = len(self.chosen)
+            self.chosen.append(candidate)
+            pending[name] += candidate.gpus
+            given_up[name] += candidate.gpus
+            _step(self.share_steps, name, index, given_up[name])
+            if name == job.share:
+                own_taken += candidate.gpus
+            for allocation in candidate.allocations:
+                node = allocation.node
+                if node in pool:
+                    gpus = len(allocation.gpu_indices)
+                    capacity.add(node, gpus)
+                    freed[node] += gpus
+                    _step(self.node_steps, node, index, freed[node])
+            self.node_counts.append(capacity.nodes)
+            if capacity.nodes < job.nodes:
+                continue
+            if own_taken < self.own_needed:
+                if not jumped and not cycle.exhaustive:
+                    jumped = True
+                    outcome = self._jump_to_own_victims(heap, own_taken, given_up)
+                    if outcome is not None:
+                        return outcome
+                continue
+            for share_name, gpus in pending.items():
+                trial.change(share_name, -gpus)
+            pending.clear()
+            if trial.reason() is None:
+                return True
+        return False
+
+    def _nodes_may_fit(self, streams: Sequence[str], trial: Trial) -> bool:
+        """Whether enough nodes would have room with every candidate the walk may still take:
+        a quick count, without the victim order, that saves long walks doomed from the start
+        (a whole node wanted, and no node holds only jobs that may be preempted)."""
+        cycle = self.cycle
+        job = self.job
+        pool = cycle.pool
+        limits = cycle.ledger.limit
+        capacity = cycle._capacity(self.need, self.promised)
+        for name in streams:
+            own = name == job.share
+            # The walk takes another share's jobs while the share stays above its limit.
+            surplus = trial.usage(name) - limits(name)
+            for candidate in cycle.candidates[name]:
+                if own and candidate.priority >= job.priority:
+                    break
+                if not own and surplus <= 0:
+                    break
+                if candidate.id in cycle.victims:
+                    continue
+                surplus -= candidate.gpus
+                for allocation in candidate.allocations:
+                    if allocation.node in pool:
+                        capacity.add(allocation.node, len(allocation.gpu_indices))
+                if capacity.nodes >= job.nodes:
+                    return True
+        return False
+
+    def _jump_to_own_victims(
+        self, heap: list[tuple[tuple, str, int]], own_taken: int, given_up: Mapping[str, int]
+    ) -> bool | None:
+        """The nodes have room, but the job's share has not yet given up enough of its own jobs.
+        The walk cannot stop before it has, so it would take every candidate up to the own job
+        that makes the share fit, and the prune would drop every other share's one among them
+        again, provided the quota holds without them. When it does, take the share's own jobs
+        straight away: True. False: the share's own jobs can never be enough. None: decide by
+        walking on."""
+        cycle = self.cycle
+        job = self.job
+        queue = cycle.candidates.get(job.share, [])
+        position = next((entry[2] for entry in heap if entry[1] == job.share), len(queue))
+        own: list[PlacedJob] = []
+        total = own_taken
+        while total < self.own_needed:
+            while position < len(queue) and queue[position].id in cycle.victims:
+                position += 1
+            if position == len(queue) or queue[position].priority >= job.priority:
+                return False
+            own.append(queue[position])
+            total += queue[position].gpus
+            position += 1
+        # Walking the share's own jobs backwards, each is dropped if the share stays within
+        # what the try allows without it.
+        kept = []
+        for victim in reversed(own):
+            if total - victim.gpus >= self.own_needed:
+                total -= victim.gpus
+            else:
+                kept.append(victim)
+        trial = self._trial()
+        for name, gpus in given_up.items():
+            trial.change(name, -gpus)
+        trial.change(job.share, -sum(victim.gpus for victim in kept))
+        if trial.reason() is not None:
+            return None
+        first = len(self.chosen)
+        self.chosen.extend(reversed(kept))
+        self.decided = list(range(len(self.chosen) - 1, first - 1, -1))
+        return True
+
+    def pruned(self) -> list[PlacedJob]:
+        """Walk the chosen list backwards, dropping every victim the job can do without."""
+        kept = list(self.decided)
+        end = len(self.node_counts) - 1  # victims from `end` on are decided
+        if self.cycle.exhaustive:
+            for index in range(end - 1, -1, -1):
+                if not self._fits(index, kept):
+                    kept.append(index)
+            return [self.chosen[index] for index in reversed(kept)]
+        while end > 0 and not self._fits(0, kept):
+            # The last victim before `end` that the job cannot do without.
+            low, high = 0, end - 1
+            while low < high:
+                middle = (low + high + 1) // 2
+                if self._fits(middle, kept):
+                    high = middle - 1
+                else:
+                    low = middle
+            kept.append(low)
+            end = low
+        return [self.chosen[index] for index in reversed(kept)]
+
+    def _trial(self) -> Trial:
+        trial = self.cycle.ledger.trial(self.job.share, self.within_limit)
+        for name, delta in self.base_deltas.items():
+            trial.change(name, delta)
+        return trial
+
+    def _fits(self, count: int, kept: Sequence[int]) -> bool:
+        """Whether the job fits with the first `count` chosen victims plus the `kept` ones."""
+        job = self.job
+        extra_nodes: dict[str, int] = defaultdict(int)
+        extra_shares: dict[str, int] = defaultdict(int)
+        for index in kept:
+            victim = self.chosen[index]
+            extra_shares[victim.share] += victim.gpus
+            for allocation in victim.allocations:
+                if allocation.node in self.cycle.pool:
+                    extra_nodes[allocation.node] += len(allocation.gpu_indices)
+        nodes = self.node_counts[count]
+        cycle = self.cycle
+        for node, extra in extra_nodes.items():
+            gpus = (
+                cycle.pool.free_count(node)
+                + cycle.releasing_counts.get(node, 0)
+                + self.promised_gpus.get(node, 0)
+                + _so_far(self.node_steps.get(node), count)
+            )
+            nodes += (gpus + extra >= self.need) - (gpus >= self.need)
+        if nodes < job.nodes:
+            return False
+        own = _so_far(self.share_steps.get(job.share), count) + extra_shares.get(job.share, 0)
+        if own < self.own_needed:
+            return False
+        trial = self._trial()
+        for name in self.share_steps.keys() | extra_shares.keys():
+            trial.change(name, -(_so_far(self.share_steps.get(name), count) + extra_shares[name]))
+        return trial.reason() is None
+
+
+def _step(steps: dict[str, tuple[list[int], list[int]]], key: str, index: int, total: int) -> None:
+    entry = steps.get(key)
+    if entry is None:
+        steps[key] = ([index], [total])
+    else:
+        entry[0].append(index)
+        entry[1].append(total)
+
+
+def _so_far(steps: tuple[list[int], list[int]] | None, count: int) -> int:
+    """The running total recorded in `steps` after the first `count` victims."""
+    if steps is None:
+        return 0
+    position = bisect_left(steps[0], count)
+    return steps[1][position - 1] if position else 0

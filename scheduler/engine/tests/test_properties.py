@@ -3,13 +3,23 @@ cycles: placements start, victims stop for one cycle then return to the queue, j
 
 from __future__ import annotations
 
+import random
 from collections import defaultdict
 from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler.engine import PlacedJob, Plan, RunnableJob, ShareView, Snapshot, plan, planner
+from scheduler.engine import (
+    Allocation,
+    PlacedJob,
+    Plan,
+    RunnableJob,
+    ShareView,
+    Snapshot,
+    plan,
+    planner,
+)
 from scheduler.engine.snapshot import (
     DRAINING,
     FAIR,
@@ -205,7 +215,10 @@ def _minimal_search(original):
                     trial.change(name, delta)
                 for victim in chosen:
                     if victim is not left_out:
-                        self._add_victim(victim, capacity, trial, +1)
+                        trial.change(victim.share, -victim.gpus)
+                        for allocation in victim.allocations:
+                            if allocation.node in self.pool:
+                                capacity.add(allocation.node, len(allocation.gpu_indices))
                 assert not (capacity.nodes >= job.nodes and trial.reason() is None), (
                     f"{left_out.id} is not needed for {job.id}"
                 )
@@ -291,3 +304,62 @@ def test_placed_job_builder_keeps_fields():
     after = advance(snapshot, plan(snapshot), now=9.0)
     assert after.placed == (PlacedJob("j", "s", H100, 2, 3, 7.0, 9.0, after.placed[0].allocations),)
     assert after.runnable == ()
+
+
+@st.composite
+def busy_clusters(draw) -> Snapshot:
+    """A cluster with most GPUs held by many small jobs of many shares, and a queue of jobs of
+    every size and priority: victim searches walk long lists of candidates here."""
+    rng = random.Random(draw(st.integers(0, 2**32)))
+    nodes = tuple(NodeView(f"n{i}", H100, 8, READY) for i in range(draw(st.integers(4, 40))))
+    share_count = draw(st.integers(2, 8))
+    shares = tuple(
+        ShareView(
+            f"s{i}",
+            {H100: max(1, len(nodes) * 8 * 9 // 10 // share_count)},
+            rng.choice(STRATEGIES),
+            borrow_limit=rng.choice((-1, 50, 100)),
+            in_share_preemption=rng.random() < 0.6,
+            weight=rng.choice((1.0, 2.0)),
+        )
+        for i in range(share_count)
+    )
+    placed = []
+    for node in nodes:
+        index = 0
+        while index < 8 and rng.random() < 0.95:
+            gpus = min(8 - index, rng.choice((1, 1, 1, 2, 4)))
+            placed.append(
+                PlacedJob(
+                    f"p{len(placed)}",
+                    rng.choice(shares).name,
+                    H100,
+                    gpus,
+                    rng.choice((0, 0, 5, 10)),
+                    float(rng.randrange(1000)),
+                    float(rng.randrange(1000)),
+                    (Allocation(node.name, tuple(range(index, index + gpus))),),
+                )
+            )
+            index += gpus
+    runnable = tuple(
+        RunnableJob(
+            f"r{i}",
+            rng.choice(shares).name,
+            H100,
+            *rng.choice(((1, 1), (2, 1), (4, 1), (8, 1), (16, 2))),
+            rng.choice((0, 5, 10, 20)),
+            float(1000 + i),
+        )
+        for i in range(draw(st.integers(1, 200)))
+    )
+    return Snapshot(nodes, shares, tuple(placed), runnable, rng.choice((FIFO, FAIR)))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cluster=busy_clusters())
+def test_victim_search_shortcuts_choose_the_same_victims(cluster):
+    """The victim search's shortcuts (stopping a walk that can never fit, taking the share's own
+    jobs without walking other shares' ones first, pruning by bisection) give exactly the plan
+    of walking and pruning every candidate one by one."""
+    assert plan(cluster) == plan(cluster, exhaustive=True)
