@@ -66,8 +66,14 @@ def plan(snapshot: Snapshot, *, exhaustive: bool = False) -> Plan:
     sizes = {gpu_type: NodeSizes(nodes) for gpu_type, nodes in nodes_by_type.items()}
     rejections: list[Rejection] = []
     jobs_by_type: dict[str, list[tuple[int, RunnableJob]]] = defaultdict(list)
+    # Long queues repeat a few shapes (share, type, size): each is judged once.
+    judged: dict[tuple[str, str, int, int], str | None] = {}
     for position, job in enumerate(snapshot.runnable):
-        reason = rejection_reason(job, shares, sizes.get(job.gpu_type))
+        shape = (job.share, job.gpu_type, job.gpus, job.nodes)
+        if shape in judged:
+            reason = judged[shape]
+        else:
+            reason = judged[shape] = rejection_reason(job, shares, sizes.get(job.gpu_type))
         if reason is not None:
             rejections.append(Rejection(job.id, reason))
         else:
