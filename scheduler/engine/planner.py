@@ -709,9 +709,14 @@ class _Walk:
         (a whole node wanted, and no node holds only jobs that may be preempted)."""
         cycle = self.cycle
         job = self.job
+        need = self.need
         pool = cycle.pool
+        releasing = cycle.releasing_counts
+        promised = self.promised_gpus
+        victims = cycle.victims
         limits = cycle.ledger.limit
-        capacity = cycle._capacity(self.need, self.promised)
+        nodes = cycle._capacity(need, self.promised).nodes
+        room: dict[str, int] = {}  # GPUs each node would have, of the nodes the walk touches
         for name in streams:
             own = name == job.share
             # The walk takes another share's jobs while the share stays above its limit.
@@ -721,13 +726,22 @@ class _Walk:
                     break
                 if not own and surplus <= 0:
                     break
-                if candidate.id in cycle.victims:
+                if candidate.id in victims:
                     continue
                 surplus -= candidate.gpus
                 for allocation in candidate.allocations:
-                    if allocation.node in pool:
-                        capacity.add(allocation.node, len(allocation.gpu_indices))
-                if capacity.nodes >= job.nodes:
+                    node = allocation.node
+                    if node not in pool:
+                        continue
+                    before = room.get(node)
+                    if before is None:
+                        before = (
+                            pool.free_count(node) + releasing.get(node, 0) + promised.get(node, 0)
+                        )
+                    after = room[node] = before + len(allocation.gpu_indices)
+                    if before < need <= after:
+                        nodes += 1
+                if nodes >= job.nodes:
                     return True
         return False
 
