@@ -156,11 +156,18 @@ def rejection_reason(
     return None
 
 
+def _victim_key(job: PlacedJob, own: bool) -> tuple:
+    # The victim order across the shares a search draws from. Ties: jobs on borrowed GPUs
+    # before jobs on own quota, then later start, then (try 3) other shares' jobs before the
+    # job's own share's, then later submission.
+    return (job.priority, job.borrowed == 0, -job.started, own, -job.submitted, job.id)
+
+
 def _victim_order(job: PlacedJob) -> tuple:
-    # Lowest priority first, then jobs on borrowed GPUs before jobs on their share's own quota,
-    # then most recently started (least work lost), then later submission; the id only makes
-    # the order total.
-    return (job.priority, job.borrowed == 0, -job.started, -job.submitted, job.id)
+    """Lowest priority first, then jobs on borrowed GPUs before jobs on their share's own quota,
+    then most recently started (least work lost), then later submission; the id only makes the
+    order total."""
+    return _victim_key(job, False)
 
 
 class _Capacity:
@@ -234,6 +241,8 @@ class _TypeCycle:
         self.candidates = {
             name: sorted(share_jobs, key=_victim_order) for name, share_jobs in candidates.items()
         }
+        # Victim keys of each share's candidates, as one of the job's own share or another's.
+        self._victim_keys: dict[tuple[str, bool], list[tuple]] = {}
         # Jobs promised GPUs: victims stopping for them, or victims already stopped and back in
         # the queue (the GPUs they released stay promised until the job starts).
         self.claimants = set(self.promised)
@@ -465,17 +474,10 @@ class _TypeCycle:
         own = name == job.share
         if own and candidate.priority >= job.priority:
             return  # in-share preemption takes strictly lower priority only
-        # Ties: jobs on borrowed GPUs before jobs on own quota, then later start, then (try 3)
-        # other shares' jobs before the job's own share's, then later submission.
-        key = (
-            candidate.priority,
-            candidate.borrowed == 0,
-            -candidate.started,
-            own,
-            -candidate.submitted,
-            candidate.id,
-        )
-        heapq.heappush(heap, (key, name, position))
+        keys = self._victim_keys.get((name, own))
+        if keys is None:
+            keys = self._victim_keys[name, own] = [_victim_key(job, own) for job in queue]
+        heapq.heappush(heap, (keys[position], name, position))
 
     def _search(
         self,
