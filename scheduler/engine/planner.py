@@ -243,6 +243,7 @@ class _TypeCycle:
         }
         # Victim keys of each share's candidates, as one of the job's own share or another's.
         self._victim_keys: dict[tuple[str, bool], list[tuple]] = {}
+        self._room: _Reachable | None = None  # built by the first victim search
         # Jobs promised GPUs: victims stopping for them, or victims already stopped and back in
         # the queue (the GPUs they released stay promised until the job starts).
         self.claimants = set(self.promised)
@@ -352,6 +353,10 @@ class _TypeCycle:
                 borrowed = max(0, used + job.gpus - limit) - max(0, used - limit)
                 self.ledger.admit(own)
                 self.placements.append(Placement(job.id, allocations, borrowed))
+                if self._room is not None:
+                    self._room.refresh_share(job.share)
+                    for allocation in allocations:
+                        self._room.refresh_node(allocation.node)
                 if any(a.node in self.releasing for a in allocations):
                     self._releasing_version += 1
                 return True
@@ -493,6 +498,13 @@ class _TypeCycle:
             job, within_limit, base_deltas.get(job.share, 0)
         ):
             return None
+        if (
+            not promised
+            and attempt != TRY_OWN_SHARE
+            and not self.exhaustive
+            and not self._reachable().may_fit(job, attempt == TRY_BOTH)
+        ):
+            return None  # no victim set can give the job its nodes
         heap = self._candidate_streams(job, attempt)
         if not heap:
             return None
@@ -564,6 +576,8 @@ class _TypeCycle:
                 self.pool.reserve(name, self.pool.free_indices(name)[:need])
                 if name in self.releasing:
                     self._releasing_version += 1
+            if self._room is not None:
+                self._room.refresh_node(name)
 
         final = dict(deltas)
         for victim in victims:
@@ -575,7 +589,15 @@ class _TypeCycle:
                 kind, why = RECLAIM, reasons.reclaimed_by(job.share, job.id)
             self.preemptions.append(Preemption(victim.id, job.id, kind, why))
         self.ledger.promise(final)
+        if self._room is not None:
+            for name in final:
+                self._room.refresh_share(name)
         self.waiting[job.id] = self._wait_reason(job, [*promised, *victims])
+
+    def _reachable(self) -> _Reachable:
+        if self._room is None:
+            self._room = _Reachable(self)
+        return self._room
 
     def _claim_released(self, name: str, count: int) -> None:
         rest = self.releasing[name][count:]
@@ -597,8 +619,92 @@ class _TypeCycle:
         return reasons.preempting_in_share(gpus, self.gpu_type, job.share, len(stopping))
 
 
-# After this many candidates without the job fitting, check that it can fit at all.
-_LONG_WALK = 64
+class _Reachable:
+    """The GPUs each READY node would have if every job a reclaim can reach were stopped: its
+    free GPUs, GPUs being released, and, of every share above its limit, the candidates a walk
+    takes before the share is back within its limit. Kept current as the plan places jobs and
+    takes victims, so a search learns in a few steps that no victim set gives the job its nodes
+    (a whole node wanted, and none holds only reachable jobs) instead of walking every
+    candidate to find out."""
+
+    def __init__(self, cycle: _TypeCycle) -> None:
+        self.cycle = cycle
+        pool = cycle.pool
+        self.room: dict[str, int] = {}
+        self.nodes_with = [0] * (pool.largest + 1)  # nodes by their room
+        for name in pool.names:
+            room = self.room[name] = pool.free_count(name) + cycle.releasing_counts.get(name, 0)
+            self.nodes_with[room] += 1
+        self.reachable: dict[str, int] = defaultdict(int)  # by node
+        self.reached: dict[str, list[PlacedJob]] = {}  # by share
+        for share in cycle.candidates:
+            self.refresh_share(share)
+
+    def may_fit(self, job: RunnableJob, with_own: bool) -> bool:
+        """Whether the job could get its nodes from other shares' reachable jobs (and, with
+        `with_own`, its own share's jobs of lower priority)."""
+        need = job.gpus // job.nodes
+        if need > len(self.nodes_with) - 1:
+            return False
+        nodes = sum(self.nodes_with[need:])
+        change: dict[str, int] = defaultdict(int)
+        for victim in self.reached.get(job.share, ()):
+            _count_gpus(change, victim, self.cycle.pool, -1)  # its own share is no borrower here
+        if with_own:
+            for victim in self.cycle.candidates.get(job.share, ()):
+                if victim.priority >= job.priority:
+                    break  # lowest priority first
+                if victim.id not in self.cycle.victims:
+                    _count_gpus(change, victim, self.cycle.pool, +1)
+        for node, gpus in change.items():
+            room = self.room[node]
+            nodes += (room + gpus >= need) - (room >= need)
+        return nodes >= job.nodes
+
+    def refresh_share(self, share: str) -> None:
+        """After the share's usage or victims changed."""
+        cycle = self.cycle
+        if share not in cycle.candidates:
+            return
+        reached = []
+        surplus = cycle.ledger.usage(share) - cycle.ledger.limit(share)
+        for candidate in cycle.candidates[share]:
+            if surplus <= 0:
+                break
+            if candidate.id not in cycle.victims:
+                reached.append(candidate)
+                surplus -= candidate.gpus
+        before = self.reached.get(share, [])
+        if [job.id for job in before] == [job.id for job in reached]:
+            return
+        change: dict[str, int] = defaultdict(int)
+        for job in before:
+            _count_gpus(change, job, cycle.pool, -1)
+        for job in reached:
+            _count_gpus(change, job, cycle.pool, +1)
+        self.reached[share] = reached
+        for node, gpus in change.items():
+            if gpus:
+                self.reachable[node] += gpus
+                self.refresh_node(node)
+
+    def refresh_node(self, node: str) -> None:
+        """After the node's free GPUs, GPUs being released or reachable jobs changed."""
+        cycle = self.cycle
+        room = (
+            cycle.pool.free_count(node)
+            + cycle.releasing_counts.get(node, 0)
+            + self.reachable.get(node, 0)
+        )
+        self.nodes_with[self.room[node]] -= 1
+        self.nodes_with[room] += 1
+        self.room[node] = room
+
+
+def _count_gpus(counts: dict[str, int], job: PlacedJob, pool: NodePool, sign: int) -> None:
+    for allocation in job.allocations:
+        if allocation.node in pool:
+            counts[allocation.node] += sign * len(allocation.gpu_indices)
 
 
 class _Walk:
@@ -626,7 +732,6 @@ class _Walk:
         self.within_limit = within_limit
         self.base_deltas = base_deltas
         self.need = job.gpus // job.nodes
-        self.promised = promised
         self.capacity = cycle._capacity(self.need, promised)
         # GPUs stopping for the job, by node: there before any victim is chosen.
         self.promised_gpus = dict(self.capacity.extra)
@@ -657,18 +762,7 @@ class _Walk:
         freed: dict[str, int] = defaultdict(int)
         own_taken = 0
         jumped = False
-        streams = [name for _, name, _ in heap]
-        walked = 0
         while heap:
-            walked += 1
-            # Nothing was told to the trial yet: the nodes never had room.
-            if (
-                walked == _LONG_WALK
-                and not cycle.exhaustive
-                and capacity.nodes < job.nodes
-                and not self._nodes_may_fit(streams, trial)
-            ):
-                return False
             _, name, position = heapq.heappop(heap)
             candidate = candidates[name][position]
             if name != job.share and trial.usage(name) - pending[name] <= limits(name):
@@ -703,48 +797,6 @@ class _Walk:
             pending.clear()
             if trial.reason() is None:
                 return True
-        return False
-
-    def _nodes_may_fit(self, streams: Sequence[str], trial: Trial) -> bool:
-        """Whether enough nodes would have room with every candidate the walk may still take:
-        a quick count, without the victim order, that saves long walks doomed from the start
-        (a whole node wanted, and no node holds only jobs that may be preempted)."""
-        cycle = self.cycle
-        job = self.job
-        need = self.need
-        pool = cycle.pool
-        releasing = cycle.releasing_counts
-        promised = self.promised_gpus
-        victims = cycle.victims
-        limits = cycle.ledger.limit
-        nodes = cycle._capacity(need, self.promised).nodes
-        room: dict[str, int] = {}  # GPUs each node would have, of the nodes the walk touches
-        for name in streams:
-            own = name == job.share
-            # The walk takes another share's jobs while the share stays above its limit.
-            surplus = trial.usage(name) - limits(name)
-            for candidate in cycle.candidates[name]:
-                if own and candidate.priority >= job.priority:
-                    break
-                if not own and surplus <= 0:
-                    break
-                if candidate.id in victims:
-                    continue
-                surplus -= candidate.gpus
-                for allocation in candidate.allocations:
-                    node = allocation.node
-                    if node not in pool:
-                        continue
-                    before = room.get(node)
-                    if before is None:
-                        before = (
-                            pool.free_count(node) + releasing.get(node, 0) + promised.get(node, 0)
-                        )
-                    after = room[node] = before + len(allocation.gpu_indices)
-                    if before < need <= after:
-                        nodes += 1
-                if nodes >= job.nodes:
-                    return True
         return False
 
     def _jump_to_own_victims(

@@ -20,7 +20,7 @@ class NodePool:
         # earlier one, so the same snapshot always gives the same plan.
         self._names = [node.name for node in nodes]
         self._ordinal = {node.name: i for i, node in enumerate(nodes)}
-        largest = max((node.gpus for node in nodes), default=0)
+        largest = self.largest = max((node.gpus for node in nodes), default=0)
         self._buckets: list[list[int]] = [[] for _ in range(largest + 1)]
         self._free: list[list[int]] = []
         for i, node in enumerate(nodes):
@@ -31,6 +31,10 @@ class NodePool:
                 free = list(range(node.gpus))
             self._free.append(free)
             self._buckets[len(free)].append(i)
+
+    @property
+    def names(self) -> list[str]:
+        return self._names
 
     def __contains__(self, name: str) -> bool:
         return name in self._ordinal
