@@ -157,17 +157,10 @@ def rejection_reason(
 
 
 def _victim_key(job: PlacedJob, own: bool) -> tuple:
-    # The victim order across the shares a search draws from. Ties: jobs on borrowed GPUs
-    # before jobs on own quota, then later start, then (try 3) other shares' jobs before the
-    # job's own share's, then later submission.
+    """Victim order: lowest priority first, then jobs on borrowed GPUs before jobs on their
+    share's own quota, then most recently started (least work lost), then (try 3) other shares'
+    jobs before the job's own share's (`own`), then later submission; the id makes it total."""
     return (job.priority, job.borrowed == 0, -job.started, own, -job.submitted, job.id)
-
-
-def _victim_order(job: PlacedJob) -> tuple:
-    """Lowest priority first, then jobs on borrowed GPUs before jobs on their share's own quota,
-    then most recently started (least work lost), then later submission; the id only makes the
-    order total."""
-    return _victim_key(job, False)
 
 
 class _Capacity:
@@ -221,7 +214,10 @@ class _TypeCycle:
             usage[job.share] += job.gpus
         self.ledger = Ledger(gpu_type, shares, usage, sum(node.gpus for node in ready))
 
-        self.jobs = sorted(jobs, key=lambda item: (-item[1].priority, item[1].submitted, item[0]))
+        # Priority, then submission; the position is unique, so jobs themselves never compare.
+        ordered = [(-job.priority, job.submitted, position, job) for position, job in jobs]
+        ordered.sort()
+        self.jobs = [(position, job) for _, _, position, job in ordered]
         waiting_ids = {job.id for _, job in jobs}
         # GPUs being released: promised to the runnable job they were preempted for, or free
         # for any job's reclaim to count on once they are released.
@@ -238,11 +234,14 @@ class _TypeCycle:
                             releasing[allocation.node].extend(allocation.gpu_indices)
             elif job.share in shares:
                 candidates[job.share].append(job)
-        self.candidates = {
-            name: sorted(share_jobs, key=_victim_order) for name, share_jobs in candidates.items()
-        }
-        # Victim keys of each share's candidates, as one of the job's own share or another's.
+        # Each share's candidates in victim order, and their victim keys as another share's
+        # jobs (built lazily as the job's own share's). Keys end with the unique id.
+        self.candidates: dict[str, list[PlacedJob]] = {}
         self._victim_keys: dict[tuple[str, bool], list[tuple]] = {}
+        for name, share_jobs in candidates.items():
+            keyed = sorted([(_victim_key(job, False), job) for job in share_jobs])
+            self.candidates[name] = [job for _, job in keyed]
+            self._victim_keys[name, False] = [key for key, _ in keyed]
         self._room: _Reachable | None = None  # built by the first victim search
         # Jobs promised GPUs: victims stopping for them, or victims already stopped and back in
         # the queue (the GPUs they released stay promised until the job starts).

@@ -153,8 +153,16 @@ def check_plan(snapshot: Snapshot, outcome: Plan) -> None:
                 assert (node.name, index) not in taken
                 taken.add((node.name, index))
 
-    # Victims: running jobs, cross-share only from shares above their limit.
+    # Victims: running jobs, cross-share only from shares above their limit. The plan decides
+    # first for jobs that victims stopped for, so their GPUs count, as do this plan's
+    # placements: a share that goes above its limit that way lends no more.
     before = _usage(snapshot.placed)
+    claimants = {p.preempted_for for p in snapshot.placed if p.stopping}
+    claimants |= {j.preempted_for for j in snapshot.runnable}
+    placed_now = {p.job_id for p in outcome.placements}
+    for job in snapshot.runnable:
+        if job.id in claimants or job.id in placed_now:
+            before[job.share] += job.gpus
     for preemption in outcome.preemptions:
         victim = placed[preemption.job_id]
         assert not victim.stopping
