@@ -20,7 +20,7 @@ placeable. Jobs still running there keep counting in their share's usage until t
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
@@ -243,6 +243,10 @@ class _TypeCycle:
             self.candidates[name] = [job for _, job in keyed]
             self._victim_keys[name, False] = [key for key, _ in keyed]
         self._room: _Reachable | None = None  # built by the first victim search
+        # The first candidate of every share above its limit, in victim order: where the walks
+        # of tries 1 and 3 start. Built by the first such search, then kept current.
+        self._heads: list[tuple[tuple, str, int]] | None = None
+        self._head_of: dict[str, tuple[tuple, str, int]] = {}
         # Jobs promised GPUs: victims stopping for them, or victims already stopped and back in
         # the queue (the GPUs they released stay promised until the job starts).
         self.claimants = set(self.promised)
@@ -352,10 +356,9 @@ class _TypeCycle:
                 borrowed = max(0, used + job.gpus - limit) - max(0, used - limit)
                 self.ledger.admit(own)
                 self.placements.append(Placement(job.id, allocations, borrowed))
-                if self._room is not None:
-                    self._room.refresh_share(job.share)
-                    for allocation in allocations:
-                        self._room.refresh_node(allocation.node)
+                self._share_changed(job.share)
+                for allocation in allocations:
+                    self._node_changed(allocation.node)
                 if any(a.node in self.releasing for a in allocations):
                     self._releasing_version += 1
                 return True
@@ -446,30 +449,49 @@ class _TypeCycle:
 
     # --- victims -------------------------------------------------------------------------------
 
-    def _candidate_streams(self, job: RunnableJob, attempt: str) -> list[tuple[tuple, str, int]]:
-        """Heap entries (order key, share, position) of each candidate share's first victim."""
-        heap: list[tuple[tuple, str, int]] = []
+    def _candidate_streams(self, job: RunnableJob, attempt: str) -> _Candidates:
+        """The candidates of the try in victim order: the shares above their limit when the
+        search starts (tries 1 and 3), the job's own share (tries 2 and 3)."""
+        heads = None
         if attempt in (TRY_BORROWERS, TRY_BOTH):
-            # Only shares above their limit when the search starts are candidates.
-            for name in self.candidates:
-                if name != job.share and self.ledger.above_limit(name):
-                    self._push_next(heap, job, name, 0)
+            if self._heads is None:
+                self._heads = []
+                for name in self.candidates:
+                    self._refresh_head(name)
+            heads = self._heads
+        candidates = _Candidates(job, heads)
         if attempt in (TRY_OWN_SHARE, TRY_BOTH) and job.share in self.candidates:
-            self._push_next(heap, job, job.share, 0)
-        return heap
+            self._push_next(candidates.heap, job, job.share, 0)
+        return candidates
+
+    def _refresh_head(self, name: str) -> None:
+        assert self._heads is not None
+        old = self._head_of.pop(name, None)
+        if old is not None:
+            del self._heads[bisect_left(self._heads, old)]
+        if name in self.candidates and self.ledger.above_limit(name):
+            position = self._first_untaken_position(name)
+            if position < len(self.candidates[name]):
+                head = (self._victim_keys[name, False][position], name, position)
+                insort(self._heads, head)
+                self._head_of[name] = head
+
+    def _first_untaken_position(self, name: str) -> int:
+        # Victims taken by earlier reclaims of this plan mostly sit at the front.
+        queue = self.candidates[name]
+        position = start = self._first_untaken.get(name, 0)
+        while position < len(queue) and queue[position].id in self.victims:
+            position += 1
+        if position != start:
+            self._first_untaken[name] = position
+        return position
 
     def _push_next(
         self, heap: list[tuple[tuple, str, int]], job: RunnableJob, name: str, position: int
     ) -> None:
         queue = self.candidates[name]
         if position == 0:
-            # Victims taken by earlier reclaims of this plan mostly sit at the front.
-            position = self._first_untaken.get(name, 0)
-            start = position
-            while position < len(queue) and queue[position].id in self.victims:
-                position += 1
-            if position != start:
-                self._first_untaken[name] = position
+            position = self._first_untaken_position(name)
         while position < len(queue) and queue[position].id in self.victims:
             position += 1
         if position == len(queue):
@@ -504,11 +526,9 @@ class _TypeCycle:
             and not self._reachable().may_fit(job, attempt == TRY_BOTH)
         ):
             return None  # no victim set can give the job its nodes
-        heap = self._candidate_streams(job, attempt)
-        if not heap:
-            return None
+        candidates = self._candidate_streams(job, attempt)
         walk = _Walk(self, job, within_limit, promised, base_deltas)
-        if not walk.greedy(heap):
+        if not walk.greedy(candidates):
             return None
         return walk.pruned()
 
@@ -575,8 +595,7 @@ class _TypeCycle:
                 self.pool.reserve(name, self.pool.free_indices(name)[:need])
                 if name in self.releasing:
                     self._releasing_version += 1
-            if self._room is not None:
-                self._room.refresh_node(name)
+            self._node_changed(name)
 
         final = dict(deltas)
         for victim in victims:
@@ -588,10 +607,21 @@ class _TypeCycle:
                 kind, why = RECLAIM, reasons.reclaimed_by(job.share, job.id)
             self.preemptions.append(Preemption(victim.id, job.id, kind, why))
         self.ledger.promise(final)
-        if self._room is not None:
-            for name in final:
-                self._room.refresh_share(name)
+        for name in final:
+            self._share_changed(name)
         self.waiting[job.id] = self._wait_reason(job, [*promised, *victims])
+
+    def _share_changed(self, name: str) -> None:
+        """After the share's usage or victims changed."""
+        if self._room is not None:
+            self._room.refresh_share(name)
+        if self._heads is not None:
+            self._refresh_head(name)
+
+    def _node_changed(self, name: str) -> None:
+        """After the node's free GPUs or GPUs being released changed."""
+        if self._room is not None:
+            self._room.refresh_node(name)
 
     def _reachable(self) -> _Reachable:
         if self._room is None:
@@ -616,6 +646,30 @@ class _TypeCycle:
         if others:
             return reasons.reclaiming(gpus, self.gpu_type, others, len(stopping))
         return reasons.preempting_in_share(gpus, self.gpu_type, job.share, len(stopping))
+
+
+class _Candidates:
+    """One search's candidates in victim order: a heap of the streams it has drawn from, fed
+    lazily from the plan's sorted list of the shares' first candidates (a share enters only
+    when its first candidate is next), so a search costs the candidates it looks at, not the
+    number of shares."""
+
+    def __init__(self, job: RunnableJob, heads: list[tuple[tuple, str, int]] | None) -> None:
+        self.heap: list[tuple[tuple, str, int]] = []
+        self._heads = heads or []
+        self._next_head = 0
+        self._own_share = job.share
+
+    def pop(self) -> tuple[tuple, str, int] | None:
+        heads = self._heads
+        index = self._next_head
+        while index < len(heads) and heads[index][1] == self._own_share:
+            index += 1  # the job's own share is drawn from as its own stream, if at all
+        if index < len(heads) and (not self.heap or heads[index] < self.heap[0]):
+            self._next_head = index + 1
+            return heads[index]
+        self._next_head = index
+        return heapq.heappop(self.heap) if self.heap else None
 
 
 class _Reachable:
@@ -744,7 +798,7 @@ class _Walk:
         # Chosen victims kept without the backward walk, last first (see _jump_to_own_victims).
         self.decided: list[int] = []
 
-    def greedy(self, heap: list[tuple[tuple, str, int]]) -> bool:
+    def greedy(self, stream: _Candidates) -> bool:
         """Take candidates in victim order until the job fits; False if it never does."""
         cycle = self.cycle
         job = self.job
@@ -761,12 +815,15 @@ class _Walk:
         freed: dict[str, int] = defaultdict(int)
         own_taken = 0
         jumped = False
-        while heap:
-            _, name, position = heapq.heappop(heap)
+        while True:
+            entry = stream.pop()
+            if entry is None:
+                return False
+            _, name, position = entry
             candidate = candidates[name][position]
             if name != job.share and trial.usage(name) - pending[name] <= limits(name):
                 continue  # victims only while their share is above its limit
-            cycle._push_next(heap, job, name, position + 1)
+            cycle._push_next(stream.heap, job, name, position + 1)
             index = len(self.chosen)
             self.chosen.append(candidate)
             pending[name] += candidate.gpus
@@ -787,7 +844,7 @@ class _Walk:
             if own_taken < self.own_needed:
                 if not jumped and not cycle.exhaustive:
                     jumped = True
-                    outcome = self._jump_to_own_victims(heap, own_taken, given_up)
+                    outcome = self._jump_to_own_victims(stream.heap, own_taken, given_up)
                     if outcome is not None:
                         return outcome
                 continue
