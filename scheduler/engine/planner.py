@@ -19,6 +19,7 @@ placeable. Jobs still running there keep counting in their share's usage until t
 
 from __future__ import annotations
 
+import gc
 import heapq
 from bisect import bisect_left, insort
 from collections import defaultdict
@@ -58,6 +59,19 @@ def plan(snapshot: Snapshot, *, exhaustive: bool = False) -> Plan:
     searches walk and prune every candidate one at a time, as DESIGN §2 words the rule, without
     the shortcuts that give the same victims faster; tests compare the two.
     """
+    # A plan allocates many small objects and frees them all; none forms a reference cycle,
+    # yet on a large snapshot Python's cycle collector would rescan everything alive many times
+    # over (about a quarter of the time of a 100,000-job plan).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _plan(snapshot, exhaustive)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _plan(snapshot: Snapshot, exhaustive: bool) -> Plan:
     shares = {share.name: share for share in snapshot.shares}
     nodes_by_type: dict[str, list[NodeView]] = defaultdict(list)
     for node in snapshot.nodes:
