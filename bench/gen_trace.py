@@ -45,14 +45,35 @@ def team_gpu_type(index: int) -> str:
     return "a100" if index % 3 == 2 else "h100"
 
 
+def type_gpus(cluster_gpus: int, teams: int) -> dict[str, int]:
+    """GPUs of each type in the cluster: a third of the nodes are a100 when a team uses them."""
+    nodes = cluster_gpus // GPUS_PER_NODE
+    a100_nodes = max(1, nodes // 3) if any(team_gpu_type(i) == "a100" for i in range(teams)) else 0
+    return {"h100": (nodes - a100_nodes) * GPUS_PER_NODE, "a100": a100_nodes * GPUS_PER_NODE}
+
+
+def team_activity(teams: int, seed: int, cluster_gpus: int) -> list[float]:
+    """Each team's part of all the work (summing to 1): some teams are busier than others, and
+    the teams of one GPU type together ask for that type's part of the cluster."""
+    rng = random.Random(f"activity {seed}")
+    busy = [rng.uniform(0.5, 2.0) for _ in range(teams)]
+    gpus = type_gpus(cluster_gpus, teams)
+    total = sum(gpus.values())
+    activity = []
+    for i in range(teams):
+        gpu_type = team_gpu_type(i)
+        same_type = sum(busy[j] for j in range(teams) if team_gpu_type(j) == gpu_type)
+        activity.append(busy[i] / same_type * gpus[gpu_type] / total)
+    return activity
+
+
 def generate(
     jobs: int, teams: int, seed: int, *, cluster_gpus: int = 1024, load: float = 0.85
 ) -> list[dict[str, object]]:
     """`jobs` trace rows (dicts of COLUMNS), sorted by submission time."""
     rng = random.Random(seed)
     names = team_names(teams)
-    # Some teams are busier than others.
-    activity = [rng.uniform(0.5, 2.0) for _ in names]
+    activity = team_activity(teams, seed, cluster_gpus)
     shapes = []
     for _ in range(jobs):
         team = rng.choices(range(teams), weights=activity)[0]
@@ -63,9 +84,12 @@ def generate(
         duration = int(min(MAX_DURATION, max(MIN_DURATION, duration)))
         shapes.append((team, gpus, duration))
 
-    # Spread the bursts over the horizon that makes the demand about `load` of the cluster.
-    demand = sum(gpus * duration for _, gpus, duration in shapes)
-    horizon = demand / (cluster_gpus * load)
+    # Spread the bursts over the horizon that makes the busiest GPU type's demand `load` of it.
+    capacity = type_gpus(cluster_gpus, teams)
+    demand = dict.fromkeys(capacity, 0)
+    for team, gpus, duration in shapes:
+        demand[team_gpu_type(team)] += gpus * duration
+    horizon = max(demand[t] / (capacity[t] * load) for t in capacity if capacity[t])
     team_jobs: list[list[tuple[int, int, int]]] = [[] for _ in names]
     for shape in shapes:
         team_jobs[shape[0]].append(shape)
@@ -116,39 +140,44 @@ def synthetic_scenario(
     trace: str | Path,
     teams: int,
     *,
+    seed: int,
     cluster_gpus: int = 1024,
     strategy: str | None = None,
     grace_seconds: int = 120,
 ) -> dict[str, object]:
-    """A scenario (as read from YAML) for a trace of `generate`: h100 and a100 nodes of 8 GPUs,
-    one share per team. Each type's limits cover 90 % of it (the rest is a free pool); with
+    """A scenario (as read from YAML) for a trace of `generate(..., teams, seed, cluster_gpus)`:
+    h100 and a100 nodes of 8 GPUs, one share per team. Each type's limits cover 90 % of it (the
+    rest is a free pool), split among its teams in proportion to how busy they are; with
     `strategy` unset the shares mix LEND_AND_BORROW, LEND and RESERVE as a real cluster would."""
     names = team_names(teams)
-    by_type: dict[str, list[int]] = {"h100": [], "a100": []}
-    for i in range(teams):
-        by_type[team_gpu_type(i)].append(i)
-    a100_nodes = max(1, cluster_gpus // GPUS_PER_NODE // 3) if by_type["a100"] else 0
-    h100_nodes = cluster_gpus // GPUS_PER_NODE - a100_nodes
-    nodes = [{"name": "h100", "gpu_type": "h100", "gpus": GPUS_PER_NODE, "count": h100_nodes}]
-    if a100_nodes:
-        nodes.append(
-            {"name": "a100", "gpu_type": "a100", "gpus": GPUS_PER_NODE, "count": a100_nodes}
-        )
-    capacity = {"h100": h100_nodes * GPUS_PER_NODE, "a100": a100_nodes * GPUS_PER_NODE}
+    capacity = type_gpus(cluster_gpus, teams)
+    total = sum(capacity.values())
+    activity = team_activity(teams, seed, cluster_gpus)
+    nodes = [
+        {
+            "name": gpu_type,
+            "gpu_type": gpu_type,
+            "gpus": GPUS_PER_NODE,
+            "count": gpus // GPUS_PER_NODE,
+        }
+        for gpu_type, gpus in capacity.items()
+        if gpus
+    ]
     mix = ("LEND_AND_BORROW", "LEND_AND_BORROW", "LEND", "LEND_AND_BORROW", "RESERVE")
     shares = []
-    for gpu_type, members in by_type.items():
-        for i in members:
-            limit = max(GPUS_PER_NODE, int(capacity[gpu_type] * 0.9 / len(members)))
-            shares.append(
-                {
-                    "name": names[i],
-                    "capacity_limits": {gpu_type: limit},
-                    "strategy": strategy or mix[i % len(mix)],
-                    "grace_seconds": grace_seconds,
-                    "in_share_preemption": i % 2 == 0,
-                }
-            )
+    for i in range(teams):
+        gpu_type = team_gpu_type(i)
+        # activity[i] is the team's part of the whole cluster's work.
+        limit = max(GPUS_PER_NODE, int(total * activity[i] * 0.9))
+        shares.append(
+            {
+                "name": names[i],
+                "capacity_limits": {gpu_type: min(limit, capacity[gpu_type])},
+                "strategy": strategy or mix[i % len(mix)],
+                "grace_seconds": grace_seconds,
+                "in_share_preemption": i % 2 == 0,
+            }
+        )
     return {"nodes": nodes, "shares": shares, "trace": str(trace)}
 
 

@@ -35,7 +35,9 @@ def time_trace(jobs: int, runs: int, workdir: Path) -> tuple[float, float, dict]
     trace = workdir / f"trace-{jobs}.csv"
     write_csv(generate(jobs, TEAMS, SEED, cluster_gpus=CLUSTER_GPUS), trace)
     started = time.perf_counter()
-    scenario = parse_scenario(synthetic_scenario(trace, TEAMS, cluster_gpus=CLUSTER_GPUS))
+    scenario = parse_scenario(
+        synthetic_scenario(trace, TEAMS, seed=SEED, cluster_gpus=CLUSTER_GPUS)
+    )
     load_seconds = time.perf_counter() - started
     times: list[float] = []
     engine_seconds: list[float] = []
