@@ -2,8 +2,12 @@
 
 Teams submit in bursts (a pipeline or a sweep drops many jobs within minutes, then nothing for a
 while); job sizes follow what GPU clusters see (mostly 1-8 GPUs, a few 16- and 32-GPU multi-node
-jobs with 8 GPUs per node); durations are log-normal, from a minute to days. Arrivals are spread
-so that the trace asks for about `--load` of a cluster of `--cluster-gpus` GPUs.
+jobs with 8 GPUs per node); durations are log-normal, from a minute to days. Some teams are busier
+than others; the cluster is split between GPU types in proportion to what their teams ask for, as
+it would be bought, and `synthetic_scenario` sizes each team's quota to 90 % of its part of the
+cluster, as an admin would. Arrivals are spread so that the busiest team asks for `--load` of its
+part of a cluster of `--cluster-gpus` GPUs, and the others for less: a trace that asks for more
+than the cluster (or a team that may not borrow, more than its quota) only grows its queue.
 
     python bench/gen_trace.py --jobs 10000 --teams 6 --seed 1 --out trace.csv
 """
@@ -84,12 +88,15 @@ def generate(
         duration = int(min(MAX_DURATION, max(MIN_DURATION, duration)))
         shapes.append((team, gpus, duration))
 
-    # Spread the bursts over the horizon that makes the busiest GPU type's demand `load` of it.
-    capacity = type_gpus(cluster_gpus, teams)
-    demand = dict.fromkeys(capacity, 0)
+    # Spread the bursts over the horizon that makes the busiest team ask for `load` of its part
+    # of the cluster (what its quota is sized on), and the others for less.
+    demand = [0] * teams
     for team, gpus, duration in shapes:
-        demand[team_gpu_type(team)] += gpus * duration
-    horizon = max(demand[t] / (capacity[t] * load) for t in capacity if capacity[t])
+        demand[team] += gpus * duration
+    cluster = sum(type_gpus(cluster_gpus, teams).values())
+    horizon = max(
+        asked / (part * cluster * load) for asked, part in zip(demand, activity, strict=True)
+    )
     team_jobs: list[list[tuple[int, int, int]]] = [[] for _ in names]
     for shape in shapes:
         team_jobs[shape[0]].append(shape)

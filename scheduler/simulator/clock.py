@@ -92,6 +92,17 @@ class SimJob:
 
 
 @dataclass
+class _Verdicts:
+    """Which kinds of waiting jobs of one GPU type are hopeless (`Simulation._hopeless`), by
+    (share, GPUs, nodes, priority), worked out as needed; valid while `moves` is the type's."""
+
+    moves: int
+    ledger: Ledger | None = None
+    room: list[int] | None = None  # room[g]: nodes with g GPUs free or being released
+    hopeless: dict[tuple[str, int, int, int], bool] = field(default_factory=dict)
+
+
+@dataclass
 class SimulationResult:
     """The result JSON of DESIGN §4 (`data`) and, when asked for, GPU use over time."""
 
@@ -155,6 +166,10 @@ class Simulation:
         # `preempted_for` so the engine keeps the GPUs they released for it.
         self.claims: dict[str, set[str]] = {}
         self.unsettled: set[str] = set(self.gpu_types)
+        # Bumped for a GPU type whenever a job starts, stops, ends or is rejected there, or a
+        # share changes: the verdicts of `_hopeless` hold while it stays the same.
+        self.moves: dict[str, int] = dict.fromkeys(self.gpu_types, 0)
+        self._verdicts: dict[str, _Verdicts] = {}
 
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = 0
@@ -268,6 +283,7 @@ class Simulation:
         spec = job.spec
         placed = self.placed.pop(job_id)
         del self.placed_by_type[spec.gpu_type][job_id]
+        self.moves[spec.gpu_type] += 1
         if placed.stopping:
             del self.stopping[spec.gpu_type][job_id]
         else:
@@ -305,6 +321,8 @@ class Simulation:
     def _apply_change(self, change: ShareChange) -> None:
         self.shares[change.share] = share_with(self.shares[change.share], change.fields)
         self._refresh_snapshot_parts()
+        for gpu_type in self.gpu_types:
+            self.moves[gpu_type] += 1
 
     def _refresh_snapshot_parts(self) -> None:
         self._share_views = tuple(self.shares.values())
@@ -385,10 +403,10 @@ class Simulation:
             # The fair pass orders borrowers by how much their shares borrow as the cycle goes,
             # and where a share's next job stands in that order depends on the jobs before it.
             return list(queue.values())
-        usage = {name: self.usage.get((name, gpu_type), 0) for name in self.shares}
-        ledger = Ledger(gpu_type, self.shares, usage, self.ready_gpus[gpu_type])
-        room: list[int] | None = None  # room[g]: nodes with g GPUs free or being released
-        verdicts: dict[tuple[str, int, int, int], bool] = {}
+        verdicts = self._verdicts.get(gpu_type)
+        if verdicts is None or verdicts.moves != self.moves[gpu_type]:
+            verdicts = self._verdicts[gpu_type] = _Verdicts(self.moves[gpu_type])
+        known = verdicts.hopeless
         jobs = []
         for view in queue.values():
             if (
@@ -399,43 +417,46 @@ class Simulation:
                 jobs.append(view)
                 continue
             key = (view.share, view.gpus, view.nodes, view.priority)
-            verdict = verdicts.get(key)
-            if verdict is None:
-                verdict = self._hopeless(view, ledger)
-                if verdict is None:  # the quota allows it: it depends on the nodes
-                    if room is None:
-                        room = self._room(gpu_type)
-                    per_node = view.gpus // view.nodes
-                    verdict = per_node >= len(room) or room[per_node] < view.nodes
-                verdicts[key] = verdict
-            if not verdict:
+            hopeless = known.get(key)
+            if hopeless is None:
+                hopeless = known[key] = self._hopeless(view, verdicts)
+            if not hopeless:
                 jobs.append(view)
         return jobs
 
-    def _hopeless(self, view: RunnableJob, ledger: Ledger) -> bool | None:
-        """True if the job can only wait all cycle, False if it might not, None if that depends
-        on whether nodes have room for it (see `_may_be_decided`)."""
+    def _hopeless(self, view: RunnableJob, verdicts: _Verdicts) -> bool:
+        """Whether the job can only wait all cycle (see `_may_be_decided`)."""
+        gpu_type = view.gpu_type
         share = self.shares[view.share]
         if share.strict_fifo:
             return False
-        if rejection_reason(view, self.shares, self.node_sizes[view.gpu_type]) is not None:
+        limit = share.capacity_limits.get(gpu_type)
+        if limit is None or self.usage.get((view.share, gpu_type), 0) + view.gpus <= limit:
+            return False  # to be rejected, or within its limit: it may reclaim
+        if rejection_reason(view, self.shares, self.node_sizes[gpu_type]) is not None:
             return False
-        if ledger.fits_limit(view.share, view.gpus):
-            return False
+        if verdicts.ledger is None:
+            usage = {name: self.usage.get((name, gpu_type), 0) for name in self.shares}
+            verdicts.ledger = Ledger(gpu_type, self.shares, usage, self.ready_gpus[gpu_type])
+        ledger = verdicts.ledger
         if share.in_share_preemption:
             by_priority = self.running_gpus.get((view.share, view.gpu_type), {})
             lower = sum(gpus for priority, gpus in by_priority.items() if priority < view.priority)
             # With every lower-priority job of its share as a victim: within its limit (tries 2
             # and 3), or allowed to borrow what it still needs (try 2)?
             if lower and (
-                ledger.held_usage(view.share) + view.gpus - lower <= ledger.limit(view.share)
+                ledger.held_usage(view.share) + view.gpus - lower <= limit
                 or ledger.check(view.share, {view.share: view.gpus - lower}, within_limit=False)
                 is None
             ):
                 return False
         if ledger.check(view.share, {view.share: view.gpus}, within_limit=False) is not None:
             return True
-        return None
+        # The quota allows it: it waits only if no set of nodes has room for it.
+        if verdicts.room is None:
+            verdicts.room = self._room(gpu_type)
+        per_node = view.gpus // view.nodes
+        return per_node >= len(verdicts.room) or verdicts.room[per_node] < view.nodes
 
     def _room(self, gpu_type: str) -> list[int]:
         """For g = 0 .. GPUs of the largest node: how many READY nodes of the type have g GPUs
@@ -486,6 +507,7 @@ class Simulation:
             self._dequeue(job)
             self._reject(now, job, rejection.reason)
             acted.add(job.spec.gpu_type)
+            self.moves[job.spec.gpu_type] += 1
         for placement in plan.placements:
             self._start(now, placement)
             acted.add(self.jobs[placement.job_id].spec.gpu_type)
@@ -537,6 +559,7 @@ class Simulation:
             self.used_gpus[allocation.node] |= mask
         self._dequeue(job)
         self._drop_claim(spec.id)
+        self.moves[spec.gpu_type] += 1
         self.placed[spec.id] = self.placed_by_type[spec.gpu_type][spec.id] = PlacedJob(
             id=spec.id,
             share=spec.share,
@@ -578,6 +601,7 @@ class Simulation:
         else:
             job.work_done = 0.0
         job.attempt += 1  # its pending finish is void: it cannot finish during its grace period
+        self.moves[spec.gpu_type] += 1
         job.state = PREEMPTING
         job.preemptions += 1
         self._share_preemptions[self.share_index[spec.share]] += 1
