@@ -155,7 +155,10 @@ def synthetic_scenario(
     """A scenario (as read from YAML) for a trace of `generate(..., teams, seed, cluster_gpus)`:
     h100 and a100 nodes of 8 GPUs, one share per team. Each type's limits cover 90 % of it (the
     rest is a free pool), split among its teams in proportion to how busy they are; with
-    `strategy` unset the shares mix LEND_AND_BORROW, LEND and RESERVE as a real cluster would."""
+    `strategy` unset the shares mix LEND_AND_BORROW, LEND and RESERVE as a real cluster would.
+    Every third team preempts in its share: two of the lending and borrowing ones in the mix
+    (in a share that may not borrow, its high-priority jobs would keep restarting the others
+    from their last checkpoint, or from scratch, and the work lost would outgrow its quota)."""
     names = team_names(teams)
     capacity = type_gpus(cluster_gpus, teams)
     total = sum(capacity.values())
@@ -182,7 +185,7 @@ def synthetic_scenario(
                 "capacity_limits": {gpu_type: min(limit, capacity[gpu_type])},
                 "strategy": strategy or mix[i % len(mix)],
                 "grace_seconds": grace_seconds,
-                "in_share_preemption": i % 2 == 0,
+                "in_share_preemption": i % 3 == 0,
             }
         )
     return {"nodes": nodes, "shares": shares, "trace": str(trace)}

@@ -391,10 +391,11 @@ class Simulation:
         borrow (more than its share's limit) and either the quota rules already refuse it
         (its share cannot borrow, its borrow cap, or nothing lendable: all of them only get
         worse as jobs are placed), or no set of nodes has room for it in free GPUs and GPUs
-        being released -- provided it cannot preempt in its own share (no running job of its
-        share has a lower priority). A job within its limit may reclaim and is always sent, as
-        are jobs promised GPUs (their victims stopping or back in the queue), the victims back
-        in the queue, every job of a strict-FIFO share, and a job the engine would reject.
+        being released -- provided it cannot preempt in its own share (even with every running
+        job of its share of lower priority as a victim, the quota rules would refuse it). A job
+        within its limit may reclaim and is always sent, as are jobs promised GPUs (their
+        victims stopping or back in the queue), the victims back in the queue, every job of a
+        strict-FIFO share, and a job the engine would reject.
         """
         queue = self.runnable.get(gpu_type)
         if not queue:
