@@ -2,8 +2,12 @@
 
 Teams submit in bursts (a pipeline or a sweep drops many jobs within minutes, then nothing for a
 while); job sizes follow what GPU clusters see (mostly 1-8 GPUs, a few 16- and 32-GPU multi-node
-jobs with 8 GPUs per node); durations are log-normal, from a minute to days. Arrivals are spread
-so that the trace asks for about `--load` of a cluster of `--cluster-gpus` GPUs.
+jobs with 8 GPUs per node); durations are log-normal, from a minute to days. Some teams are busier
+than others; the cluster is split between GPU types in proportion to what their teams ask for, as
+it would be bought, and `synthetic_scenario` sizes each team's quota to 90 % of its part of the
+cluster, as an admin would. Arrivals are spread so that the busiest team asks for `--load` of its
+part of a cluster of `--cluster-gpus` GPUs, and the others for less: a trace that asks for more
+than the cluster (or a team that may not borrow, more than its quota) only grows its queue.
 
     python bench/gen_trace.py --jobs 10000 --teams 6 --seed 1 --out trace.csv
 """
@@ -45,14 +49,35 @@ def team_gpu_type(index: int) -> str:
     return "a100" if index % 3 == 2 else "h100"
 
 
+def type_gpus(cluster_gpus: int, teams: int) -> dict[str, int]:
+    """GPUs of each type in the cluster: a third of the nodes are a100 when a team uses them."""
+    nodes = cluster_gpus // GPUS_PER_NODE
+    a100_nodes = max(1, nodes // 3) if any(team_gpu_type(i) == "a100" for i in range(teams)) else 0
+    return {"h100": (nodes - a100_nodes) * GPUS_PER_NODE, "a100": a100_nodes * GPUS_PER_NODE}
+
+
+def team_activity(teams: int, seed: int, cluster_gpus: int) -> list[float]:
+    """Each team's part of all the work (summing to 1): some teams are busier than others, and
+    the teams of one GPU type together ask for that type's part of the cluster."""
+    rng = random.Random(f"activity {seed}")
+    busy = [rng.uniform(0.5, 2.0) for _ in range(teams)]
+    gpus = type_gpus(cluster_gpus, teams)
+    total = sum(gpus.values())
+    activity = []
+    for i in range(teams):
+        gpu_type = team_gpu_type(i)
+        same_type = sum(busy[j] for j in range(teams) if team_gpu_type(j) == gpu_type)
+        activity.append(busy[i] / same_type * gpus[gpu_type] / total)
+    return activity
+
+
 def generate(
     jobs: int, teams: int, seed: int, *, cluster_gpus: int = 1024, load: float = 0.85
 ) -> list[dict[str, object]]:
     """`jobs` trace rows (dicts of COLUMNS), sorted by submission time."""
     rng = random.Random(seed)
     names = team_names(teams)
-    # Some teams are busier than others.
-    activity = [rng.uniform(0.5, 2.0) for _ in names]
+    activity = team_activity(teams, seed, cluster_gpus)
     shapes = []
     for _ in range(jobs):
         team = rng.choices(range(teams), weights=activity)[0]
@@ -63,9 +88,15 @@ def generate(
         duration = int(min(MAX_DURATION, max(MIN_DURATION, duration)))
         shapes.append((team, gpus, duration))
 
-    # Spread the bursts over the horizon that makes the demand about `load` of the cluster.
-    demand = sum(gpus * duration for _, gpus, duration in shapes)
-    horizon = demand / (cluster_gpus * load)
+    # Spread the bursts over the horizon that makes the busiest team ask for `load` of its part
+    # of the cluster (what its quota is sized on), and the others for less.
+    demand = [0] * teams
+    for team, gpus, duration in shapes:
+        demand[team] += gpus * duration
+    cluster = sum(type_gpus(cluster_gpus, teams).values())
+    horizon = max(
+        asked / (part * cluster * load) for asked, part in zip(demand, activity, strict=True)
+    )
     team_jobs: list[list[tuple[int, int, int]]] = [[] for _ in names]
     for shape in shapes:
         team_jobs[shape[0]].append(shape)
@@ -116,39 +147,47 @@ def synthetic_scenario(
     trace: str | Path,
     teams: int,
     *,
+    seed: int,
     cluster_gpus: int = 1024,
     strategy: str | None = None,
     grace_seconds: int = 120,
 ) -> dict[str, object]:
-    """A scenario (as read from YAML) for a trace of `generate`: h100 and a100 nodes of 8 GPUs,
-    one share per team. Each type's limits cover 90 % of it (the rest is a free pool); with
-    `strategy` unset the shares mix LEND_AND_BORROW, LEND and RESERVE as a real cluster would."""
+    """A scenario (as read from YAML) for a trace of `generate(..., teams, seed, cluster_gpus)`:
+    h100 and a100 nodes of 8 GPUs, one share per team. Each type's limits cover 90 % of it (the
+    rest is a free pool), split among its teams in proportion to how busy they are; with
+    `strategy` unset the shares mix LEND_AND_BORROW, LEND and RESERVE as a real cluster would.
+    Every third team preempts in its share: two of the lending and borrowing ones in the mix
+    (in a share that may not borrow, its high-priority jobs would keep restarting the others
+    from their last checkpoint, or from scratch, and the work lost would outgrow its quota)."""
     names = team_names(teams)
-    by_type: dict[str, list[int]] = {"h100": [], "a100": []}
-    for i in range(teams):
-        by_type[team_gpu_type(i)].append(i)
-    a100_nodes = max(1, cluster_gpus // GPUS_PER_NODE // 3) if by_type["a100"] else 0
-    h100_nodes = cluster_gpus // GPUS_PER_NODE - a100_nodes
-    nodes = [{"name": "h100", "gpu_type": "h100", "gpus": GPUS_PER_NODE, "count": h100_nodes}]
-    if a100_nodes:
-        nodes.append(
-            {"name": "a100", "gpu_type": "a100", "gpus": GPUS_PER_NODE, "count": a100_nodes}
-        )
-    capacity = {"h100": h100_nodes * GPUS_PER_NODE, "a100": a100_nodes * GPUS_PER_NODE}
+    capacity = type_gpus(cluster_gpus, teams)
+    total = sum(capacity.values())
+    activity = team_activity(teams, seed, cluster_gpus)
+    nodes = [
+        {
+            "name": gpu_type,
+            "gpu_type": gpu_type,
+            "gpus": GPUS_PER_NODE,
+            "count": gpus // GPUS_PER_NODE,
+        }
+        for gpu_type, gpus in capacity.items()
+        if gpus
+    ]
     mix = ("LEND_AND_BORROW", "LEND_AND_BORROW", "LEND", "LEND_AND_BORROW", "RESERVE")
     shares = []
-    for gpu_type, members in by_type.items():
-        for i in members:
-            limit = max(GPUS_PER_NODE, int(capacity[gpu_type] * 0.9 / len(members)))
-            shares.append(
-                {
-                    "name": names[i],
-                    "capacity_limits": {gpu_type: limit},
-                    "strategy": strategy or mix[i % len(mix)],
-                    "grace_seconds": grace_seconds,
-                    "in_share_preemption": i % 2 == 0,
-                }
-            )
+    for i in range(teams):
+        gpu_type = team_gpu_type(i)
+        # activity[i] is the team's part of the whole cluster's work.
+        limit = max(GPUS_PER_NODE, int(total * activity[i] * 0.9))
+        shares.append(
+            {
+                "name": names[i],
+                "capacity_limits": {gpu_type: min(limit, capacity[gpu_type])},
+                "strategy": strategy or mix[i % len(mix)],
+                "grace_seconds": grace_seconds,
+                "in_share_preemption": i % 3 == 0,
+            }
+        )
     return {"nodes": nodes, "shares": shares, "trace": str(trace)}
 
 

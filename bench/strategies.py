@@ -88,7 +88,7 @@ def main() -> None:
             f"{args.jobs} jobs of {TEAMS} teams on {args.cluster_gpus} GPUs "
             f"(teams on a100: {[i for i in range(TEAMS) if team_gpu_type(i) == 'a100']})"
         )
-        base = dict(cluster_gpus=args.cluster_gpus)
+        base = dict(cluster_gpus=args.cluster_gpus, seed=SEED)
         report(
             "every share RESERVE",
             synthetic_scenario(trace, TEAMS, strategy="RESERVE", **base),

@@ -4,10 +4,16 @@ One heap of timed events. At each instant: finishes and releases first, then sha
 submits, then one engine cycle (DESIGN §4). With `grace_seconds: 0` the victims' GPUs are free at
 the same instant, so a second cycle runs at once and the reclaiming job starts without waiting.
 
-The engine is called once per instant; what makes 100,000 jobs fast is keeping each call small:
-placed and runnable jobs are kept as ready-made engine views, updated only when a job moves, and a
-GPU type where nothing was freed, changed or decided since the last cycle is left out of the
-snapshot except for its new jobs (see `_runnable_for_cycle`).
+What makes 100,000 jobs fast is calling the engine only when it could decide something, with only
+the jobs it could decide about, for a result equal to sending every job to every cycle (the
+`full_snapshots` mode, which tests compare against):
+
+- placed and runnable jobs are kept as ready-made engine views, updated only when a job moves;
+- a GPU type where nothing happened since its last cycle (no GPUs freed, no change, no new job,
+  and that cycle decided nothing) is left out: the same snapshot gives the same plan;
+- of the others, a waiting job the engine could only leave waiting, whatever the jobs before it
+  do in this cycle, is left out (`_may_be_decided`); a cycle with no job left is not run;
+- at the end, one full cycle gives the jobs still waiting their reasons.
 """
 
 from __future__ import annotations
@@ -17,10 +23,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from scheduler.engine.ledger import Ledger
+from scheduler.engine.planner import NodeSizes, rejection_reason
 from scheduler.engine.snapshot import (
     DISABLED,
+    FAIR,
     LEND,
     LEND_AND_BORROW,
+    READY,
     NodeView,
     PlacedJob,
     Plan,
@@ -58,6 +68,11 @@ class EngineContractError(RuntimeError):
     """The engine returned a plan that cannot be applied (e.g. a GPU given twice)."""
 
 
+class SkippedDecisionError(RuntimeError):
+    """A cycle the simulator left out (or a job it left out of one) would have decided
+    something: the fast path no longer gives the result of full snapshots."""
+
+
 @dataclass(slots=True)
 class SimJob:
     """A job's life in the simulation."""
@@ -74,6 +89,17 @@ class SimJob:
     borrowed: int = 0
     node_names: tuple[str, ...] = ()
     fail_on_release: bool = False
+
+
+@dataclass
+class _Verdicts:
+    """Which kinds of waiting jobs of one GPU type are hopeless (`Simulation._hopeless`), by
+    (share, GPUs, nodes, priority), worked out as needed; valid while `moves` is the type's."""
+
+    moves: int
+    ledger: Ledger | None = None
+    room: list[int] | None = None  # room[g]: nodes with g GPUs free or being released
+    hopeless: dict[tuple[str, int, int, int], bool] = field(default_factory=dict)
 
 
 @dataclass
@@ -97,14 +123,14 @@ class Simulation:
         *,
         engine: Engine | None = None,
         record_series: bool = False,
-        skip_settled: bool = True,
+        full_snapshots: bool = False,
     ) -> None:
         if engine is None:
             from scheduler.engine import plan as engine
         self.engine = engine
         self.scenario = scenario
         self.record_series = record_series
-        self.skip_settled = skip_settled
+        self.full_snapshots = full_snapshots
         self.nodes = scenario.nodes
         self.node_gpus = {n.name: n.gpus for n in scenario.nodes}
         self.shares: dict[str, ShareView] = {s.name: s for s in scenario.shares}
@@ -115,6 +141,10 @@ class Simulation:
         for node in scenario.nodes:
             self.cluster_gpus[node.gpu_type] += node.gpus
         self.total_gpus = sum(self.cluster_gpus.values())
+        self.ready_gpus = {t: 0 for t in self.gpu_types}  # the engine's capacity of each type
+        for node in scenario.nodes:
+            if node.state == READY:
+                self.ready_gpus[node.gpu_type] += node.gpus
 
         self.jobs: dict[str, SimJob] = {spec.id: SimJob(spec) for spec in scenario.jobs}
         self.events: list[dict[str, Any]] = []
@@ -123,8 +153,11 @@ class Simulation:
         self.nodes_by_type: dict[str, tuple[NodeView, ...]] = {
             t: tuple(n for n in scenario.nodes if n.gpu_type == t) for t in self.gpu_types
         }
-        self.held: dict[str, int] = dict.fromkeys(self.gpu_types, 0)  # GPUs placed jobs hold
-        self.stopping: dict[str, int] = dict.fromkeys(self.gpu_types, 0)  # of which stopping
+        self.node_sizes = {t: NodeSizes(nodes) for t, nodes in self.nodes_by_type.items()}
+        self.stopping: dict[str, dict[str, PlacedJob]] = {t: {} for t in self.gpu_types}
+        # GPUs of the running (not stopping) jobs of each (share, GPU type) by priority: what
+        # in-share preemption could take for a job of higher priority.
+        self.running_gpus: dict[tuple[str, str], dict[int, int]] = {}
         self.runnable: dict[str, dict[str, RunnableJob]] = {}  # by GPU type
         self.used_gpus: dict[str, int] = {n.name: 0 for n in scenario.nodes}  # bit mask per node
         self.usage: dict[tuple[str, str], int] = {}  # (share, GPU type) -> GPUs held
@@ -133,6 +166,10 @@ class Simulation:
         # `preempted_for` so the engine keeps the GPUs they released for it.
         self.claims: dict[str, set[str]] = {}
         self.unsettled: set[str] = set(self.gpu_types)
+        # Bumped for a GPU type whenever a job starts, stops, ends or is rejected there, or a
+        # share changes: the verdicts of `_hopeless` hold while it stays the same.
+        self.moves: dict[str, int] = dict.fromkeys(self.gpu_types, 0)
+        self._verdicts: dict[str, _Verdicts] = {}
 
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = 0
@@ -163,7 +200,6 @@ class Simulation:
             now = heap[0][0]
             self._integrate_to(now)
             dirty: set[str] = set(self.unsettled)
-            new_jobs: list[RunnableJob] = []
             while heap and heap[0][0] == now:
                 _, kind, _, payload = heapq.heappop(heap)
                 if kind == _RELEASE:
@@ -175,11 +211,13 @@ class Simulation:
                     self._apply_change(payload)
                     dirty.update(self.gpu_types)
                 else:
-                    view = self._submit(now, payload)
-                    if view is not None:
-                        new_jobs.append(view)
-            self._cycles(now, dirty, new_jobs)
+                    gpu_type = self._submit(now, payload)
+                    if gpu_type is not None:
+                        dirty.add(gpu_type)
+            self._cycles(now, dirty)
             self._update_rates(now)
+        if not self.full_snapshots:
+            self._final_reasons()
         return self._result()
 
     def _push(self, t: float, kind: int, payload: Any) -> None:
@@ -188,7 +226,8 @@ class Simulation:
 
     # ---- what happens to jobs ---------------------------------------------------------------
 
-    def _submit(self, now: float, job_id: str) -> RunnableJob | None:
+    def _submit(self, now: float, job_id: str) -> str | None:
+        """The job joins its GPU type's queue (the type it returns), or is refused at once."""
         job = self.jobs[job_id]
         spec = job.spec
         # The portal refuses these at submission, before any cycle sees the job.
@@ -199,9 +238,10 @@ class Simulation:
             self._reject(now, job, NOT_DIVISIBLE.format(gpus=spec.gpus, nodes=spec.nodes))
             return None
         job.state = RUNNABLE
-        return self._enqueue(job)
+        self._enqueue(job)
+        return spec.gpu_type
 
-    def _enqueue(self, job: SimJob, preempted_for: str | None = None) -> RunnableJob:
+    def _enqueue(self, job: SimJob, preempted_for: str | None = None) -> None:
         spec = job.spec
         view = RunnableJob(
             id=spec.id,
@@ -216,7 +256,6 @@ class Simulation:
         self.runnable.setdefault(spec.gpu_type, {})[spec.id] = view
         if preempted_for is not None:
             self.claims.setdefault(preempted_for, set()).add(spec.id)
-        return view
 
     def _dequeue(self, job: SimJob) -> None:
         view = self.runnable[job.spec.gpu_type].pop(job.spec.id)
@@ -244,9 +283,11 @@ class Simulation:
         spec = job.spec
         placed = self.placed.pop(job_id)
         del self.placed_by_type[spec.gpu_type][job_id]
-        self.held[spec.gpu_type] -= spec.gpus
+        self.moves[spec.gpu_type] += 1
         if placed.stopping:
-            self.stopping[spec.gpu_type] -= spec.gpus
+            del self.stopping[spec.gpu_type][job_id]
+        else:
+            self._count_running(placed, -1)
         for allocation in placed.allocations:
             mask = 0
             for index in allocation.gpu_indices:
@@ -280,39 +321,28 @@ class Simulation:
     def _apply_change(self, change: ShareChange) -> None:
         self.shares[change.share] = share_with(self.shares[change.share], change.fields)
         self._refresh_snapshot_parts()
+        for gpu_type in self.gpu_types:
+            self.moves[gpu_type] += 1
 
     def _refresh_snapshot_parts(self) -> None:
         self._share_views = tuple(self.shares.values())
 
     # ---- cycles -----------------------------------------------------------------------------
 
-    def _cycles(self, now: float, dirty: set[str], new_jobs: list[RunnableJob]) -> None:
-        acted: set[str] = set()
+    def _cycles(self, now: float, dirty: set[str]) -> None:
+        """The engine cycles of one instant, for the GPU types in `dirty` (something happened
+        there since their last cycle, or that cycle decided something)."""
         for _ in range(MAX_CYCLES_PER_INSTANT):
-            gpu_types, runnable = self._runnable_for_cycle(dirty, new_jobs)
-            if not runnable:
+            snapshot = self._snapshot(dirty)
+            if snapshot is None:
+                acted: set[str] = set()
                 break
-            # The engine plans each GPU type on its own, so a type with nothing to plan is left
-            # out of the snapshot: its nodes and jobs would only cost time.
-            nodes: list[NodeView] = []
-            placed: list[PlacedJob] = []
-            for gpu_type in sorted(gpu_types):
-                nodes.extend(self.nodes_by_type.get(gpu_type, ()))
-                placed.extend(self.placed_by_type.get(gpu_type, {}).values())
-            snapshot = Snapshot(
-                nodes=tuple(nodes),
-                shares=self._share_views,
-                placed=tuple(placed),
-                runnable=runnable,
-                borrow_order=self.scenario.borrow_order,
-            )
-            plan = self.engine(snapshot)
-            acted_now, freed = self._apply(now, plan)
-            acted |= acted_now
+            acted, freed = self._apply(now, self.engine(snapshot))
             if not freed:
                 break
-            # Grace 0: the victims' GPUs are free now, so the reclaimer can start at this instant.
-            dirty, new_jobs = freed, []
+            # Grace 0: the victims' GPUs are free now, so the reclaimer can start at this instant,
+            # and what else the last plan did is planned on at once, as a full snapshot would.
+            dirty = freed | acted
         else:
             raise EngineContractError(
                 f"t={now}: more than {MAX_CYCLES_PER_INSTANT} cycles at one instant "
@@ -320,46 +350,155 @@ class Simulation:
             )
         self.unsettled = acted
 
-    def _runnable_for_cycle(
-        self, dirty: set[str], new_jobs: list[RunnableJob]
-    ) -> tuple[set[str], tuple[RunnableJob, ...]]:
-        """The GPU types to plan and the runnable jobs the engine must see to plan them.
+    def _snapshot(self, dirty: set[str]) -> Snapshot | None:
+        """What the engine must see to plan the GPU types in `dirty`; None when it could decide
+        nothing there. In `full_snapshots` mode: everything, every time."""
+        if self.full_snapshots:
+            gpu_types = [t for t in self.gpu_types if self.runnable.get(t)]
+            runnable = [view for t in gpu_types for view in self.runnable[t].values()]
+            gpu_types = list(self.gpu_types) if runnable else []
+        else:
+            gpu_types = []
+            runnable = []
+            for gpu_type in sorted(dirty):
+                jobs = self._may_be_decided(gpu_type)
+                if jobs:
+                    gpu_types.append(gpu_type)
+                    runnable.extend(jobs)
+        if not runnable:
+            return None
+        nodes: list[NodeView] = []
+        placed: list[PlacedJob] = []
+        for gpu_type in gpu_types:
+            nodes.extend(self.nodes_by_type[gpu_type])
+            placed.extend(self.placed_by_type[gpu_type].values())
+        return Snapshot(
+            nodes=tuple(nodes),
+            shares=self._share_views,
+            placed=tuple(placed),
+            runnable=tuple(runnable),
+            borrow_order=self.scenario.borrow_order,
+        )
 
-        Every job of a GPU type where something changed since the last cycle (GPUs freed, a
-        share change, or a placement or preemption the last plan made). In a type where nothing
-        changed, the jobs already waiting were refused against this very state, and new jobs
-        only take GPUs and quota, so they would be refused again: only the new jobs go in, with
-        the jobs the engine must still see to keep its word: a reclaimer whose victims are
-        stopping (their GPUs are promised to it) and, in a strict-FIFO share, the older jobs
-        that block the new ones.
+    def _may_be_decided(self, gpu_type: str) -> list[RunnableJob]:
+        """The waiting jobs of `gpu_type`, in queue order, less those the engine could only
+        leave waiting with nothing reserved, whatever the jobs planned before them do: leaving
+        those out changes no decision (DESIGN §2).
+
+        Within one cycle, what jobs already hold only grows (placements add to it, victims
+        stopping still count), free GPUs and GPUs being released only shrink, and so do the
+        candidate victims. So a job stays hopeless all cycle when, at its start, it needs to
+        borrow (more than its share's limit) and either the quota rules already refuse it
+        (its share cannot borrow, its borrow cap, or nothing lendable: all of them only get
+        worse as jobs are placed), or no set of nodes has room for it in free GPUs and GPUs
+        being released -- provided it cannot preempt in its own share (even with every running
+        job of its share of lower priority as a victim, the quota rules would refuse it). A job
+        within its limit may reclaim and is always sent, as are jobs promised GPUs (their
+        victims stopping or back in the queue), the victims back in the queue, every job of a
+        strict-FIFO share, and a job the engine would reject.
         """
-        runnable: list[RunnableJob] = []
-        gpu_types = set()
-        if not self.skip_settled:
-            dirty = set(self.runnable)
-        for gpu_type in dirty:
-            queue = self.runnable.get(gpu_type)
-            if queue:
-                gpu_types.add(gpu_type)
-                runnable.extend(queue.values())
-        sent = {view.id for view in runnable}
-        extra: dict[str, RunnableJob] = {}
-        for view in new_jobs:
-            if view.id in sent or view.id not in self.runnable.get(view.gpu_type, {}):
+        queue = self.runnable.get(gpu_type)
+        if not queue:
+            return []
+        if self.scenario.borrow_order == FAIR:
+            # The fair pass orders borrowers by how much their shares borrow as the cycle goes,
+            # and where a share's next job stands in that order depends on the jobs before it.
+            return list(queue.values())
+        verdicts = self._verdicts.get(gpu_type)
+        if verdicts is None or verdicts.moves != self.moves[gpu_type]:
+            verdicts = self._verdicts[gpu_type] = _Verdicts(self.moves[gpu_type])
+        known = verdicts.hopeless
+        jobs = []
+        for view in queue.values():
+            if (
+                view.preempted_for is not None
+                or view.id in self.promised
+                or self.claims.get(view.id)
+            ):
+                jobs.append(view)
                 continue
-            extra[view.id] = view
-            if self.shares[view.share].strict_fifo:
-                for older in self.runnable[view.gpu_type].values():
-                    if older.share == view.share and older.id not in sent:
-                        extra.setdefault(older.id, older)
-        for job_id in self.promised:
-            job = self.jobs[job_id]
-            if job.state == RUNNABLE and job_id not in sent:
-                extra.setdefault(job_id, self.runnable[job.spec.gpu_type][job_id])
-        if extra:
-            runnable.extend(extra.values())
-            gpu_types.update(view.gpu_type for view in extra.values())
-        return gpu_types, tuple(runnable)
+            key = (view.share, view.gpus, view.nodes, view.priority)
+            hopeless = known.get(key)
+            if hopeless is None:
+                hopeless = known[key] = self._hopeless(view, verdicts)
+            if not hopeless:
+                jobs.append(view)
+        return jobs
+
+    def _hopeless(self, view: RunnableJob, verdicts: _Verdicts) -> bool:
+        """Whether the job can only wait all cycle (see `_may_be_decided`)."""
+        gpu_type = view.gpu_type
+        share = self.shares[view.share]
+        if share.strict_fifo:
+            return False
+        limit = share.capacity_limits.get(gpu_type)
+        if limit is None or self.usage.get((view.share, gpu_type), 0) + view.gpus <= limit:
+            return False  # to be rejected, or within its limit: it may reclaim
+        if rejection_reason(view, self.shares, self.node_sizes[gpu_type]) is not None:
+            return False
+        if verdicts.ledger is None:
+            usage = {name: self.usage.get((name, gpu_type), 0) for name in self.shares}
+            verdicts.ledger = Ledger(gpu_type, self.shares, usage, self.ready_gpus[gpu_type])
+        ledger = verdicts.ledger
+        if share.in_share_preemption:
+            by_priority = self.running_gpus.get((view.share, view.gpu_type), {})
+            lower = sum(gpus for priority, gpus in by_priority.items() if priority < view.priority)
+            # With every lower-priority job of its share as a victim: within its limit (tries 2
+            # and 3), or allowed to borrow what it still needs (try 2)?
+            if lower and (
+                ledger.held_usage(view.share) + view.gpus - lower <= limit
+                or ledger.check(view.share, {view.share: view.gpus - lower}, within_limit=False)
+                is None
+            ):
+                return False
+        if ledger.check(view.share, {view.share: view.gpus}, within_limit=False) is not None:
+            return True
+        # The quota allows it: it waits only if no set of nodes has room for it.
+        if verdicts.room is None:
+            verdicts.room = self._room(gpu_type)
+        per_node = view.gpus // view.nodes
+        return per_node >= len(verdicts.room) or verdicts.room[per_node] < view.nodes
+
+    def _room(self, gpu_type: str) -> list[int]:
+        """For g = 0 .. GPUs of the largest node: how many READY nodes of the type have g GPUs
+        free or being released (by stopping jobs whose GPUs are promised to no waiting job)."""
+        spare = {
+            node.name: node.gpus - self.used_gpus[node.name].bit_count()
+            for node in self.nodes_by_type[gpu_type]
+            if node.state == READY
+        }
+        for stopping in self.stopping[gpu_type].values():
+            promised_to = stopping.preempted_for
+            if promised_to is not None and promised_to in self.runnable.get(gpu_type, {}):
+                continue
+            for allocation in stopping.allocations:
+                if allocation.node in spare:
+                    spare[allocation.node] += len(allocation.gpu_indices)
+        largest = self.node_sizes[gpu_type].largest
+        room = [0] * (largest + 2)
+        for gpus in spare.values():
+            room[min(gpus, largest + 1)] += 1
+        for gpus in range(largest, -1, -1):
+            room[gpus] += room[gpus + 1]
+        return room
+
+    def _final_reasons(self) -> None:
+        """Why each job still waiting at the end waits, from one cycle over everything (the
+        reasons the last full snapshot would have given). That cycle must decide nothing."""
+        self.full_snapshots = True
+        try:
+            snapshot = self._snapshot(set(self.gpu_types))
+        finally:
+            self.full_snapshots = False
+        if snapshot is None:
+            return
+        plan = self.engine(snapshot)
+        if plan.placements or plan.preemptions or plan.rejections:
+            raise SkippedDecisionError(
+                f"t={self._now}: a cycle was left out that would have decided something"
+            )
+        for job_id, reason in plan.waiting.items():
+            self.jobs[job_id].reason = reason
 
     def _apply(self, now: float, plan: Plan) -> tuple[set[str], set[str]]:
         """Carry out a plan; return the GPU types it acted on and those whose GPUs came free."""
@@ -369,6 +508,7 @@ class Simulation:
             self._dequeue(job)
             self._reject(now, job, rejection.reason)
             acted.add(job.spec.gpu_type)
+            self.moves[job.spec.gpu_type] += 1
         for placement in plan.placements:
             self._start(now, placement)
             acted.add(self.jobs[placement.job_id].spec.gpu_type)
@@ -420,6 +560,7 @@ class Simulation:
             self.used_gpus[allocation.node] |= mask
         self._dequeue(job)
         self._drop_claim(spec.id)
+        self.moves[spec.gpu_type] += 1
         self.placed[spec.id] = self.placed_by_type[spec.gpu_type][spec.id] = PlacedJob(
             id=spec.id,
             share=spec.share,
@@ -433,7 +574,7 @@ class Simulation:
         )
         key = (spec.share, spec.gpu_type)
         self.usage[key] = self.usage.get(key, 0) + spec.gpus
-        self.held[spec.gpu_type] += spec.gpus
+        self._count_running(self.placed[spec.id], +1)
         job.state = RUNNING
         job.run_start = now
         job.reason = None
@@ -461,6 +602,7 @@ class Simulation:
         else:
             job.work_done = 0.0
         job.attempt += 1  # its pending finish is void: it cannot finish during its grace period
+        self.moves[spec.gpu_type] += 1
         job.state = PREEMPTING
         job.preemptions += 1
         self._share_preemptions[self.share_index[spec.share]] += 1
@@ -469,7 +611,7 @@ class Simulation:
             job.reason = TOO_MANY_PREEMPTIONS.format(
                 count=job.preemptions, limit=spec.max_preemptions
             )
-        self.stopping[spec.gpu_type] += spec.gpus
+        self._count_running(placed, -1)
         self.placed[job_id] = self.placed_by_type[spec.gpu_type][job_id] = PlacedJob(
             id=placed.id,
             share=placed.share,
@@ -483,12 +625,21 @@ class Simulation:
             preempted_for=for_job_id,
             borrowed=placed.borrowed,
         )
+        self.stopping[spec.gpu_type][job_id] = self.placed[job_id]
         self.promised[for_job_id] = self.promised.get(for_job_id, 0) + 1
         self._event(now, job, "preempt", job.node_names, job.borrowed)
         grace = self.shares[spec.share].grace_seconds
         if grace > 0:
             self._push(now + grace, _RELEASE, (job_id, job.attempt))
         return job
+
+    def _count_running(self, placed: PlacedJob, sign: int) -> None:
+        by_priority = self.running_gpus.setdefault((placed.share, placed.gpu_type), {})
+        left = by_priority.get(placed.priority, 0) + sign * placed.gpus
+        if left:
+            by_priority[placed.priority] = left
+        else:
+            del by_priority[placed.priority]
 
     def _event(
         self, now: float, job: SimJob, kind: str, nodes: Iterable[str], borrowed: int
@@ -610,15 +761,15 @@ def simulate(
     *,
     engine: Engine | None = None,
     record_series: bool = False,
-    skip_settled: bool = True,
+    full_snapshots: bool = False,
 ) -> SimulationResult:
     """Replay `scenario` through the engine and return the result of DESIGN §4.
 
-    `skip_settled=False` sends every waiting job to every cycle; the result is the same (a test
-    checks it), only slower.
+    `full_snapshots=True` runs a cycle at every instant with every node, placed and waiting job
+    in its snapshot; the result is the same (tests check it), only slower.
     """
     return Simulation(
-        scenario, engine=engine, record_series=record_series, skip_settled=skip_settled
+        scenario, engine=engine, record_series=record_series, full_snapshots=full_snapshots
     ).run()
 
 

@@ -377,7 +377,7 @@ def test_skipping_settled_gpu_types_changes_nothing(in_share):
     scenario = parse_scenario(data)
     preempted: list[tuple[str, str]] = []
     fast = simulate(scenario, engine=bounded_engine(preempted)).data
-    full = simulate(scenario, engine=bounded_engine([]), skip_settled=False).data
+    full = simulate(scenario, engine=bounded_engine([]), full_snapshots=True).data
     key = lambda e: (e["t"], e["job"], e["type"])  # noqa: E731
     assert sorted(map(key, fast["events"])) == sorted(map(key, full["events"]))
     assert fast["shares"] == full["shares"]
