@@ -24,6 +24,7 @@ import heapq
 from bisect import bisect_left, insort
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from functools import cached_property
 
 from scheduler.engine import reasons
 from scheduler.engine.ledger import Ledger, Trial
@@ -248,14 +249,10 @@ class _TypeCycle:
                             releasing[allocation.node].extend(allocation.gpu_indices)
             elif job.share in shares:
                 candidates[job.share].append(job)
-        # Each share's candidates in victim order, and their victim keys as another share's
-        # jobs (built lazily as the job's own share's). Keys end with the unique id.
-        self.candidates: dict[str, list[PlacedJob]] = {}
+        self._unsorted_candidates = candidates
+        # Victim keys of each share's candidates, as another share's jobs (filled with the
+        # candidates) and as the job's own share's (filled on first use).
         self._victim_keys: dict[tuple[str, bool], list[tuple]] = {}
-        for name, share_jobs in candidates.items():
-            keyed = sorted([(_victim_key(job, False), job) for job in share_jobs])
-            self.candidates[name] = [job for _, job in keyed]
-            self._victim_keys[name, False] = [key for key, _ in keyed]
         self._room: _Reachable | None = None  # built by the first victim search
         # The first candidate of every share above its limit, in victim order: where the walks
         # of tries 1 and 3 start. Built by the first such search, then kept current.
@@ -284,6 +281,17 @@ class _TypeCycle:
         # of (gpus per node, priority).
         self._failed_searches: dict[tuple[str, str, int], list[tuple[int, int]]] = defaultdict(list)
         self._failed_release_waits: dict[int, int] = {}
+
+    @cached_property
+    def candidates(self) -> dict[str, list[PlacedJob]]:
+        """Each share's running jobs in victim order; sorted on the first victim search only,
+        as most cycles of a busy queue search for none."""
+        candidates = {}
+        for name, share_jobs in self._unsorted_candidates.items():
+            keyed = sorted([(_victim_key(job, False), job) for job in share_jobs])  # ids differ
+            candidates[name] = [job for _, job in keyed]
+            self._victim_keys[name, False] = [key for key, _ in keyed]
+        return candidates
 
     # --- the passes ----------------------------------------------------------------------
 
