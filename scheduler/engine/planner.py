@@ -320,31 +320,31 @@ class _TypeCycle:
 
     def _fair_pass(self, borrowers: Sequence[RunnableJob]) -> None:
         """Borrowers in turn of their share's borrowed/weight, lowest first; ties by priority
-        then submission (the order they already have within each share)."""
-        queues: dict[str, list[RunnableJob]] = defaultdict(list)
-        for job in borrowers:
-            queues[job.share].append(job)
-        heads = {name: 0 for name in queues}
-        order = {job.id: position for position, job in enumerate(borrowers)}
-        heap = [(self._fair_key(queue[0], order), name) for name, queue in queues.items()]
+        then submission, which is the order `borrowers` already has."""
+        queues: dict[str, list[tuple[int, RunnableJob]]] = defaultdict(list)
+        for position, job in enumerate(borrowers):
+            queues[job.share].append((position, job))
+        weights = {name: self.shares[name].weight for name in queues}
+        borrowed = self.ledger.borrowed
+
+        def ratio(name: str) -> float:
+            weight = weights[name]
+            return borrowed(name) / weight if weight > 0 else float("inf")
+
+        heads = dict.fromkeys(queues, 0)
+        heap = [(ratio(name), queue[0][0], name) for name, queue in queues.items()]
         heapq.heapify(heap)
         while heap:
-            key, name = heapq.heappop(heap)
-            job = queues[name][heads[name]]
-            current = self._fair_key(job, order)
+            key, position, name = heapq.heappop(heap)
+            current = ratio(name)
             if current != key:  # the share's borrowing changed since it was queued
-                heapq.heappush(heap, (current, name))
+                heapq.heappush(heap, (current, position, name))
                 continue
-            self._consider(job)
+            queue = queues[name]
+            self._consider(queue[heads[name]][1])
             heads[name] += 1
-            if heads[name] < len(queues[name]):
-                heapq.heappush(heap, (self._fair_key(queues[name][heads[name]], order), name))
-
-    def _fair_key(self, job: RunnableJob, order: Mapping[str, int]) -> tuple:
-        weight = self.shares[job.share].weight
-        borrowed = self.ledger.borrowed(job.share)
-        ratio = borrowed / weight if weight > 0 else float("inf")
-        return (ratio, -job.priority, job.submitted, order[job.id])
+            if heads[name] < len(queue):
+                heapq.heappush(heap, (ratio(name), queue[heads[name]][0], name))
 
     def _consider(self, job: RunnableJob) -> None:
         blocker = self._strict_blocker.get(job.share)
