@@ -6,7 +6,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from scheduler.bulk import id_batches, jobs_set_reasons, rows_insert
+from scheduler.bulk import id_batches, job_insert, jobs_set_reasons, rows_insert
 from scheduler.models import Job, JobEvent, Node
 
 CANCELLED_BY_USER = "cancelled by {user}"
@@ -351,8 +351,8 @@ def job_submit(
         with transaction.atomic():
             job.state = Job.State.RUNNABLE
             job.reason = QUEUED_REASON
-            job.save()
-            JobEvent.objects.bulk_create(
+            job_insert(
+                job,
                 [
                     JobEvent(
                         job=job,
@@ -366,7 +366,7 @@ def job_submit(
                         to_state=Job.State.RUNNABLE,
                         reason=f"accepted into share {share.name}'s queue",
                     ),
-                ]
+                ],
             )
             request_cycle()
     except IntegrityError:
