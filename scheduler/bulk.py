@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 from functools import cache
 
-from django.db import connection, models
+from django.db import connection, models, transaction
 from django.utils import timezone
 
 from scheduler.models import Job, JobEvent
@@ -157,12 +158,15 @@ def _job_insert_sql(events: int) -> str:
 
 
 def job_insert(job: Job, events: Sequence[JobEvent]) -> None:
-    """Insert the new `job` and its first `events` (JobEvents of `job`): on PostgreSQL in one
-    statement, so a submit writes in one round trip; elsewhere job.save() and bulk_create.
-    As save() does, sets job.pk and stamps the auto_now(_add) fields of the job and events."""
+    """Insert the new `job` and its first `events` (JobEvents of `job`), all or nothing: on
+    PostgreSQL in one statement, which outside a transaction commits on its own (no BEGIN and
+    COMMIT round trips for a submit); elsewhere job.save() and bulk_create in a transaction.
+    Inside the caller's transaction, a savepoint: a failed insert (IntegrityError) leaves that
+    transaction usable. As save() does, sets job.pk and stamps the auto_now(_add) fields."""
     if not _postgresql():
-        job.save()
-        JobEvent.objects.bulk_create(events)
+        with transaction.atomic():
+            job.save()
+            JobEvent.objects.bulk_create(events)
         return
     # pre_save and get_db_prep_save: the values save() would write (defaults, timestamps).
     params = [
@@ -172,7 +176,8 @@ def job_insert(job: Job, events: Sequence[JobEvent]) -> None:
         for name in _EVENT_FIELDS:
             field = JobEvent._meta.get_field(name)
             params.append(field.get_db_prep_save(field.pre_save(event, add=True), connection))
-    with connection.cursor() as cursor:
+    savepoint = transaction.atomic() if connection.in_atomic_block else nullcontext()
+    with savepoint, connection.cursor() as cursor:
         cursor.execute(_job_insert_sql(len(events)), params)
         job.pk = cursor.fetchone()[0]
     job._state.adding = False

@@ -347,34 +347,31 @@ def job_submit(
         largest_node=target.largest_node,
         nodes_that_fit=target.nodes_that_fit,
     )
+    job.state = Job.State.RUNNABLE
+    job.reason = QUEUED_REASON
+    events = [
+        JobEvent(
+            job=job,
+            from_state="",
+            to_state=Job.State.SUBMITTED,
+            reason=SUBMITTED_REASON.format(user=user),
+        ),
+        JobEvent(
+            job=job,
+            from_state=Job.State.SUBMITTED,
+            to_state=Job.State.RUNNABLE,
+            reason=f"accepted into share {share.name}'s queue",
+        ),
+    ]
     try:
-        with transaction.atomic():
-            job.state = Job.State.RUNNABLE
-            job.reason = QUEUED_REASON
-            job_insert(
-                job,
-                [
-                    JobEvent(
-                        job=job,
-                        from_state="",
-                        to_state=Job.State.SUBMITTED,
-                        reason=SUBMITTED_REASON.format(user=user),
-                    ),
-                    JobEvent(
-                        job=job,
-                        from_state=Job.State.SUBMITTED,
-                        to_state=Job.State.RUNNABLE,
-                        reason=f"accepted into share {share.name}'s queue",
-                    ),
-                ],
-            )
-            request_cycle()
+        job_insert(job, events)  # the job and its events commit together, or not at all
     except IntegrityError:
         # Two submits with one client_token raced; the database let exactly one in.
         existing = _job_for_token(user, client_token) if client_token else None
         if existing is None:
             raise
         return _same_request_or_conflict(existing, share_name, request, client_token), False
+    request_cycle()
     return job, True
 
 
