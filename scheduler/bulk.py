@@ -129,7 +129,7 @@ def jobs_set_reasons(reasons: dict[int, str], *, state: str | None = None) -> in
     return written
 
 
-# The columns a submit writes, in the order of _job_insert_sql's placeholders.
+# The event columns a submit writes, in the order of their placeholders in _job_insert_sql.
 _EVENT_FIELDS = ("at", "from_state", "to_state", "reason")
 
 
