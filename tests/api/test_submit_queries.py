@@ -84,3 +84,22 @@ def test_the_token_authenticates_its_user_with_the_token_as_request_auth(world, 
         user,
         type(token).objects.get(key=world.tokens["alice"]).created,
     )
+
+
+def test_a_revoked_token_stops_working_at_once(world):
+    """Nothing about a token is kept between requests: the request after its deletion is 401,
+    and so is a submit by a user made inactive since the last request."""
+    from rest_framework.authtoken.models import Token
+
+    bob = world.client("bob")
+    assert bob.post(JOBS, job_request(), format="json").status_code == 201
+    Token.objects.filter(key=world.tokens["bob"]).delete()
+    response = bob.post(JOBS, job_request(), format="json")
+    assert (response.status_code, response.json()["detail"]) == (401, "Invalid token.")
+
+    alice = world.client("alice")
+    assert alice.post(JOBS, job_request(), format="json").status_code == 201
+    type(world.users["alice"]).objects.filter(pk=world.users["alice"].pk).update(is_active=False)
+    response = alice.post(JOBS, job_request(), format="json")
+    assert (response.status_code, response.json()["detail"]) == (401, "User inactive or deleted.")
+    assert Job.objects.count() == 2
