@@ -1,4 +1,5 @@
-"""Bulk writes of the scheduling cycle: one statement each on PostgreSQL, batched ORM elsewhere.
+"""Bulk writes of the scheduling cycle and of a submit: one statement each on PostgreSQL,
+batched ORM elsewhere.
 
 A placing cycle inserts thousands of rows (attempts, GPU assignments, job events) and rewrites
 the reasons of tens of thousands of waiting jobs. Through model instances and `IN (...)` lists
@@ -12,11 +13,13 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
+from functools import cache
 
-from django.db import connection, models
+from django.db import connection, models, transaction
 from django.utils import timezone
 
-from scheduler.models import Job
+from scheduler.models import Job, JobEvent
 
 # Rows per statement on the ORM path: below SQLite's limit of bound parameters.
 BATCH = 900
@@ -124,3 +127,58 @@ def jobs_set_reasons(reasons: dict[int, str], *, state: str | None = None) -> in
         for start in range(0, len(ids), BATCH):
             written += jobs.filter(pk__in=ids[start : start + BATCH]).update(reason=reason)
     return written
+
+
+# The event columns a submit writes, in the order of their placeholders in _job_insert_sql.
+_EVENT_FIELDS = ("at", "from_state", "to_state", "reason")
+
+
+def _job_fields() -> list[models.Field]:
+    return [field for field in Job._meta.concrete_fields if not field.primary_key]
+
+
+@cache
+def _job_insert_sql(events: int) -> str:
+    quote = connection.ops.quote_name
+    job_columns = ", ".join(quote(field.column) for field in _job_fields())
+    job_values = ", ".join(["%s"] * len(_job_fields()))
+    event_fields = [JobEvent._meta.get_field(name) for name in _EVENT_FIELDS]
+    event_columns = ", ".join(quote(field.column) for field in event_fields)
+    event_row = ", ".join(f"%s::{field.db_type(connection)}" for field in event_fields)
+    event_rows = ", ".join(f"({event_row}, {n})" for n in range(events))
+    event_names = ", ".join(_EVENT_FIELDS)
+    # ORDER BY n: the events get their ids, and so their order (at, id), as listed.
+    return (
+        f"WITH new_job AS (INSERT INTO {quote(Job._meta.db_table)} ({job_columns}) "
+        f"VALUES ({job_values}) RETURNING id) "
+        f"INSERT INTO {quote(JobEvent._meta.db_table)} (job_id, {event_columns}) "
+        f"SELECT new_job.id, {event_names} FROM new_job, "
+        f"(VALUES {event_rows}) AS e({event_names}, n) ORDER BY e.n RETURNING job_id"
+    )
+
+
+def job_insert(job: Job, events: Sequence[JobEvent]) -> None:
+    """Insert the new `job` and its first `events` (JobEvents of `job`), all or nothing: on
+    PostgreSQL in one statement, which outside a transaction commits on its own (no BEGIN and
+    COMMIT round trips for a submit); elsewhere job.save() and bulk_create in a transaction.
+    Inside the caller's transaction, a savepoint: a failed insert (IntegrityError) leaves that
+    transaction usable. As save() does, sets job.pk and stamps the auto_now(_add) fields."""
+    if not _postgresql():
+        with transaction.atomic():
+            job.save()
+            JobEvent.objects.bulk_create(events)
+        return
+    # pre_save and get_db_prep_save: the values save() would write (defaults, timestamps).
+    params = [
+        field.get_db_prep_save(field.pre_save(job, add=True), connection) for field in _job_fields()
+    ]
+    for event in events:
+        for name in _EVENT_FIELDS:
+            field = JobEvent._meta.get_field(name)
+            params.append(field.get_db_prep_save(field.pre_save(event, add=True), connection))
+    savepoint = transaction.atomic() if connection.in_atomic_block else nullcontext()
+    with savepoint, connection.cursor() as cursor:
+        cursor.execute(_job_insert_sql(len(events)), params)
+        job.pk = cursor.fetchone()[0]
+    job._state.adding = False
+    job._state.db = connection.alias

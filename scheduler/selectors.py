@@ -7,8 +7,10 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import Prefetch, QuerySet
 
+from portal.sql import instance_from_row, model_columns
 from scheduler.models import GpuAssignment, Job, JobAttempt, Node
 from shares.models import Membership, QuotaShare
 from shares.selectors import UsageReport, is_admin, share_usage
@@ -102,7 +104,7 @@ class SubmitTarget:
 # subqueries cost a submit more CPU than the rest of its database work together. Plain SQL
 # that SQLite and PostgreSQL both run; table and column names come from the models.
 _SUBMIT_TARGET_SQL = """
-SELECT s.*, {visible} AS visible,
+SELECT {share_columns}, {visible} AS visible,
        (SELECT MAX(n.gpus) FROM {node} n WHERE n.gpu_type = %s AND n.state <> %s)
            AS largest_node,
        (SELECT COUNT(*) FROM {node} n WHERE n.gpu_type = %s AND n.state <> %s AND n.gpus >= %s)
@@ -122,6 +124,7 @@ def submit_target(*, user, share_name: str, gpu_type: str, per_node: int) -> Sub
 
     admin = is_admin(user)
     sql = _SUBMIT_TARGET_SQL.format(
+        share_columns=model_columns(QuotaShare, "s"),
         visible="1" if admin else _MEMBER_SQL.format(membership=Membership._meta.db_table),
         node=Node._meta.db_table,
         share=QuotaShare._meta.db_table,
@@ -130,18 +133,22 @@ def submit_target(*, user, share_name: str, gpu_type: str, per_node: int) -> Sub
     down = Node.State.DOWN
     params = [] if admin else [user.pk]
     params += [gpu_type, down, gpu_type, down, per_node, share_name]
-    rows = list(QuotaShare.objects.raw(sql, params))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
     if not rows:
         return SubmitTarget(
             share=None, visible=False, limits={}, largest_node=None, nodes_that_fit=0
         )
-    share = rows[0]
+    # Each row: the share's columns, visible, largest_node, nodes_that_fit, then one limit.
+    share_columns = len(QuotaShare._meta.concrete_fields)
+    visible, largest_node, nodes_that_fit = rows[0][share_columns : share_columns + 3]
     return SubmitTarget(
-        share=share,
-        visible=bool(share.visible),
-        limits={row.limit_gpu_type: row.limit_max_gpus for row in rows if row.limit_gpu_type},
-        largest_node=share.largest_node,
-        nodes_that_fit=share.nodes_that_fit,
+        share=instance_from_row(QuotaShare, rows[0]),
+        visible=bool(visible),
+        limits={gpu_type: gpus for *_, gpu_type, gpus in rows if gpu_type},
+        largest_node=largest_node,
+        nodes_that_fit=nodes_that_fit,
     )
 
 

@@ -6,7 +6,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from scheduler.bulk import id_batches, jobs_set_reasons, rows_insert
+from scheduler.bulk import id_batches, job_insert, jobs_set_reasons, rows_insert
 from scheduler.models import Job, JobEvent, Node
 
 CANCELLED_BY_USER = "cancelled by {user}"
@@ -175,13 +175,18 @@ IDEMPOTENT_FIELDS = (
 # that finds both publishes nothing (see _cycle_publish_delay).
 CYCLE_REQUESTED_KEY = "portal:cycle:requested:{db}"
 CYCLE_TRAILING_KEY = "portal:cycle:trailing:{db}"
-# KEYS: requested, trailing; ARGV: the window in ms. Returns 0: publish now; 1: publish for
-# the end of the window; 2: the cycle published for the end of the window covers this request.
+# KEYS: requested, trailing; ARGV: the window in ms. Returns [0, 0]: publish now; [1, window]:
+# publish for the end of the window; [2, ms left]: the cycle published for the end of the window
+# covers this request. The second value: how long the trailing key still stands, in ms.
 _CYCLE_COALESCE_SCRIPT = """
-if redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then return 0 end
-if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[1]) then return 1 end
-return 2
+if redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then return {0, 0} end
+if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[1]) then return {1, tonumber(ARGV[1])} end
+return {2, redis.call('PTTL', KEYS[2])}
 """
+# Per process and database: until when (time.monotonic()) a cycle published for the end of the
+# window is known to start later. Until then a request is covered without asking Redis: at a
+# burst of submits, a process asks once or twice per window, not once per submit.
+_trailing_cycle_until: dict[str, float] = {}
 
 
 def _cycle_publish_delay() -> float | None:
@@ -191,7 +196,11 @@ def _cycle_publish_delay() -> float | None:
     At most two cycles are published per CYCLE_REQUEST_WINDOW_SECONDS: the first request of a
     window gets one now; the next gets one at the end of the window, and it covers every
     request until then, since each of those committed before that cycle starts (and a cycle
-    runs every runnable job). So no request is left waiting for beat, whichever comes last."""
+    runs every runnable job). So no request is left waiting for beat, whichever comes last.
+    The trailing key expires no later than that cycle's start, so while it stands (as this
+    process last saw it) a request need not ask."""
+    import time
+
     from django.db import connection
 
     from scheduler.notify import redis_client
@@ -200,11 +209,18 @@ def _cycle_publish_delay() -> float | None:
     if window <= 0:
         return 0.0
     db = connection.settings_dict["NAME"]
+    asked_at = time.monotonic()  # before Redis sets or reads the key: its TTL runs from later
+    if asked_at < _trailing_cycle_until.get(db, 0.0):
+        return None
     keys = [CYCLE_REQUESTED_KEY.format(db=db), CYCLE_TRAILING_KEY.format(db=db)]
     try:
-        outcome = redis_client().eval(_CYCLE_COALESCE_SCRIPT, 2, *keys, int(window * 1000))
+        outcome, trailing_ms = redis_client().eval(
+            _CYCLE_COALESCE_SCRIPT, 2, *keys, int(window * 1000)
+        )
     except Exception:  # noqa: BLE001 — without the keys, publish as if the window were empty
         return 0.0
+    if outcome:
+        _trailing_cycle_until[db] = asked_at + int(trailing_ms) / 1000
     return {0: 0.0, 1: window}.get(int(outcome))
 
 
@@ -347,34 +363,31 @@ def job_submit(
         largest_node=target.largest_node,
         nodes_that_fit=target.nodes_that_fit,
     )
+    job.state = Job.State.RUNNABLE
+    job.reason = QUEUED_REASON
+    events = [
+        JobEvent(
+            job=job,
+            from_state="",
+            to_state=Job.State.SUBMITTED,
+            reason=SUBMITTED_REASON.format(user=user),
+        ),
+        JobEvent(
+            job=job,
+            from_state=Job.State.SUBMITTED,
+            to_state=Job.State.RUNNABLE,
+            reason=f"accepted into share {share.name}'s queue",
+        ),
+    ]
     try:
-        with transaction.atomic():
-            job.state = Job.State.RUNNABLE
-            job.reason = QUEUED_REASON
-            job.save()
-            JobEvent.objects.bulk_create(
-                [
-                    JobEvent(
-                        job=job,
-                        from_state="",
-                        to_state=Job.State.SUBMITTED,
-                        reason=SUBMITTED_REASON.format(user=user),
-                    ),
-                    JobEvent(
-                        job=job,
-                        from_state=Job.State.SUBMITTED,
-                        to_state=Job.State.RUNNABLE,
-                        reason=f"accepted into share {share.name}'s queue",
-                    ),
-                ]
-            )
-            request_cycle()
+        job_insert(job, events)  # the job and its events commit together, or not at all
     except IntegrityError:
         # Two submits with one client_token raced; the database let exactly one in.
         existing = _job_for_token(user, client_token) if client_token else None
         if existing is None:
             raise
         return _same_request_or_conflict(existing, share_name, request, client_token), False
+    request_cycle()
     return job, True
 
 

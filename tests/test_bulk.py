@@ -1,5 +1,5 @@
-"""The cycle's bulk writes (scheduler.bulk) give the same rows as the ORM, on every database:
-one statement over arrays on PostgreSQL, batched ORM elsewhere."""
+"""The bulk writes (scheduler.bulk) of the cycle and of a submit give the same rows as the ORM,
+on every database: one statement on PostgreSQL, batched ORM elsewhere."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from scheduler.bulk import jobs_set_reasons, rows_insert
+from scheduler.bulk import job_insert, jobs_set_reasons, rows_insert
 from scheduler.models import GpuAssignment, Job, JobAttempt, JobEvent
 from scheduler.services import job_submit
 from tests.conftest import make_node
@@ -86,3 +86,50 @@ def test_reasons_are_written_only_to_jobs_still_in_the_state(personas):
     events = JobEvent.objects.count()
     assert jobs_set_reasons({gone.pk: "any"}) == 1
     assert JobEvent.objects.count() == events  # not a state change: no event
+
+
+def new_job(user, share, **fields) -> tuple[Job, list[JobEvent]]:
+    job = Job(share=share, submitted_by=user, gpu_type="h100", gpus=1, command="true", **fields)
+    events = [
+        JobEvent(job=job, from_state="", to_state=Job.State.SUBMITTED, reason="first"),
+        JobEvent(job=job, from_state=Job.State.SUBMITTED, to_state="RUNNABLE", reason="second"),
+    ]
+    return job, events
+
+
+def test_a_submitted_job_and_its_events_are_written_as_save_writes_them(personas):
+    """job_insert writes the job's values, its model defaults and timestamps, and its events in
+    the order given, as job.save() and bulk_create do."""
+    share = personas.research
+    job, events = new_job(personas.bruno, share, env={"A": "1"}, client_token="t-1")
+    before = timezone.now()
+    job_insert(job, events)
+    saved = Job.objects.get(pk=job.pk)
+    assert (saved.share, saved.submitted_by, saved.env, saved.client_token) == (
+        share,
+        personas.bruno,
+        {"A": "1"},
+        "t-1",
+    )
+    assert (saved.state, saved.nodes, saved.priority, saved.attempt_count) == ("SUBMITTED", 1, 0, 0)
+    assert before <= saved.submitted_at == job.submitted_at <= timezone.now()
+    assert saved.updated_at == job.updated_at
+    assert not job._state.adding
+    assert list(saved.events.values_list("from_state", "to_state", "reason")) == [
+        ("", "SUBMITTED", "first"),
+        ("SUBMITTED", "RUNNABLE", "second"),
+    ]
+
+
+def test_a_refused_job_insert_writes_nothing_and_leaves_the_callers_transaction_usable(personas):
+    """A second job with the same client_token is refused (IntegrityError) with none of its
+    events; inside a transaction, the caller can still read and write after it."""
+    share = personas.research
+    job_insert(*new_job(personas.bruno, share, client_token="once"))
+    with transaction.atomic():
+        with pytest.raises(IntegrityError):
+            job_insert(*new_job(personas.bruno, share, client_token="once"))
+        assert Job.objects.filter(client_token="once").count() == 1
+        job_insert(*new_job(personas.bruno, share, client_token="twice"))
+    assert Job.objects.count() == 2
+    assert JobEvent.objects.count() == 4

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from unittest import mock
 
 import pytest
@@ -19,11 +20,18 @@ def window(settings):
     db = connection.settings_dict["NAME"]
     keys = [services.CYCLE_REQUESTED_KEY.format(db=db), services.CYCLE_TRAILING_KEY.format(db=db)]
     try:
-        redis_client().delete(*keys)
+        window_runs_out(*keys)
     except redis.RedisError:
         pytest.skip("no Redis at REDIS_URL")
     yield keys
+    window_runs_out(*keys)
+
+
+def window_runs_out(*keys: str) -> None:
+    """The keys expire, as they do at the end of their window; and so does what this process
+    remembers of the trailing key (it remembers no longer than the key stands)."""
     redis_client().delete(*keys)
+    services._trailing_cycle_until.clear()
 
 
 @pytest.mark.django_db
@@ -39,7 +47,7 @@ def test_after_the_window_a_request_publishes_at_once_again(window):
     requested, trailing = window
     assert services._cycle_publish_delay() == 0.0
     assert services._cycle_publish_delay() == 0.2
-    redis_client().delete(requested, trailing)  # the window ran out (the keys expire with it)
+    window_runs_out(requested, trailing)
     assert services._cycle_publish_delay() == 0.0
 
 
@@ -50,8 +58,22 @@ def test_the_last_request_of_a_window_is_covered_when_the_trailing_cycle_ran_out
     requested, trailing = window
     assert services._cycle_publish_delay() == 0.0
     assert services._cycle_publish_delay() == 0.2
-    redis_client().delete(trailing)
+    window_runs_out(trailing)
     assert services._cycle_publish_delay() == 0.2
+
+
+@pytest.mark.django_db
+def test_while_the_trailing_cycle_stands_a_process_does_not_ask_redis_again(window, settings):
+    """Once a process has seen the trailing key, its requests until the key's expiry are
+    covered without a round trip to Redis (here the keys are gone from Redis, and yet nothing
+    is published); after it, the process asks again."""
+    settings.CYCLE_REQUEST_WINDOW_SECONDS = 0.05
+    assert services._cycle_publish_delay() == 0.0
+    assert services._cycle_publish_delay() == 0.05
+    redis_client().delete(*window)
+    assert services._cycle_publish_delay() is None
+    time.sleep(0.06)
+    assert services._cycle_publish_delay() == 0.0
 
 
 def test_without_redis_every_request_publishes_at_once(settings):

@@ -71,11 +71,13 @@ def _range(message: str) -> dict[str, str]:
 class SharedFieldsMixin:
     """Build the serializer's fields once per class, not once per instance.
 
-    DRF builds a ModelSerializer's fields for every instance (for a job: about 20 model fields
-    mapped with their kwargs and validators), which was most of the time a submit spent turning
-    its job into JSON. For a read-only serializer whose fields need nothing from the request,
-    the fields can be shared: they are bound to a prototype instance with an empty context, so
-    they must not read `context` (no request-dependent SerializerMethodField, no hyperlinks)."""
+    DRF builds a serializer's fields for every instance (a deep copy of the declared fields; for
+    a ModelSerializer, about 20 model fields mapped with their kwargs and validators), which was
+    most of the time a submit spent turning its job into JSON, and checking its request. When
+    the fields need nothing from the request they can be shared: they are bound to a prototype
+    instance with an empty context, so they must not read `context` (no request-dependent
+    SerializerMethodField, no hyperlinks), and a writing serializer must not be `partial`.
+    Fields keep no state while they validate: errors and values live on the serializer."""
 
     @property
     def fields(self) -> BindingDict:
@@ -261,7 +263,7 @@ class GpuTypeField(serializers.CharField):
         return value
 
 
-class JobSubmitSerializer(serializers.Serializer):
+class JobSubmitSerializer(SharedFieldsMixin, serializers.Serializer):
     """AWS SubmitServiceJob: what a job asks for."""
 
     share = serializers.CharField(max_length=63, help_text="The quota share's name.")

@@ -17,14 +17,16 @@ def statements(context: CaptureQueriesContext, verb: str) -> list[str]:
 
 def test_a_submit_reads_the_share_membership_limits_and_nodes_in_one_query(world):
     """Besides the token, one SELECT: the share with its limits, whether the user is on its team,
-    and the sizes of the nodes of the GPU type; then the job and its two events are inserted."""
+    and the sizes of the nodes of the GPU type; then the job and its two events are inserted, in
+    one statement on PostgreSQL."""
     client = world.client("bob")
     with CaptureQueriesContext(connection) as context:
         response = client.post(JOBS, job_request(), format="json")
     assert response.status_code == 201, response.content
     selects = statements(context, "SELECT")
     assert len(selects) == 2, selects  # the token, then the share and everything it decides
-    assert len(statements(context, "INSERT")) == 2  # the job, then both of its events
+    writes = statements(context, "INSERT") + statements(context, "WITH")
+    assert len(writes) == (1 if connection.vendor == "postgresql" else 2), writes
     job = Job.objects.get()
     assert list(JobEvent.objects.filter(job=job).values_list("to_state", flat=True)) == [
         Job.State.SUBMITTED,
@@ -82,3 +84,22 @@ def test_the_token_authenticates_its_user_with_the_token_as_request_auth(world, 
         user,
         type(token).objects.get(key=world.tokens["alice"]).created,
     )
+
+
+def test_a_revoked_token_stops_working_at_once(world):
+    """Nothing about a token is kept between requests: the request after its deletion is 401,
+    and so is a submit by a user made inactive since the last request."""
+    from rest_framework.authtoken.models import Token
+
+    bob = world.client("bob")
+    assert bob.post(JOBS, job_request(), format="json").status_code == 201
+    Token.objects.filter(key=world.tokens["bob"]).delete()
+    response = bob.post(JOBS, job_request(), format="json")
+    assert (response.status_code, response.json()["detail"]) == (401, "Invalid token.")
+
+    alice = world.client("alice")
+    assert alice.post(JOBS, job_request(), format="json").status_code == 201
+    type(world.users["alice"]).objects.filter(pk=world.users["alice"].pk).update(is_active=False)
+    response = alice.post(JOBS, job_request(), format="json")
+    assert (response.status_code, response.json()["detail"]) == (401, "User inactive or deleted.")
+    assert Job.objects.count() == 2
