@@ -84,10 +84,21 @@ def node_register(
     return node, token
 
 
+def heartbeat_write_seconds() -> float:
+    """How stale `last_heartbeat` may be before a heartbeat writes it again: a tenth of the
+    heartbeat timeout. Every poll and report is a heartbeat; writing each one would cost a
+    commit per agent request for nothing (the node is lost only after the whole timeout)."""
+    return settings.NODE_HEARTBEAT_TIMEOUT_SECONDS / 10
+
+
 def node_heartbeat(*, node: Node) -> None:
-    """The agent is alive. A node marked DOWN for missing heartbeats is READY again."""
+    """The agent is alive. A node marked DOWN for missing heartbeats is READY again. `node` is
+    as loaded for this request (its `last_heartbeat` decides whether to write)."""
     now = timezone.now()
-    Node.objects.filter(pk=node.pk).update(last_heartbeat=now)
+    last = node.last_heartbeat
+    if last is None or (now - last).total_seconds() >= heartbeat_write_seconds():
+        Node.objects.filter(pk=node.pk).update(last_heartbeat=now)
+        node.last_heartbeat = now
     if node.state == Node.State.DOWN:
         with transaction.atomic():
             if Node.objects.filter(pk=node.pk, state=Node.State.DOWN).update(
