@@ -11,6 +11,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
@@ -180,11 +181,23 @@ def poll(request: HttpRequest, node: Node, data: dict) -> JsonResponse:
     waiter = OrderWaiter(node.pk)
     try:
         orders = _orders(node, running)
-        if not _news(orders, running, stopping) and waiter.wait(poll_wait_seconds(wait)):
-            orders = _orders(node, running)
+        if not _news(orders, running, stopping):
+            # Give the database connection back while waiting: the web server has a thread
+            # per waiting agent, not a connection per waiting agent (DATABASE_POOL_SIZE).
+            _release_database_connection()
+            if waiter.wait(poll_wait_seconds(wait)):
+                orders = _orders(node, running)
     finally:
         waiter.close()
     return JsonResponse(orders)
+
+
+def _release_database_connection() -> None:
+    """With a connection pool, hand this thread's connection back (unless a transaction needs
+    it); the next query takes one again. Without one, closing would only make the next query
+    open a new connection, which costs more than keeping it."""
+    if getattr(connection, "pool", None) is not None and not connection.in_atomic_block:
+        connection.close()
 
 
 def _orders(node: Node, running: set[int]) -> dict[str, Any]:
