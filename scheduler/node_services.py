@@ -196,23 +196,27 @@ def attempt_started(*, node: Node, attempt_id: int) -> str:
         attempt = JobAttempt.objects.select_for_update().get(pk=attempt_id)
         if attempt.ended_at is not None:
             return "ignored"
-        now = timezone.now()
-        if attempt.started_at is None:
-            attempt.started_at = now
-            attempt.save(update_fields=["started_at"])
-        if job.state in (Job.State.SCHEDULED, Job.State.STARTING):
-            job_transition(
-                job=job,
-                to_state=Job.State.RUNNING,
-                reason=RUNNING_REASON.format(
-                    where=", ".join(
-                        f"{a['node']} (GPU {','.join(map(str, a['gpu_indices']))})"
-                        for a in attempt.allocations
-                    )
-                ),
-                started_at=job.started_at or now,
-            )
+        _mark_started(job, attempt, now=timezone.now())
         return "ok"
+
+
+def _mark_started(job: Job, attempt: JobAttempt, *, now) -> None:
+    """The attempt's process runs (or ran): started_at, and the job RUNNING. Rows locked."""
+    if attempt.started_at is None:
+        attempt.started_at = now
+        attempt.save(update_fields=["started_at"])
+    if job.state in (Job.State.SCHEDULED, Job.State.STARTING):
+        job_transition(
+            job=job,
+            to_state=Job.State.RUNNING,
+            reason=RUNNING_REASON.format(
+                where=", ".join(
+                    f"{a['node']} (GPU {','.join(map(str, a['gpu_indices']))})"
+                    for a in attempt.allocations
+                )
+            ),
+            started_at=job.started_at or now,
+        )
 
 
 def attempt_log(*, node: Node, attempt_id: int, log_tail: str) -> str:
@@ -251,6 +255,10 @@ def attempt_exited(
         if not released or attempt.ended_at is not None:
             return "ignored"
         now = timezone.now()
+        if attempt.started_at is None and end in (END_EXIT, END_TIMEOUT):
+            # Its process ran: an exit whose "started" report has not arrived yet (it may come
+            # on another request, later; it is then ignored) implies the start.
+            _mark_started(job, attempt, now=now)
         if log_tail:
             attempt.log_tail = log_tail[-LOG_TAIL_CHARS:]
         outcome = _outcome(attempt, end=end, exit_code=exit_code, signalled=signalled)
