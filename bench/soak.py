@@ -1,18 +1,23 @@
 """Soak: the whole system under a long mixed load, then its books checked.
 
-    python bench/soak.py [--agents 64] [--jobs 20000] [--minutes 10] [--clients 8] [--sqlite]
+    python bench/soak.py [--agents 64] [--jobs 20000] [--minutes 10] [--clients 16] [--sqlite]
 
-Starts, all on 127.0.0.1: a scratch database (PostgreSQL `portal_soak`, dropped and re-created;
-or a SQLite file with --sqlite), gunicorn (2 gthread workers), a Celery worker with beat, and
---agents node agents with fake GPUs (h100 ×8 and l4 ×4 nodes). Eight shares of mixed
-strategies. --clients threads submit --jobs jobs of mixed sizes that each run `sleep X`
-(1-4 s) over about 60% of the time cap, while a chaos thread edits shares (limits, strategy,
-lend_limit) and restarts agents (SIGKILL, then start again under the same name). It stops when
-every job has ended or at --minutes, whichever comes first, then prints:
+Starts, all on 127.0.0.1: a scratch database (PostgreSQL `portal_soak` or SOAK_DATABASE,
+dropped and re-created; or a SQLite file with --sqlite), gunicorn (2 gthread workers, each
+with a thread per agent plus 16, sharing a pool of 8 database connections), a Celery worker
+with beat, and --agents node agents with fake GPUs (h100 ×8 and l4 ×4 nodes). Eight shares
+of mixed strategies. Once every agent is READY, --clients threads submit --jobs jobs of mixed
+sizes that each run `sleep X` (0.5-3 s; GPU types in proportion to the cluster's GPUs) over
+60% of the time cap, while a chaos thread edits shares (limits, strategy, lend_limit) and
+restarts agents (SIGKILL, then start again under the same name). It stops when every job has
+ended or at --minutes (counted from the start, startup included), whichever comes first,
+then prints:
 
 jobs submitted, finished, lost (must be 0), double placements (must be 0), preemptions,
 p50/p99 submit latency, p50/p99 reclaim latency (stop order − reclaiming job's submit), peak
-RSS of web and worker, and /health/ latency measured in the same run as the baseline.
+RSS of web and worker, /health/ latency measured in the same run as the baseline, what is
+still open (by state, share and GPU type) when the cap stopped it, and the CPU seconds of
+each part (web, worker, agents with their jobs, the soak itself, PostgreSQL).
 Redis: REDIS_URL (default redis://127.0.0.1:6379/9, flushed at start).
 """
 
@@ -604,7 +609,7 @@ def main() -> int:
     parser.add_argument("--agents", type=int, default=64)
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--minutes", type=float, default=10.0, help="hard cap on the run")
-    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--sqlite", action="store_true", help="a SQLite file, not PostgreSQL")
     parser.add_argument("--keep", action="store_true", help="keep logs and files")

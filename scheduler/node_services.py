@@ -15,7 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from scheduler.models import ClusterSettings, GpuAssignment, Job, JobAttempt, Node
-from scheduler.services import job_transition, request_cycle
+from scheduler.services import job_transition, jobs_transition, request_cycle
 
 JOIN_TOKEN_INVALID = (
     "join_token: not this cluster's join token (see Cluster settings in the admin)."
@@ -159,13 +159,21 @@ def node_orders(*, node: Node) -> Orders:
         )
         if job.state == Job.State.SCHEDULED:
             scheduled.append(job.pk)
-    for job_id in scheduled:
+    if scheduled:
+        # One transaction for all of them; rows locked in id order, as the cycle locks them.
         with transaction.atomic():
-            job = Job.objects.select_for_update().get(pk=job_id)
-            if job.state == Job.State.SCHEDULED:
-                job_transition(
-                    job=job, to_state=Job.State.STARTING, reason=STARTING_REASON.format(node=node)
-                )
+            delivered = (
+                Job.objects.select_for_update()
+                .filter(pk__in=scheduled, state=Job.State.SCHEDULED)
+                .order_by("pk")
+                .values_list("pk", flat=True)
+            )
+            reason = STARTING_REASON.format(node=node)
+            jobs_transition(
+                to_state=Job.State.STARTING,
+                changes=[(job_id, Job.State.SCHEDULED, reason) for job_id in delivered],
+                job_reason=reason,
+            )
     return Orders(run=run, stop=stop)
 
 
