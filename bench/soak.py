@@ -182,7 +182,7 @@ class Soak:
         # CPU seconds by part of the system, the last value seen of each process (an agent
         # that is restarted keeps what it used).
         self.cpu_seen: dict[str, dict[int, float]] = {"web": {}, "worker": {}, "agents": {}}
-        self.cpu_start = (os.times(), psutil.cpu_times(), postgres_cpu())
+        self.cpu_start = (os.times(), psutil.cpu_times(), postgres_cpu(), time.monotonic())
         self.cpu_end = self.cpu_start
         self.stop = threading.Event()
         self.ready_after = float("nan")  # seconds from the start until every agent was READY
@@ -465,7 +465,7 @@ class Soak:
         self.stop.set()
         elapsed = time.monotonic() - started
         self.sample_cpu()
-        self.cpu_end = (os.times(), psutil.cpu_times(), postgres_cpu())
+        self.cpu_end = (os.times(), psutil.cpu_times(), postgres_cpu(), time.monotonic())
         # Stop everything first: the books are read from a database nobody writes to any more.
         self.stop_all()
         report = self.report(elapsed, finished_all)
@@ -590,7 +590,7 @@ class Soak:
         return "\n".join(lines)
 
     def cpu_line(self) -> str:
-        (soak0, machine0, pg0), (soak1, machine1, pg1) = self.cpu_start, self.cpu_end
+        (soak0, machine0, pg0, t0), (soak1, machine1, pg1, t1) = self.cpu_start, self.cpu_end
         parts = {part: sum(seen.values()) for part, seen in self.cpu_seen.items()}
         parts["soak itself"] = (soak1.user + soak1.system) - (soak0.user + soak0.system)
         parts["PostgreSQL (all databases)"] = pg1 - pg0
@@ -601,7 +601,10 @@ class Soak:
 
         machine = busy(machine1) - busy(machine0)
         shares = ", ".join(f"{part} {seconds:.0f}" for part, seconds in parts.items())
-        return f"CPU seconds:           {shares}; machine {machine:.0f} of {os.cpu_count()} CPUs"
+        return (
+            f"CPU seconds:           {shares}; the whole machine (other users included) "
+            f"{machine:.0f} of {os.cpu_count() * (t1 - t0):.0f} ({os.cpu_count()} CPUs)"
+        )
 
 
 def main() -> int:
