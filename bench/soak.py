@@ -1,18 +1,23 @@
 """Soak: the whole system under a long mixed load, then its books checked.
 
-    python bench/soak.py [--agents 64] [--jobs 20000] [--minutes 10] [--clients 8] [--sqlite]
+    python bench/soak.py [--agents 64] [--jobs 20000] [--minutes 10] [--clients 16] [--sqlite]
 
-Starts, all on 127.0.0.1: a scratch database (PostgreSQL `portal_soak`, dropped and re-created;
-or a SQLite file with --sqlite), gunicorn (2 gthread workers), a Celery worker with beat, and
---agents node agents with fake GPUs (h100 ×8 and l4 ×4 nodes). Eight shares of mixed
-strategies. --clients threads submit --jobs jobs of mixed sizes that each run `sleep X`
-(1-4 s) over about 60% of the time cap, while a chaos thread edits shares (limits, strategy,
-lend_limit) and restarts agents (SIGKILL, then start again under the same name). It stops when
-every job has ended or at --minutes, whichever comes first, then prints:
+Starts, all on 127.0.0.1: a scratch database (PostgreSQL `portal_soak` or SOAK_DATABASE,
+dropped and re-created; or a SQLite file with --sqlite), gunicorn (2 gthread workers, each
+with a thread per agent plus 16, sharing a pool of 8 database connections), a Celery worker
+with beat, and --agents node agents with fake GPUs (h100 ×8 and l4 ×4 nodes). Eight shares
+of mixed strategies. Once every agent is READY, --clients threads submit --jobs jobs of mixed
+sizes that each run `sleep X` (0.5-3 s; GPU types in proportion to the cluster's GPUs) over
+60% of the time cap, while a chaos thread edits shares (limits, strategy, lend_limit) and
+restarts agents (SIGKILL, then start again under the same name). It stops when every job has
+ended or at --minutes (counted from the start, startup included), whichever comes first,
+then prints:
 
 jobs submitted, finished, lost (must be 0), double placements (must be 0), preemptions,
 p50/p99 submit latency, p50/p99 reclaim latency (stop order − reclaiming job's submit), peak
-RSS of web and worker, and /health/ latency measured in the same run as the baseline.
+RSS of web and worker, /health/ latency measured in the same run as the baseline, what is
+still open (by state, share and GPU type) when the cap stopped it, and the CPU seconds of
+each part (web, worker, agents with their jobs, the soak itself, PostgreSQL).
 Redis: REDIS_URL (default redis://127.0.0.1:6379/9, flushed at start).
 """
 
@@ -63,8 +68,7 @@ SHARES = [
 def database_url(sqlite_path: Path | None) -> str:
     if sqlite_path is not None:
         return f"sqlite:///{sqlite_path}"
-    # conn_max_age=0: 64 agents' long polls must not each pin a connection for a minute.
-    return urlparse(ADMIN_URL)._replace(path=f"/{DB_NAME}", query="conn_max_age=0").geturl()
+    return urlparse(ADMIN_URL)._replace(path=f"/{DB_NAME}").geturl()
 
 
 def create_database() -> None:
@@ -88,6 +92,41 @@ for name, strategy, limits, extra in json.loads(os.environ["SOAK_SHARES"]):
     share_create(name=name, team=team, capacity_limits=limits, strategy=strategy, **extra)
 print(Token.objects.create(user=admin).key)
 """
+
+
+def process_cpu(process: psutil.Process) -> float:
+    """CPU seconds of a process and of its children that have ended (and were waited for)."""
+    times = process.cpu_times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+def postgres_cpu() -> float:
+    """CPU seconds used so far by the PostgreSQL server (every database: other users of the
+    server count too), its ended backends included; NaN when it cannot be read."""
+    total, found = 0.0, False
+    for process in psutil.process_iter(["name"]):
+        if process.info["name"] not in ("postgres", "postmaster"):
+            continue
+        with contextlib.suppress(psutil.Error):
+            if process.parent() is not None and process.parent().name() in (
+                "postgres",
+                "postmaster",
+            ):
+                continue
+            total += process_cpu(process) + sum(
+                p.cpu_times().user + p.cpu_times().system for p in process.children()
+            )
+            found = True
+    return total if found else float("nan")
+
+
+def offered_load(jobs: list[dict]) -> dict[str, float]:
+    """GPU-seconds of work (the jobs' sleeps) by GPU type."""
+    load: dict[str, float] = {}
+    for job in jobs:
+        seconds = float(job["command"].split()[1])
+        load[job["gpu_type"]] = load.get(job["gpu_type"], 0.0) + job["gpus"] * seconds
+    return load
 
 
 def free_port() -> int:
@@ -140,14 +179,22 @@ class Soak:
         self.share_edits = 0
         self.agent_restarts = 0
         self.peak_rss = {"web": 0, "worker": 0}
+        # CPU seconds by part of the system, the last value seen of each process (an agent
+        # that is restarted keeps what it used).
+        self.cpu_seen: dict[str, dict[int, float]] = {"web": {}, "worker": {}, "agents": {}}
+        self.cpu_start = (os.times(), psutil.cpu_times(), postgres_cpu(), time.monotonic())
+        self.cpu_end = self.cpu_start
         self.stop = threading.Event()
+        self.ready_after = float("nan")  # seconds from the start until every agent was READY
+        self.offered: dict[str, float] = {}
+        self.window = float("nan")
 
     # --- Processes ---------------------------------------------------------------------------
 
-    def spawn(self, name: str, command: list[str]) -> subprocess.Popen:
+    def spawn(self, name: str, command: list[str], **env: str) -> subprocess.Popen:
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 — closed with the process
         return subprocess.Popen(
-            command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT
+            command, cwd=ROOT, env={**self.env, **env}, stdout=log, stderr=subprocess.STDOUT
         )
 
     def prepare(self) -> str:
@@ -168,10 +215,15 @@ class Soak:
         return result.stdout.strip().splitlines()[-1]
 
     def start(self) -> None:
+        # Each gunicorn worker needs a thread for every agent whose long poll it may hold (an
+        # agent's keep-alive connection stays on one worker) plus threads for everything else;
+        # the threads share a small pool of database connections (a waiting poll holds none).
+        threads = self.args.agents + 16
         self.web = self.spawn(
             "web",
-            [GUNICORN, "portal.wsgi", "-k", "gthread", "-w", "2", "--threads", "48",
+            [GUNICORN, "portal.wsgi", "-k", "gthread", "-w", "2", "--threads", str(threads),
              "-b", f"127.0.0.1:{self.port}", "--log-level", "warning", "--timeout", "60"],
+            DATABASE_POOL_SIZE="8",
         )  # fmt: skip
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -275,18 +327,26 @@ class Soak:
                 pass
 
     def rss_sampler(self) -> None:
-        def tree_rss(process: subprocess.Popen | None) -> int:
-            if process is None:
-                return 0
-            try:
-                root = psutil.Process(process.pid)
-                return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
-            except psutil.Error:
-                return 0
+        """Peak RSS of web and worker, and CPU of every part, every 2 s."""
+        while not self.stop.wait(2.0):
+            self.sample_cpu()
 
-        while not self.stop.wait(1.0):
-            self.peak_rss["web"] = max(self.peak_rss["web"], tree_rss(self.web))
-            self.peak_rss["worker"] = max(self.peak_rss["worker"], tree_rss(self.worker))
+    def sample_cpu(self) -> None:
+        for part, root in (("web", self.web), ("worker", self.worker)):
+            if root is None:
+                continue
+            rss = 0
+            with contextlib.suppress(psutil.Error):
+                tree = psutil.Process(root.pid)
+                for process in [tree, *tree.children(recursive=True)]:
+                    with contextlib.suppress(psutil.Error):
+                        self.cpu_seen[part][process.pid] = process_cpu(process)
+                        rss += process.memory_info().rss
+            self.peak_rss[part] = max(self.peak_rss[part], rss)
+        # An agent's jobs are its children: their CPU is in its own once they have ended.
+        for agent in list(self.agents.values()):
+            with contextlib.suppress(psutil.Error):
+                self.cpu_seen["agents"][agent.pid] = process_cpu(psutil.Process(agent.pid))
 
     def chaos(self, token: str, rng: random.Random) -> None:
         """Random share edits every few seconds, an agent restart every ~20 s."""
@@ -316,13 +376,27 @@ class Soak:
                 self.agent_restarts += 1
                 next_restart = time.monotonic() + rng.uniform(15, 25)
 
+    def capacity(self) -> dict[str, int]:
+        """GPUs of each type in the cluster."""
+        gpus: dict[str, int] = {}
+        for gpu_type, count in self.agent_specs.values():
+            gpus[gpu_type] = gpus.get(gpu_type, 0) + count
+        return gpus
+
     def workload(self, rng: random.Random) -> list[dict]:
+        """Jobs of 1 GPU to two whole nodes, 0.5-3 s each. A job's GPU type is drawn in
+        proportion to the GPUs of that type (over the mean size of its jobs), so that every
+        type gets about the same share of its capacity; its share is one that has the type."""
+        sizes = {"h100": (1, 1, 2, 2, 4, 8), "l4": (1, 1, 2, 4)}
+        capacity = self.capacity()
+        types = sorted(capacity)
+        weights = [capacity[t] / (sum(sizes[t]) / len(sizes[t])) for t in types]
         jobs = []
         for number in range(self.args.jobs):
-            name, _, limits, _ = rng.choice(SHARES)
-            gpu_type = rng.choice(sorted(limits))
-            per_node = 8 if gpu_type == "h100" else 4
-            gpus = rng.choice([g for g in (1, 1, 2, 2, 4, 8) if g <= per_node])
+            (gpu_type,) = rng.choices(types, weights)
+            name = rng.choice([name for name, _, limits, _ in SHARES if gpu_type in limits])
+            per_node = max(sizes[gpu_type])
+            gpus = rng.choice(sizes[gpu_type])
             nodes = 2 if gpus == per_node and rng.random() < 0.1 else 1
             jobs.append(
                 {
@@ -332,7 +406,7 @@ class Soak:
                     "gpus": gpus * nodes,
                     "nodes": nodes,
                     "priority": rng.choice((0, 0, 0, 10, 100)),
-                    "command": f"sleep {rng.choice((1, 1, 2, 2, 3, 4))}",
+                    "command": f"sleep {rng.choice((0.5, 1, 1, 2, 2, 3))}",
                 }
             )
         return jobs
@@ -345,8 +419,19 @@ class Soak:
         started = time.monotonic()
         deadline = started + self.args.minutes * 60
         self.start()
+        self.setup_django()
+        from scheduler.models import Job, Node
+
+        # Submitting before the nodes exist would only collect 400s ("no h100 node").
+        while Node.objects.filter(state=Node.State.READY).count() < self.args.agents:
+            if time.monotonic() > deadline:
+                raise SystemExit("the agents did not all register before --minutes")
+            time.sleep(1)
+        self.ready_after = time.monotonic() - started
+        print(f"[{self.ready_after:5.0f} s] {self.args.agents} agents registered", flush=True)
         jobs = self.workload(rng)
-        window = max(10.0, self.args.minutes * 60 * 0.6)
+        self.offered = offered_load(jobs)
+        window = self.window = max(10.0, self.args.minutes * 60 * 0.6)
         clients = self.args.clients
         per_client = [jobs[i::clients] for i in range(clients)]
         threads = [
@@ -362,8 +447,6 @@ class Soak:
         ]
         for thread in threads:
             thread.start()
-        self.setup_django()
-        from scheduler.models import Job
 
         finished_all = False
         while time.monotonic() < deadline:
@@ -381,6 +464,8 @@ class Soak:
                 break
         self.stop.set()
         elapsed = time.monotonic() - started
+        self.sample_cpu()
+        self.cpu_end = (os.times(), psutil.cpu_times(), postgres_cpu(), time.monotonic())
         # Stop everything first: the books are read from a database nobody writes to any more.
         self.stop_all()
         report = self.report(elapsed, finished_all)
@@ -400,7 +485,7 @@ class Soak:
         django.setup()
 
     def report(self, elapsed: float, finished_all: bool) -> str:
-        from django.db.models import F
+        from django.db.models import Count, F
 
         from scheduler.models import GpuAssignment, Job, JobAttempt
 
@@ -455,11 +540,20 @@ class Soak:
         ]
         submit_p50 = percentile(self.submit_latencies, 0.5) * 1000
         health_p50 = percentile(self.health_latencies, 0.5) * 1000
+        capacity = self.capacity()
+        offered = "; ".join(
+            f"{t} {seconds:.0f} GPU-s = {seconds / (capacity[t] * self.window):.0%} of its "
+            f"{capacity[t]} GPUs over the submit window"
+            for t, seconds in sorted(self.offered.items())
+        )
         errors = ", ".join(f"{k}: {v}" for k, v in sorted(self.submit_errors.items())) or "none"
         lines = [
             f"soak: {self.args.agents} agents, {len(SHARES)} shares, {self.args.clients} "
             f"clients, {'SQLite' if self.sqlite else 'PostgreSQL'}, {os.cpu_count()} CPUs, "
             f"{elapsed:.0f} s ({'all jobs ended' if finished_all else 'stopped at --minutes'})",
+            f"startup:               every agent READY after {self.ready_after:.0f} s; submits "
+            f"spread over {self.window:.0f} s",
+            f"offered work:          {offered}",
             f"jobs submitted:        {len(accepted)} of {self.args.jobs} (refused/errors: "
             f"{errors})",
             f"jobs finished:         {finished} ({', '.join(f'{k} {v}' for k, v in sorted(by_state.items()))})",  # noqa: E501
@@ -479,8 +573,38 @@ class Soak:
             f"peak RSS:              web {self.peak_rss['web'] / 2**20:.0f} MiB (gunicorn, "
             f"all workers), worker {self.peak_rss['worker'] / 2**20:.0f} MiB (celery + beat)",
         ]
+        if not finished_all:
+            still_open = (
+                Job.objects.exclude(state__in=Job.FINAL_STATES)
+                .values_list("state", "share__name", "gpu_type")
+                .annotate(n=Count("pk"))
+                .order_by("state", "share__name", "gpu_type")
+            )
+            lines.append(
+                "still open:            "
+                + (", ".join(f"{state} {share}/{t} {n}" for state, share, t, n in still_open)
+                   or "none")
+            )  # fmt: skip
+        lines.append(self.cpu_line())
         lines += [f"  a refused submit:    {sample}" for sample in sorted(self.error_samples)]
         return "\n".join(lines)
+
+    def cpu_line(self) -> str:
+        (soak0, machine0, pg0, t0), (soak1, machine1, pg1, t1) = self.cpu_start, self.cpu_end
+        parts = {part: sum(seen.values()) for part, seen in self.cpu_seen.items()}
+        parts["soak itself"] = (soak1.user + soak1.system) - (soak0.user + soak0.system)
+        parts["PostgreSQL (all databases)"] = pg1 - pg0
+
+        def busy(t) -> float:
+            return sum(getattr(t, name, 0.0) for name in ("user", "system", "nice", "irq",
+                                                           "softirq"))  # fmt: skip
+
+        machine = busy(machine1) - busy(machine0)
+        shares = ", ".join(f"{part} {seconds:.0f}" for part, seconds in parts.items())
+        return (
+            f"CPU seconds:           {shares}; the whole machine (other users included) "
+            f"{machine:.0f} of {os.cpu_count() * (t1 - t0):.0f} ({os.cpu_count()} CPUs)"
+        )
 
 
 def main() -> int:
@@ -488,7 +612,7 @@ def main() -> int:
     parser.add_argument("--agents", type=int, default=64)
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--minutes", type=float, default=10.0, help="hard cap on the run")
-    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--sqlite", action="store_true", help="a SQLite file, not PostgreSQL")
     parser.add_argument("--keep", action="store_true", help="keep logs and files")

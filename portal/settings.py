@@ -105,6 +105,17 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         {"timeout": 20, "transaction_mode": "IMMEDIATE"}
     )
+elif DATABASE_POOL_SIZE := env.int("DATABASE_POOL_SIZE", default=0):
+    # A pool of at most this many connections per process (psycopg_pool), shared by its
+    # threads: a web server with many threads (one per waiting agent long poll, which gives its
+    # connection back while it waits) does not need a connection per thread. A request that
+    # finds every connection in use waits up to DATABASE_POOL_TIMEOUT seconds, then gets 503.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps them; Django must not
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1,
+        "max_size": DATABASE_POOL_SIZE,
+        "timeout": env.float("DATABASE_POOL_TIMEOUT", default=10.0),
+    }
 else:
     DATABASES["default"].setdefault("CONN_MAX_AGE", 60)
     DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)

@@ -11,6 +11,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
@@ -168,23 +169,40 @@ def register(request: HttpRequest, data: dict) -> JsonResponse:
 
 @agent_view()
 def poll(request: HttpRequest, node: Node, data: dict) -> JsonResponse:
-    """Heartbeat and long poll: {running: [attempt ids], stopping: [attempt ids], wait: s} →
-    {run: [...], stop: [...]}. Answers at once when the orders differ from what the agent
-    reports; otherwise waits up to `wait` seconds for them to change."""
+    """Heartbeat and long poll: {running: [attempt ids], stopping: [attempt ids], wait: s,
+    events?: [...]} → {run: [...], stop: [...], results: [...]}. `events` are applied first,
+    as by `report` (their results in `results`), so an agent can send what it has to say
+    with its next poll instead of a request of its own. Answers at once when the orders
+    differ from what the agent reports; otherwise waits up to `wait` seconds for them to
+    change."""
     running = _ids(data, "running")
     stopping = _ids(data, "stopping")
     wait = data.get("wait")
     if wait is not None and (isinstance(wait, bool) or not isinstance(wait, int | float)):
         raise BadRequest("wait", "wait: must be a number of seconds.")
+    events = _events(data, required=False)
     node_heartbeat(node=node)
+    results = _apply_events(node, events)
     waiter = OrderWaiter(node.pk)
     try:
         orders = _orders(node, running)
-        if not _news(orders, running, stopping) and waiter.wait(poll_wait_seconds(wait)):
-            orders = _orders(node, running)
+        if not _news(orders, running, stopping):
+            # Give the database connection back while waiting: the web server has a thread
+            # per waiting agent, not a connection per waiting agent (DATABASE_POOL_SIZE).
+            _release_database_connection()
+            if waiter.wait(poll_wait_seconds(wait)):
+                orders = _orders(node, running)
     finally:
         waiter.close()
-    return JsonResponse(orders)
+    return JsonResponse({**orders, "results": results})
+
+
+def _release_database_connection() -> None:
+    """With a connection pool, hand this thread's connection back (unless a transaction needs
+    it); the next query takes one again. Without one, closing would only make the next query
+    open a new connection, which costs more than keeping it."""
+    if getattr(connection, "pool", None) is not None and not connection.in_atomic_block:
+        connection.close()
 
 
 def _orders(node: Node, running: set[int]) -> dict[str, Any]:
@@ -205,13 +223,24 @@ def report(request: HttpRequest, node: Node, data: dict) -> JsonResponse:
     An exited event has `end` (exit, timeout, never_started, lost), `exit_code`,
     `signalled` (SIGTERM had been sent), `log_tail`, `detail`. Events are applied in order;
     replays are ignored."""
+    events = _events(data, required=True)
+    node_heartbeat(node=node)
+    return JsonResponse({"results": _apply_events(node, events)})
+
+
+def _events(data: dict, *, required: bool) -> list[dict]:
     events = data.get("events")
+    if events is None and not required:
+        return []
     if not isinstance(events, list) or len(events) > MAX_EVENTS:
         raise BadRequest("events", f"events: must be a list of at most {MAX_EVENTS} events.")
-    checked = [_event(event, i) for i, event in enumerate(events)]
-    node_heartbeat(node=node)
+    return [_event(event, i) for i, event in enumerate(events)]
+
+
+def _apply_events(node: Node, events: list[dict]) -> list[str]:
+    """Apply checked events in order; "ok" or "ignored" (a replay, a stale report) each."""
     results = []
-    for event in checked:
+    for event in events:
         kind, attempt_id = event["type"], event["attempt"]
         if kind == EVENT_STARTED:
             results.append(attempt_started(node=node, attempt_id=attempt_id))
@@ -229,7 +258,7 @@ def report(request: HttpRequest, node: Node, data: dict) -> JsonResponse:
                     detail=event["detail"],
                 )
             )
-    return JsonResponse({"results": results})
+    return results
 
 
 def _event(event: Any, i: int) -> dict:

@@ -15,7 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from scheduler.models import ClusterSettings, GpuAssignment, Job, JobAttempt, Node
-from scheduler.services import job_transition, request_cycle
+from scheduler.services import job_transition, jobs_transition, request_cycle
 
 JOIN_TOKEN_INVALID = (
     "join_token: not this cluster's join token (see Cluster settings in the admin)."
@@ -84,10 +84,21 @@ def node_register(
     return node, token
 
 
+def heartbeat_write_seconds() -> float:
+    """How stale `last_heartbeat` may be before a heartbeat writes it again: a tenth of the
+    heartbeat timeout. Every poll and report is a heartbeat; writing each one would cost a
+    commit per agent request for nothing (the node is lost only after the whole timeout)."""
+    return settings.NODE_HEARTBEAT_TIMEOUT_SECONDS / 10
+
+
 def node_heartbeat(*, node: Node) -> None:
-    """The agent is alive. A node marked DOWN for missing heartbeats is READY again."""
+    """The agent is alive. A node marked DOWN for missing heartbeats is READY again. `node` is
+    as loaded for this request (its `last_heartbeat` decides whether to write)."""
     now = timezone.now()
-    Node.objects.filter(pk=node.pk).update(last_heartbeat=now)
+    last = node.last_heartbeat
+    if last is None or (now - last).total_seconds() >= heartbeat_write_seconds():
+        Node.objects.filter(pk=node.pk).update(last_heartbeat=now)
+        node.last_heartbeat = now
     if node.state == Node.State.DOWN:
         with transaction.atomic():
             if Node.objects.filter(pk=node.pk, state=Node.State.DOWN).update(
@@ -148,13 +159,21 @@ def node_orders(*, node: Node) -> Orders:
         )
         if job.state == Job.State.SCHEDULED:
             scheduled.append(job.pk)
-    for job_id in scheduled:
+    if scheduled:
+        # One transaction for all of them; rows locked in id order, as the cycle locks them.
         with transaction.atomic():
-            job = Job.objects.select_for_update().get(pk=job_id)
-            if job.state == Job.State.SCHEDULED:
-                job_transition(
-                    job=job, to_state=Job.State.STARTING, reason=STARTING_REASON.format(node=node)
-                )
+            delivered = (
+                Job.objects.select_for_update()
+                .filter(pk__in=scheduled, state=Job.State.SCHEDULED)
+                .order_by("pk")
+                .values_list("pk", flat=True)
+            )
+            reason = STARTING_REASON.format(node=node)
+            jobs_transition(
+                to_state=Job.State.STARTING,
+                changes=[(job_id, Job.State.SCHEDULED, reason) for job_id in delivered],
+                job_reason=reason,
+            )
     return Orders(run=run, stop=stop)
 
 
@@ -185,23 +204,27 @@ def attempt_started(*, node: Node, attempt_id: int) -> str:
         attempt = JobAttempt.objects.select_for_update().get(pk=attempt_id)
         if attempt.ended_at is not None:
             return "ignored"
-        now = timezone.now()
-        if attempt.started_at is None:
-            attempt.started_at = now
-            attempt.save(update_fields=["started_at"])
-        if job.state in (Job.State.SCHEDULED, Job.State.STARTING):
-            job_transition(
-                job=job,
-                to_state=Job.State.RUNNING,
-                reason=RUNNING_REASON.format(
-                    where=", ".join(
-                        f"{a['node']} (GPU {','.join(map(str, a['gpu_indices']))})"
-                        for a in attempt.allocations
-                    )
-                ),
-                started_at=job.started_at or now,
-            )
+        _mark_started(job, attempt, now=timezone.now())
         return "ok"
+
+
+def _mark_started(job: Job, attempt: JobAttempt, *, now) -> None:
+    """The attempt's process runs (or ran): started_at, and the job RUNNING. Rows locked."""
+    if attempt.started_at is None:
+        attempt.started_at = now
+        attempt.save(update_fields=["started_at"])
+    if job.state in (Job.State.SCHEDULED, Job.State.STARTING):
+        job_transition(
+            job=job,
+            to_state=Job.State.RUNNING,
+            reason=RUNNING_REASON.format(
+                where=", ".join(
+                    f"{a['node']} (GPU {','.join(map(str, a['gpu_indices']))})"
+                    for a in attempt.allocations
+                )
+            ),
+            started_at=job.started_at or now,
+        )
 
 
 def attempt_log(*, node: Node, attempt_id: int, log_tail: str) -> str:
@@ -240,6 +263,10 @@ def attempt_exited(
         if not released or attempt.ended_at is not None:
             return "ignored"
         now = timezone.now()
+        if attempt.started_at is None and end in (END_EXIT, END_TIMEOUT):
+            # Its process ran: an exit whose "started" report has not arrived yet (it may come
+            # on another request, later; it is then ignored) implies the start.
+            _mark_started(job, attempt, now=now)
         if log_tail:
             attempt.log_tail = log_tail[-LOG_TAIL_CHARS:]
         outcome = _outcome(attempt, end=end, exit_code=exit_code, signalled=signalled)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 import time
+from collections import defaultdict
 from collections.abc import Iterable
 
 import redis
@@ -13,12 +15,19 @@ from django.conf import settings
 
 logger = logging.getLogger(__name__)
 
-CHANNEL = "portal:agent:node:{node_id}"
+# Channels are global to a Redis server: they carry the portal's database index, so portals
+# sharing a server (on different indexes) do not wake each other's agents.
+CHANNEL = "portal:{db}:agent:node:{node_id}"
 
 
 @functools.cache
 def redis_client() -> redis.Redis:
     return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=2)
+
+
+def _channel(node_id: int | str) -> str:
+    db = redis_client().connection_pool.connection_kwargs.get("db", 0)
+    return CHANNEL.format(db=db, node_id=node_id)
 
 
 def notify_nodes(node_ids: Iterable[int]) -> None:
@@ -30,42 +39,102 @@ def notify_nodes(node_ids: Iterable[int]) -> None:
     try:
         pipe = redis_client().pipeline(transaction=False)
         for node_id in ids:
-            pipe.publish(CHANNEL.format(node_id=node_id), b"1")
+            pipe.publish(_channel(node_id), b"1")
         pipe.execute()
     except redis.RedisError:
         logger.warning("could not notify nodes %s", ids, exc_info=True)
 
 
+class _Listener:
+    """One Redis subscription per process (a pattern over every node's channel), shared by all
+    the long polls waiting in the process: a poll registers an event for its node and waits on
+    it, without a Redis connection of its own."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.waiting: dict[int, set[threading.Event]] = defaultdict(set)
+        # Set at the first outcome of the first subscription (subscribed, or Redis down).
+        self.settled = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def add(self, node_id: int, event: threading.Event) -> None:
+        with self.lock:
+            self.waiting[node_id].add(event)
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._run, name="order-listener",
+                                               daemon=True)  # fmt: skip
+                self.thread.start()
+
+    def remove(self, node_id: int, event: threading.Event) -> None:
+        with self.lock:
+            events = self.waiting.get(node_id)
+            if events is not None:
+                events.discard(event)
+                if not events:
+                    del self.waiting[node_id]
+
+    def _wake(self, node_id: int | None) -> None:
+        """Wake the polls of one node, or of every node (None)."""
+        with self.lock:
+            if node_id is None:
+                events = [e for node_events in self.waiting.values() for e in node_events]
+            else:
+                events = list(self.waiting.get(node_id, ()))
+        for event in events:
+            event.set()
+
+    def _run(self) -> None:
+        delay = 0.5
+        while True:
+            pubsub = None
+            try:
+                pubsub = redis_client().pubsub()
+                pubsub.psubscribe(_channel("*"))
+                while True:
+                    message = pubsub.get_message(timeout=1.0)
+                    if message is None:
+                        continue
+                    if message["type"] == "psubscribe":
+                        # Polls that started before the subscription was in place read their
+                        # orders again: a change in between may have gone unheard.
+                        self.settled.set()
+                        self._wake(None)
+                        delay = 0.5
+                    elif message["type"] == "pmessage":
+                        node_id = message["channel"].rsplit(b":", 1)[-1]
+                        if node_id.isdigit():
+                            self._wake(int(node_id))
+            except redis.RedisError:
+                self.settled.set()
+                logger.warning("lost the Redis subscription for agent polls; retrying in %.1f s",
+                               delay, exc_info=True)  # fmt: skip
+            finally:
+                if pubsub is not None:
+                    with contextlib.suppress(redis.RedisError):
+                        pubsub.close()
+            time.sleep(delay)
+            delay = min(delay * 2, 10.0)
+
+
+_listener = _Listener()
+
+
 class OrderWaiter:
-    """Subscribe before reading the orders, then wait: a change committed in between is not
-    missed."""
+    """Register before reading the orders, then wait: a change committed in between is not
+    missed. Without Redis (or before the process's subscription is in place, at most a moment)
+    the wait is a plain sleep of the whole time."""
+
+    SUBSCRIBE_WAIT_SECONDS = 3.0  # longest a process's first poll waits for the subscription
 
     def __init__(self, node_id: int) -> None:
-        self.pubsub = None
-        try:
-            self.pubsub = redis_client().pubsub(ignore_subscribe_messages=True)
-            self.pubsub.subscribe(CHANNEL.format(node_id=node_id))
-        except redis.RedisError:
-            logger.warning("long poll without Redis: plain wait", exc_info=True)
-            self.pubsub = None
+        self.node_id = node_id
+        self.event = threading.Event()
+        _listener.add(node_id, self.event)
+        _listener.settled.wait(self.SUBSCRIBE_WAIT_SECONDS)
 
     def wait(self, seconds: float) -> bool:
         """Wait up to `seconds` for a notification; True if one came."""
-        deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
-            if self.pubsub is None:
-                time.sleep(min(left, 1.0))
-                continue
-            try:
-                message = self.pubsub.get_message(timeout=min(left, 1.0))
-            except redis.RedisError:
-                self.pubsub = None
-                continue
-            if message is not None:
-                return True
-        return False
+        return self.event.wait(seconds)
 
     def close(self) -> None:
-        if self.pubsub is not None:
-            with contextlib.suppress(redis.RedisError):
-                self.pubsub.close()
+        _listener.remove(self.node_id, self.event)

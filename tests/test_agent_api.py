@@ -85,10 +85,61 @@ def test_bad_events_name_the_field(client_):
         ({"running": ["a"]}, "running"),
     ]
     for body, field in bad:
-        path = "poll" if "running" in body else "report"
-        response = post(client_, path, body, token)
-        assert response.status_code == 400, body
-        assert field in response.json(), response.json()
+        paths = ["poll"] if "running" in body else ["report", "poll"]
+        for path in paths:
+            response = post(client_, path, {**body, "wait": 0}, token)
+            assert response.status_code == 400, (path, body)
+            assert field in response.json(), response.json()
+
+
+def placed_job(client_, personas):
+    """A job placed on one of two registered nodes: (job, its node's token, the other's)."""
+    token = register(client_)
+    other = register(client_, name="node-b")
+    job, _ = job_submit(user=personas.bruno, share_name="research", gpu_type="h100", gpus=8,
+                        command="python train.py")  # fmt: skip
+    cycle_run(force=True)
+    if Job.objects.get(pk=job.pk).attempts.get().allocations[0]["node"] == "node-a":
+        return job, token, other
+    return job, other, token
+
+
+def test_events_sent_with_a_poll_are_applied_before_the_orders(client_, personas):
+    """An agent may send its events with its next poll instead of a report: they are applied
+    first (a replay is ignored) and their results come back with the orders."""
+    job, mine, _ = placed_job(client_, personas)
+    (run,) = post(client_, "poll", {"running": [], "wait": 0}, mine).json()["run"]
+    started = [{"type": "started", "attempt": run["attempt"]}]
+    body = {"running": [run["attempt"]], "wait": 0, "events": started}
+    answer = post(client_, "poll", body, mine).json()
+    assert answer["results"] == ["ok"] and [o["attempt"] for o in answer["run"]] == [run["attempt"]]
+    job = Job.objects.get(pk=job.pk)
+    assert job.state == Job.State.RUNNING and job.attempts.get().started_at is not None
+    exited = [{"type": "exited", "attempt": run["attempt"], "end": "exit", "exit_code": 0}]
+    answer = post(client_, "poll", {"running": [], "wait": 0, "events": exited}, mine).json()
+    assert answer == {"run": [], "stop": [], "results": ["ok"]}
+    assert post(client_, "poll", {"wait": 0, "events": started}, mine).json()["results"] == [
+        "ignored"
+    ]
+    assert Job.objects.get(pk=job.pk).state == Job.State.SUCCEEDED
+
+
+def test_an_exit_reported_before_its_start_implies_the_start(client_, personas):
+    """The "started" report may travel on a poll that arrives after the exit's report: the
+    exit records the start (RUNNING, then SUCCEEDED), and the late start is ignored."""
+    job, mine, _ = placed_job(client_, personas)
+    (run,) = post(client_, "poll", {"running": [], "wait": 0}, mine).json()["run"]
+    exited = {"events": [{"type": "exited", "attempt": run["attempt"], "end": "exit",
+                          "exit_code": 0}]}  # fmt: skip
+    assert post(client_, "report", exited, mine).json() == {"results": ["ok"]}
+    started = {"events": [{"type": "started", "attempt": run["attempt"]}]}
+    assert post(client_, "report", started, mine).json() == {"results": ["ignored"]}
+    job = Job.objects.get(pk=job.pk)
+    attempt = job.attempts.get()
+    assert job.state == Job.State.SUCCEEDED and job.started_at is not None
+    assert attempt.started_at is not None and attempt.started_at <= attempt.ended_at
+    states = list(job.events.order_by("pk").values_list("to_state", flat=True))
+    assert states[-2:] == [Job.State.RUNNING, Job.State.SUCCEEDED]
 
 
 def test_orders_and_reports_end_to_end_over_http(client_, personas):

@@ -31,6 +31,8 @@ LOG_TAIL_BYTES = 8000
 SHUTDOWN_REPORT_SECONDS = 5.0  # how long a stopping agent keeps trying to report
 LOG_EVERY_SECONDS = 15.0
 MAX_BACKOFF_SECONDS = 10.0
+STEP_BUSY_SECONDS = 0.1  # main loop turn while jobs run here
+STEP_IDLE_SECONDS = 0.5  # main loop turn while none do
 # Variables of the agent itself that a job must not see.
 PRIVATE_ENV = ("AGENT_JOIN_TOKEN",)
 
@@ -125,7 +127,9 @@ class Agent:
         self.token: str | None = None
         self.processes: dict[int, Process] = {}
         self.finished: set[int] = set()  # attempts done here; never started again
-        self.outbox: list[dict] = []
+        self.outbox: list[dict] = []  # events not yet acknowledged by the portal, in order
+        self.in_flight: set[int] = set()  # id() of the outbox events a request carries now
+        self.poll_events = True  # send events with polls (off if the portal does not take them)
         self.lock = threading.Lock()
         self.answers: queue.Queue[dict] = queue.Queue()
         self.applied = threading.Event()
@@ -169,33 +173,64 @@ class Agent:
             backoff.failed()
             self.stopping.wait(backoff.delay)
 
-    def _poll_body(self) -> dict:
+    def _poll_body(self, events: list[dict]) -> dict:
         with self.lock:
             pending = {e["attempt"] for e in self.outbox if e["type"] == "exited"}
-            return {
+            body = {
                 "running": sorted(set(self.processes) | pending),
                 "stopping": sorted(
                     {a for a, p in self.processes.items() if p.term_sent_at is not None} | pending
                 ),
                 "wait": self.poll_wait,
             }
+        if events:
+            body["events"] = events
+        return body
+
+    def _take_events(self, *, everything: bool = False) -> list[dict]:
+        """The outbox events no other request carries now (`everything`: all of them), marked
+        as carried. Each request sends them in order; the portal ignores a replay."""
+        with self.lock:
+            events = [e for e in self.outbox if everything or id(e) not in self.in_flight]
+            self.in_flight.update(id(e) for e in events)
+            return events
+
+    def _events_sent(self, events: list[dict], *, delivered: bool) -> None:
+        """The request carrying `events` ended: drop them if the portal took them."""
+        ids = {id(e) for e in events}
+        with self.lock:
+            self.in_flight -= ids
+            if delivered:
+                self.outbox = [e for e in self.outbox if id(e) not in ids]
 
     def poller(self) -> None:
         """Long-poll for orders; hand each answer to the main thread and wait until applied."""
         backoff = Backoff()
         while not self.stopping.is_set():
+            # What the main thread has to report goes with the poll (the "started" of the
+            # processes it just started, above all), saving a report request of its own.
+            events = self._take_events() if self.poll_events else []
             try:
                 response = self.http.post(
                     f"{self.portal}/api/v1/agent/poll/",
-                    json=self._poll_body(),
+                    json=self._poll_body(events),
                     headers=self._headers(),
                     timeout=self.poll_wait + 15,
                 )
             except requests.RequestException as error:
+                self._events_sent(events, delivered=False)
                 logger.warning("poll failed (%s); jobs keep running", _short(error))
                 backoff.failed()
                 self.stopping.wait(backoff.delay)
                 continue
+            answer = response.json() if response.status_code == 200 else {}
+            # A portal that answers without `results` did not apply the events (an older
+            # one), and a refused poll may be refused for them: reports carry them from now on.
+            delivered = "results" in answer
+            self._events_sent(events, delivered=delivered)
+            if events and not delivered and response.status_code in (200, 400):
+                logger.warning("the portal does not take events with polls; sending reports")
+                self.poll_events = False
             if response.status_code == 401:
                 logger.warning("the portal no longer knows this node's token; registering again")
                 self.register()
@@ -207,17 +242,20 @@ class Agent:
                 continue
             backoff.succeeded()
             self.applied.clear()
-            self.answers.put(response.json())
+            self.answers.put(answer)
             while not self.applied.wait(0.5):
                 if self.stopping.is_set():
                     return
 
-    def flush(self) -> None:
-        """Send the outbox in order; on failure keep it and back off."""
-        with self.lock:
-            events = list(self.outbox)
-        if not events or not self.report_backoff.ready():
+    def flush(self, *, everything: bool = False) -> None:
+        """Report the outbox events no poll carries (`everything`: all), in order; on failure
+        keep them and back off."""
+        if not self.report_backoff.ready():
             return
+        events = self._take_events(everything=everything)
+        if not events:
+            return
+        delivered = False
         try:
             response = self.http.post(
                 f"{self.portal}/api/v1/agent/report/",
@@ -229,16 +267,18 @@ class Agent:
             logger.warning("report failed (%s); %d event(s) kept", _short(error), len(events))
             self.report_backoff.failed()
             return
-        if response.status_code == 401:
-            self.report_backoff.failed()  # the poller registers again
-            return
-        if response.status_code != 200:
-            logger.error("report refused (%s): %s", response.status_code, response.text[:500])
-            self.report_backoff.failed()
-            return
-        self.report_backoff.succeeded()
-        with self.lock:
-            del self.outbox[: len(events)]
+        else:
+            if response.status_code == 401:
+                self.report_backoff.failed()  # the poller registers again
+            elif response.status_code != 200:
+                logger.error("report refused (%s): %s", response.status_code,
+                             response.text[:500])  # fmt: skip
+                self.report_backoff.failed()
+            else:
+                self.report_backoff.succeeded()
+                delivered = True
+        finally:
+            self._events_sent(events, delivered=delivered)
 
     def _event(self, **event) -> None:
         with self.lock:
@@ -410,7 +450,11 @@ class Agent:
             self.apply(orders)
         self.supervise()
         if orders is not None:
+            # The poller polls again at once and carries the new events (if the portal takes
+            # events with polls); the next turn reports whatever is left.
             self.applied.set()
+            if self.poll_events:
+                return
         self.flush()
 
     def run(self) -> None:
@@ -419,7 +463,9 @@ class Agent:
         poller = threading.Thread(target=self.poller, name="poller", daemon=True)
         poller.start()
         while not self.stopping.is_set():
-            self.step()
+            # Exits are noticed by polling the processes: often while some run, seldom
+            # otherwise (an answer from the portal ends the wait at once).
+            self.step(STEP_BUSY_SECONDS if self.processes else STEP_IDLE_SECONDS)
         self.shutdown()
 
     def shutdown(self) -> None:
@@ -438,7 +484,7 @@ class Agent:
         deadline = time.monotonic() + SHUTDOWN_REPORT_SECONDS
         while True:
             self.report_backoff.succeeded()
-            self.flush()
+            self.flush(everything=True)
             with self.lock:
                 if not self.outbox:
                     break
