@@ -191,7 +191,9 @@ def test_agent_poll_bodies(agent, body):
     response = post_agent(client, "poll", json.dumps(body).encode(), token)
     assert response.status_code < 500, response.content
     if response.status_code == 200:
-        assert set(response.json()) == {"run", "stop"}
+        answer = response.json()
+        assert set(answer) == {"run", "stop", "results"}
+        assert answer["results"] == []  # no events were sent with the poll
     else:
         assert_clear_refusal(response)
         assert database_state() == before
