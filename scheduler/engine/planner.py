@@ -324,12 +324,19 @@ class _TypeCycle:
         queues: dict[str, list[tuple[int, RunnableJob]]] = defaultdict(list)
         for position, job in enumerate(borrowers):
             queues[job.share].append((position, job))
+        # borrowed/weight = max(0, usage − limit)/weight, without the ledger's calls: it is
+        # asked twice for every borrower.
+        usage = self.ledger.planned.usage
+        limits = {name: self.ledger.limit(name) for name in queues}
         weights = {name: self.shares[name].weight for name in queues}
-        borrowed = self.ledger.borrowed
+        infinite = float("inf")
 
         def ratio(name: str) -> float:
             weight = weights[name]
-            return borrowed(name) / weight if weight > 0 else float("inf")
+            if weight <= 0:
+                return infinite
+            borrowed = usage[name] - limits[name]
+            return borrowed / weight if borrowed > 0 else 0.0
 
         heads = dict.fromkeys(queues, 0)
         heap = [(ratio(name), queue[0][0], name) for name, queue in queues.items()]
