@@ -375,7 +375,6 @@ class _TypeCycle:
             )
             return False
         per_node = job.gpus // job.nodes
-        own = {job.share: job.gpus}
         reason = self.ledger.admission_reason(job.share, job.gpus)
         quota_allows = reason is None
         if quota_allows:
@@ -383,7 +382,7 @@ class _TypeCycle:
             allocations = self.pool.take(per_node, job.nodes)
             if allocations is not None:
                 borrowed = max(0, used + job.gpus - limit) - max(0, used - limit)
-                self.ledger.admit(own)
+                self.ledger.admit({job.share: job.gpus})
                 self.placements.append(Placement(job.id, allocations, borrowed))
                 self._share_changed(job.share)
                 for allocation in allocations:
@@ -396,7 +395,7 @@ class _TypeCycle:
         # GPUs already stopping for this job are its own: count them as released, both on the
         # nodes and in the quota, so the same need never triggers a second reclaim.
         promised = self.promised.get(job.id, [])
-        deltas = dict(own)
+        deltas = {job.share: job.gpus}
         for stopping in promised:
             deltas[stopping.share] = deltas.get(stopping.share, 0) - stopping.gpus
 
