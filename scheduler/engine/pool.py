@@ -22,15 +22,18 @@ class NodePool:
         self._ordinal = {node.name: i for i, node in enumerate(nodes)}
         largest = self.largest = max((node.gpus for node in nodes), default=0)
         self._buckets: list[list[int]] = [[] for _ in range(largest + 1)]
-        self._free: list[list[int]] = []
+        # Free GPU counts up front; the free indices of a node only once a job goes there (most
+        # nodes of a cycle receive nothing).
+        self._counts: list[int] = []
+        self._free: list[list[int] | None] = []
+        self._held: list[tuple[int, set[int] | None]] = []
         for i, node in enumerate(nodes):
             taken = held.get(node.name)
-            if taken:
-                free = [index for index in range(node.gpus) if index not in taken]
-            else:
-                free = list(range(node.gpus))
-            self._free.append(free)
-            self._buckets[len(free)].append(i)
+            count = node.gpus - len(taken.intersection(range(node.gpus))) if taken else node.gpus
+            self._counts.append(count)
+            self._free.append(None)
+            self._held.append((node.gpus, taken))
+            self._buckets[count].append(i)
 
     @property
     def names(self) -> list[str]:
@@ -40,10 +43,18 @@ class NodePool:
         return name in self._ordinal
 
     def free_count(self, name: str) -> int:
-        return len(self._free[self._ordinal[name]])
+        return self._counts[self._ordinal[name]]
 
     def free_indices(self, name: str) -> list[int]:
-        return self._free[self._ordinal[name]]
+        return self._free_list(self._ordinal[name])
+
+    def _free_list(self, ordinal: int) -> list[int]:
+        free = self._free[ordinal]
+        if free is None:
+            gpus, taken = self._held[ordinal]
+            free = list(range(gpus)) if not taken else [i for i in range(gpus) if i not in taken]
+            self._free[ordinal] = free
+        return free
 
     def count_at_least(self, gpus: int) -> int:
         """How many nodes have at least `gpus` free GPUs."""
@@ -64,7 +75,7 @@ class NodePool:
             return None
         allocations = []
         for ordinal in chosen:
-            free = self._free[ordinal]
+            free = self._free_list(ordinal)
             allocations.append(Allocation(self._names[ordinal], tuple(free[:gpus_per_node])))
             self._set_free(ordinal, free[gpus_per_node:])
         return tuple(allocations)
@@ -77,7 +88,7 @@ class NodePool:
         ranked: list[tuple[int, int]] = []
         for name, more in extra.items():
             ordinal = self._ordinal[name]
-            available = len(self._free[ordinal]) + more
+            available = self._counts[ordinal] + more
             if available >= gpus_per_node:
                 ranked.append((available, ordinal))
         untouched = 0
@@ -100,11 +111,12 @@ class NodePool:
         """Withdraw these free GPUs of a node: promised to a job waiting for a reclaim."""
         ordinal = self._ordinal[name]
         gone = set(indices)
-        self._set_free(ordinal, [i for i in self._free[ordinal] if i not in gone])
+        self._set_free(ordinal, [i for i in self._free_list(ordinal) if i not in gone])
 
     def _set_free(self, ordinal: int, free: list[int]) -> None:
-        old = len(self._free[ordinal])
+        old = self._counts[ordinal]
         self._free[ordinal] = free
+        self._counts[ordinal] = len(free)
         if old != len(free):
             bucket = self._buckets[old]
             del bucket[bisect_left(bucket, ordinal)]
