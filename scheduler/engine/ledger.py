@@ -57,24 +57,22 @@ class Ledger:
     ) -> None:
         self.gpu_type = gpu_type
         self._shares = shares
-        self._limit = {name: s.capacity_limits.get(gpu_type, 0) for name, s in shares.items()}
-        self._lend_limit = {name: lend_limit_for(s, gpu_type) for name, s in shares.items()}
-        self._borrow_cap = {name: borrow_cap_for(s, gpu_type) for name, s in shares.items()}
-        self._reserve = {name for name, s in shares.items() if s.strategy == RESERVE}
+        self._limit: dict[str, int] = {}
+        self._borrow_cap: dict[str, int | None] = {}
         # How many idle GPUs of each share may be lent at most (no cap: its whole limit).
-        self._lend_cap = {
-            name: 0
-            if name in self._reserve
-            else self._limit[name]
-            if self._lend_limit[name] is None
-            else self._lend_limit[name]
-            for name in shares
-        }
+        self._lend_cap: dict[str, int] = {}
+        for name, share in shares.items():
+            limit = self._limit[name] = share.capacity_limits.get(gpu_type, 0)
+            self._borrow_cap[name] = borrow_cap_for(share, gpu_type)
+            lend_limit = lend_limit_for(share, gpu_type)
+            self._lend_cap[name] = (
+                0 if share.strategy == RESERVE else limit if lend_limit is None else lend_limit
+            )
         # Capacity not covered by any share's limit, DISABLED shares included: their quota still
         # exists and is still lent per their strategy.
         self.free_pool = max(0, capacity - sum(self._limit.values()))
         self.planned = _State(self, {name: usage.get(name, 0) for name in shares})
-        self.held = _State(self, dict(self.planned.usage))
+        self.held = self.planned.copy()
 
     def limit(self, share: str) -> int:
         return self._limit[share]
@@ -175,11 +173,20 @@ class Ledger:
 class _State:
     """Usage per share and the borrowed and lendable totals, in one of the ledger's states."""
 
-    def __init__(self, ledger: Ledger, usage: dict[str, int]) -> None:
+    def __init__(
+        self, ledger: Ledger, usage: dict[str, int], totals: tuple[int, int] | None = None
+    ) -> None:
         self.ledger = ledger
         self.usage = usage
-        self.borrowed_total = sum(ledger._borrowed(name, u) for name, u in usage.items())
-        self.lendable_total = sum(ledger._lendable(name, u) for name, u in usage.items())
+        if totals is None:
+            totals = (
+                sum(ledger._borrowed(name, u) for name, u in usage.items()),
+                sum(ledger._lendable(name, u) for name, u in usage.items()),
+            )
+        self.borrowed_total, self.lendable_total = totals
+
+    def copy(self) -> _State:
+        return _State(self.ledger, dict(self.usage), (self.borrowed_total, self.lendable_total))
 
     def apply(self, deltas: Mapping[str, int]) -> None:
         ledger = self.ledger
