@@ -23,7 +23,7 @@ import gc
 import heapq
 from bisect import bisect_left, insort
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
 
 from scheduler.engine import reasons
@@ -574,21 +574,24 @@ class _TypeCycle:
         borrow cap) with every lower-priority job of its own as a victim. When it cannot, no
         victim set of the try works, whatever other shares give up: the search may stop before
         walking the candidates."""
-        cap = self.ledger.usage_cap(job.share, within_limit)
-        if cap is None:
+        needed = self._own_victims_needed(job, within_limit, delta)
+        if needed <= 0:
             return True
-        ledger = self.ledger
-        after = max(ledger.usage(job.share), ledger.held_usage(job.share)) + delta
-        if after <= cap:
-            return True
-        for candidate in self.candidates.get(job.share, ()):
-            if candidate.priority >= job.priority:
-                break  # sorted lowest priority first
-            if candidate.id not in self.victims:
-                after -= candidate.gpus
-                if after <= cap:
-                    return True
+        for candidate in self.own_candidates(job):
+            needed -= candidate.gpus
+            if needed <= 0:
+                return True
         return False
+
+    def own_candidates(self, job: RunnableJob, position: int = 0) -> Iterator[PlacedJob]:
+        """The job's own share's jobs it may preempt in its share (strictly lower priority, not
+        yet a victim), in victim order, from `position` in the share's candidates."""
+        queue = self.candidates.get(job.share, ())
+        for candidate in queue[position:]:
+            if candidate.priority >= job.priority:
+                return  # lowest priority first
+            if candidate.id not in self.victims:
+                yield candidate
 
     def _commit(
         self,
@@ -732,11 +735,8 @@ class _Reachable:
         for victim in self.reached.get(job.share, ()):
             _count_gpus(change, victim, self.cycle.pool, -1)  # its own share is no borrower here
         if with_own:
-            for victim in self.cycle.candidates.get(job.share, ()):
-                if victim.priority >= job.priority:
-                    break  # lowest priority first
-                if victim.id not in self.cycle.victims:
-                    _count_gpus(change, victim, self.cycle.pool, +1)
+            for victim in self.cycle.own_candidates(job):
+                _count_gpus(change, victim, self.cycle.pool, +1)
         for node, gpus in change.items():
             room = self.room[node]
             nodes += (room + gpus >= need) - (room >= need)
@@ -898,14 +898,13 @@ class _Walk:
         position = next((entry[2] for entry in heap if entry[1] == job.share), len(queue))
         own: list[PlacedJob] = []
         total = own_taken
-        while total < self.own_needed:
-            while position < len(queue) and queue[position].id in cycle.victims:
-                position += 1
-            if position == len(queue) or queue[position].priority >= job.priority:
-                return False
-            own.append(queue[position])
-            total += queue[position].gpus
-            position += 1
+        for candidate in cycle.own_candidates(job, position):
+            if total >= self.own_needed:
+                break
+            own.append(candidate)
+            total += candidate.gpus
+        if total < self.own_needed:
+            return False
         # Walking the share's own jobs backwards, each is dropped if the share stays within
         # what the try allows without it.
         kept = []
