@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -199,8 +201,6 @@ def _cycle_publish_delay() -> float | None:
     runs every runnable job). So no request is left waiting for beat, whichever comes last.
     The trailing key expires no later than that cycle's start, so while it stands (as this
     process last saw it) a request need not ask."""
-    import time
-
     from django.db import connection
 
     from scheduler.notify import redis_client
