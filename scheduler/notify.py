@@ -61,8 +61,7 @@ class _Listener:
         with self.lock:
             self.waiting[node_id].add(event)
             if self.thread is None or not self.thread.is_alive():
-                self.thread = threading.Thread(target=self._run, name="order-listener",
-                                               daemon=True)  # fmt: skip
+                self.thread = threading.Thread(target=self._run, name="order-listener", daemon=True)
                 self.thread.start()
 
     def remove(self, node_id: int, event: threading.Event) -> None:

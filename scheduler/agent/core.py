@@ -271,8 +271,7 @@ class Agent:
             if response.status_code == 401:
                 self.report_backoff.failed()  # the poller registers again
             elif response.status_code != 200:
-                logger.error("report refused (%s): %s", response.status_code,
-                             response.text[:500])  # fmt: skip
+                logger.error("report refused (%s): %s", response.status_code, response.text[:500])
                 self.report_backoff.failed()
             else:
                 self.report_backoff.succeeded()
