@@ -1,0 +1,57 @@
+"""bench/strategies.py reads utilization while work waits from a result: on hand-computed runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.simulator.helpers import events_of, h100_job, run, share, two_nodes
+
+_PATH = Path(__file__).resolve().parents[2] / "bench" / "strategies.py"
+_SPEC = importlib.util.spec_from_file_location("bench_strategies", _PATH)
+strategies = importlib.util.module_from_spec(_SPEC)
+sys.modules[_SPEC.name] = strategies  # its dataclass looks its module up
+_path = list(sys.path)
+_SPEC.loader.exec_module(strategies)
+sys.path[:] = _path  # the script puts bench/ first, where engine.py and api.py would shadow
+
+
+def utilization_while_waiting(data: dict) -> float:
+    return strategies.utilization_while_waiting(data, run(data), data["jobs"])
+
+
+def test_gpus_idle_while_a_job_waits_count_against_it():
+    """A RESERVE share of 8 of the 16 GPUs runs 8 GPUs from 0 to 100; its 4-GPU job submitted at
+    10 waits for them until 100 while 8 GPUs stay idle: 8 of 16 held while work waits."""
+    data = two_nodes(
+        share("team", "RESERVE", 8),
+        jobs=[h100_job("a", "team", 8, 0, 100), h100_job("b", "team", 4, 10, 50)],
+    )
+    assert utilization_while_waiting(data) == pytest.approx(0.5)
+
+
+def test_a_preempted_job_holds_its_gpus_for_the_grace_period_then_waits_again():
+    """b0 and b1 (borrowing the owner's 8 GPUs) run from 0 on one node each. The owner's 4-GPU
+    job arrives at 100 and waits while b1 stops (grace 30): 16 of 16 held. From 130 b1 waits
+    again (for a node with 8 free GPUs, and for lendable ones) while b0 and o1 hold 12 of 16,
+    until o1 ends at 630."""
+    data = two_nodes(
+        share("owner", "LEND", grace_seconds=30),
+        share("borrower", "LEND_AND_BORROW", grace_seconds=30),
+        jobs=[
+            h100_job("b0", "borrower", 8, 0, 5000),
+            h100_job("b1", "borrower", 8, 0, 1000),
+            h100_job("o1", "owner", 4, 100, 500),
+        ],
+    )
+    assert events_of(run(data))[:5] == [
+        (0, "b0", "start"),
+        (0, "b1", "start"),
+        (100, "b1", "preempt"),
+        (130, "o1", "start"),
+        (630, "o1", "finish"),
+    ]
+    assert utilization_while_waiting(data) == pytest.approx((16 * 30 + 12 * 500) / (16 * 530))
