@@ -171,6 +171,14 @@ def rejection_reason(
     return None
 
 
+def _submitted(entry: tuple[int, RunnableJob]) -> float:
+    return entry[1].submitted
+
+
+def _priority_first(entry: tuple[int, RunnableJob]) -> int:
+    return -entry[1].priority
+
+
 def _victim_key(job: PlacedJob, own: bool) -> tuple:
     """Victim order: lowest priority first, then jobs on borrowed GPUs before jobs on their
     share's own quota, then most recently started (least work lost), then (try 3) other shares'
@@ -229,10 +237,10 @@ class _TypeCycle:
             usage[job.share] += job.gpus
         self.ledger = Ledger(gpu_type, shares, usage, sum(node.gpus for node in ready))
 
-        # Priority, then submission; the position is unique, so jobs themselves never compare.
-        ordered = [(-job.priority, job.submitted, position, job) for position, job in jobs]
-        ordered.sort()
-        self.jobs = [(position, job) for _, _, position, job in ordered]
+        # Priority, then submission, then position: two stable sorts on plain numbers, much
+        # cheaper than one sort on tuples (`jobs` is in position order).
+        self.jobs = sorted(jobs, key=_submitted)
+        self.jobs.sort(key=_priority_first)
         waiting_ids = {job.id for _, job in jobs}
         # GPUs being released: promised to the runnable job they were preempted for, or free
         # for any job's reclaim to count on once they are released.
@@ -281,6 +289,11 @@ class _TypeCycle:
         # of (gpus per node, priority).
         self._failed_searches: dict[tuple[str, str, int], list[tuple[int, int]]] = defaultdict(list)
         self._failed_release_waits: dict[int, int] = {}
+        # Bumped whenever the plan places a job or commits a wait: until then, a job of the same
+        # share, size and priority as one left waiting is left waiting for the same reason (a
+        # long queue repeats a few shapes, and most of its jobs only wait).
+        self._changes = 0
+        self._last_wait: dict[tuple[str, int, int, int], tuple[int, str]] = {}
 
     @cached_property
     def candidates(self) -> dict[str, list[PlacedJob]]:
@@ -296,10 +309,14 @@ class _TypeCycle:
     # --- the passes ----------------------------------------------------------------------
 
     def run(self) -> None:
-        first = [job for _, job in self.jobs if job.id in self.claimants]
-        rest = [job for _, job in self.jobs if job.id not in self.claimants]
-        for job in first:
-            self._consider(job)
+        claimants = self.claimants
+        if claimants:
+            for _, job in self.jobs:
+                if job.id in claimants:
+                    self._consider(job)
+            rest = [job for _, job in self.jobs if job.id not in claimants]
+        else:
+            rest = [job for _, job in self.jobs]
         borrowers: list[RunnableJob] = []
         strict_deferred: set[str] = set()
         for job in rest:
@@ -366,6 +383,21 @@ class _TypeCycle:
     def _schedule(self, job: RunnableJob) -> bool:
         """Place the job, or reserve GPUs for it (waiting for releases or victims), or record
         why it waits. True only when it is placed."""
+        if job.id in self.promised or self.exhaustive:
+            return self._decide(job)
+        shape = (job.share, job.gpus, job.nodes, job.priority)
+        last = self._last_wait.get(shape)
+        if last is not None and last[0] == self._changes:
+            self.waiting[job.id] = last[1]
+            return False
+        before = self._changes
+        if self._decide(job):
+            return True
+        if self._changes == before:  # it changed nothing: it only waits
+            self._last_wait[shape] = (before, self.waiting[job.id])
+        return False
+
+    def _decide(self, job: RunnableJob) -> bool:
         share = self.shares[job.share]
         limit = self.ledger.limit(job.share)
         if job.gpus > limit and share.strategy != LEND_AND_BORROW:
@@ -383,6 +415,7 @@ class _TypeCycle:
             if allocations is not None:
                 borrowed = max(0, used + job.gpus - limit) - max(0, used - limit)
                 self.ledger.admit({job.share: job.gpus})
+                self._changes += 1
                 self.placements.append(Placement(job.id, allocations, borrowed))
                 self._share_changed(job.share)
                 for allocation in allocations:
@@ -603,6 +636,7 @@ class _TypeCycle:
         """The job waits for GPUs being released (its victims', maybe others'): reserve the GPUs
         it will use so no other job of this plan takes them, and count the quota as if the
         victims had stopped and the job were running."""
+        self._changes += 1
         per_node = job.gpus // job.nodes
         mine: dict[str, int] = defaultdict(int)
         for stopping in [*promised, *victims]:
