@@ -358,10 +358,17 @@ class _TypeCycle:
                 heapq.heappush(heap, (current, position, name))
                 continue
             queue = queues[name]
-            self._consider(queue[heads[name]][1])
-            heads[name] += 1
-            if heads[name] < len(queue):
-                heapq.heappush(heap, (ratio(name), queue[heads[name]][0], name))
+            head = heads[name]
+            while True:
+                self._consider(queue[head][1])
+                head += 1
+                if head == len(queue):
+                    break
+                entry = (ratio(name), queue[head][0], name)
+                if heap and heap[0] < entry:  # another share's turn
+                    heapq.heappush(heap, entry)
+                    break
+            heads[name] = head
 
     def _consider(self, job: RunnableJob) -> None:
         blocker = self._strict_blocker.get(job.share)
