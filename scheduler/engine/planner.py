@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import gc
 import heapq
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
+from operator import attrgetter
 
 from scheduler.engine import reasons
 from scheduler.engine.ledger import Ledger, Trial
@@ -80,10 +81,10 @@ def _plan(snapshot: Snapshot, exhaustive: bool) -> Plan:
 
     sizes = {gpu_type: NodeSizes(nodes) for gpu_type, nodes in nodes_by_type.items()}
     rejections: list[Rejection] = []
-    jobs_by_type: dict[str, list[tuple[int, RunnableJob]]] = defaultdict(list)
+    jobs_by_type: dict[str, list[RunnableJob]] = defaultdict(list)
     # Long queues repeat a few shapes (share, type, size): each is judged once.
     judged: dict[tuple[str, str, int, int], str | None] = {}
-    for position, job in enumerate(snapshot.runnable):
+    for job in snapshot.runnable:
         shape = (job.share, job.gpu_type, job.gpus, job.nodes)
         if shape in judged:
             reason = judged[shape]
@@ -92,7 +93,7 @@ def _plan(snapshot: Snapshot, exhaustive: bool) -> Plan:
         if reason is not None:
             rejections.append(Rejection(job.id, reason))
         else:
-            jobs_by_type[job.gpu_type].append((position, job))
+            jobs_by_type[job.gpu_type].append(job)
 
     # Only the GPU types with jobs to plan need their placed jobs and held GPUs.
     placed_by_type: dict[str, list[PlacedJob]] = {gpu_type: [] for gpu_type in jobs_by_type}
@@ -214,7 +215,7 @@ class _TypeCycle:
         nodes: Sequence[NodeView],
         held: Mapping[str, set[int]],
         placed: Sequence[PlacedJob],
-        jobs: Sequence[tuple[int, RunnableJob]],
+        jobs: Sequence[RunnableJob],
         borrow_order: str,
         exhaustive: bool = False,
     ) -> None:
@@ -229,11 +230,11 @@ class _TypeCycle:
             usage[job.share] += job.gpus
         self.ledger = Ledger(gpu_type, shares, usage, sum(node.gpus for node in ready))
 
-        # Priority, then submission; the position is unique, so jobs themselves never compare.
-        ordered = [(-job.priority, job.submitted, position, job) for position, job in jobs]
-        ordered.sort()
-        self.jobs = [(position, job) for _, _, position, job in ordered]
-        waiting_ids = {job.id for _, job in jobs}
+        # Priority (higher first), then submission, then snapshot order: two stable sorts on
+        # plain numbers, much cheaper than one sort on tuples.
+        self.jobs = sorted(jobs, key=attrgetter("submitted"))
+        self.jobs.sort(key=attrgetter("priority"), reverse=True)
+        waiting_ids = {job.id for job in jobs}
         # GPUs being released: promised to the runnable job they were preempted for, or free
         # for any job's reclaim to count on once they are released.
         self.promised: dict[str, list[PlacedJob]] = defaultdict(list)
@@ -261,7 +262,7 @@ class _TypeCycle:
         # Jobs promised GPUs: victims stopping for them, or victims already stopped and back in
         # the queue (the GPUs they released stay promised until the job starts).
         self.claimants = set(self.promised)
-        for _, job in jobs:
+        for job in jobs:
             if job.preempted_for in waiting_ids:
                 self.claimants.add(job.preempted_for)
         self.releasing = {name: sorted(indices) for name, indices in releasing.items()}
@@ -281,6 +282,11 @@ class _TypeCycle:
         # of (gpus per node, priority).
         self._failed_searches: dict[tuple[str, str, int], list[tuple[int, int]]] = defaultdict(list)
         self._failed_release_waits: dict[int, int] = {}
+        # Bumped whenever the plan places a job or commits a wait: until then, a job of the same
+        # share, size and priority as one left waiting is left waiting for the same reason (a
+        # long queue repeats a few shapes, and most of its jobs only wait).
+        self._changes = 0
+        self._last_wait: dict[tuple[str, int, int, int], tuple[int, str]] = {}
 
     @cached_property
     def candidates(self) -> dict[str, list[PlacedJob]]:
@@ -296,10 +302,14 @@ class _TypeCycle:
     # --- the passes ----------------------------------------------------------------------
 
     def run(self) -> None:
-        first = [job for _, job in self.jobs if job.id in self.claimants]
-        rest = [job for _, job in self.jobs if job.id not in self.claimants]
-        for job in first:
-            self._consider(job)
+        claimants = self.claimants
+        if claimants:
+            for job in self.jobs:
+                if job.id in claimants:
+                    self._consider(job)
+            rest = [job for job in self.jobs if job.id not in claimants]
+        else:
+            rest = self.jobs
         borrowers: list[RunnableJob] = []
         strict_deferred: set[str] = set()
         for job in rest:
@@ -348,17 +358,35 @@ class _TypeCycle:
                 heapq.heappush(heap, (current, position, name))
                 continue
             queue = queues[name]
-            self._consider(queue[heads[name]][1])
-            heads[name] += 1
-            if heads[name] < len(queue):
-                heapq.heappush(heap, (ratio(name), queue[heads[name]][0], name))
+            head = heads[name]
+            while True:
+                self._consider(queue[head][1])
+                head += 1
+                if head == len(queue):
+                    break
+                entry = (ratio(name), queue[head][0], name)
+                if heap and heap[0] < entry:  # another share's turn
+                    heapq.heappush(heap, entry)
+                    break
+            heads[name] = head
 
     def _consider(self, job: RunnableJob) -> None:
         blocker = self._strict_blocker.get(job.share)
         if blocker is not None:
             self.waiting[job.id] = reasons.strict_fifo(blocker)
             return
-        if not self._schedule(job) and self.shares[job.share].strict_fifo:
+        shape = (job.share, job.gpus, job.nodes, job.priority)
+        last = self._last_wait.get(shape)
+        if last is not None and last[0] == self._changes and job.id not in self.promised:
+            self.waiting[job.id] = last[1]
+        else:
+            before = self._changes
+            if self._schedule(job):
+                return
+            if self._changes == before and not self.exhaustive and job.id not in self.promised:
+                # It changed nothing: until something does, its shape waits for this reason.
+                self._last_wait[shape] = (before, self.waiting[job.id])
+        if self.shares[job.share].strict_fifo:
             self._strict_blocker[job.share] = job.id
 
     # --- one job ---------------------------------------------------------------------------
@@ -383,6 +411,7 @@ class _TypeCycle:
             if allocations is not None:
                 borrowed = max(0, used + job.gpus - limit) - max(0, used - limit)
                 self.ledger.admit({job.share: job.gpus})
+                self._changes += 1
                 self.placements.append(Placement(job.id, allocations, borrowed))
                 self._share_changed(job.share)
                 for allocation in allocations:
@@ -554,6 +583,10 @@ class _TypeCycle:
             and not self._reachable().may_fit(job, attempt == TRY_BOTH)
         ):
             return None  # no victim set can give the job its nodes
+        if attempt == TRY_BOTH and not promised and job.nodes == 1 and not self.exhaustive:
+            quick = _NodeFirstSearch(self, job).victims()
+            if quick is not _UNDECIDED:
+                return quick
         candidates = self._candidate_streams(job, attempt)
         walk = _Walk(self, job, within_limit, promised, base_deltas)
         if not walk.greedy(candidates):
@@ -603,6 +636,7 @@ class _TypeCycle:
         """The job waits for GPUs being released (its victims', maybe others'): reserve the GPUs
         it will use so no other job of this plan takes them, and count the quota as if the
         victims had stopped and the job were running."""
+        self._changes += 1
         per_node = job.gpus // job.nodes
         mine: dict[str, int] = defaultdict(int)
         for stopping in [*promised, *victims]:
@@ -721,6 +755,14 @@ class _Reachable:
             self.nodes_with[room] += 1
         self.reachable: dict[str, int] = defaultdict(int)  # by node
         self.reached: dict[str, list[PlacedJob]] = {}  # by share
+        # Of each share's reached jobs, their victim keys and the GPUs given up up to each.
+        self.reached_keys: dict[str, tuple[list[tuple], list[int]]] = {}
+        # Every node's reached jobs in victim order: (victim key, GPUs on the node, job).
+        self.on_node: dict[str, list[tuple[tuple, int, PlacedJob]]] = defaultdict(list)
+        # For a part of g GPUs: the victim key at which each node's room reaches g when the
+        # reached jobs are taken in victim order (`()`: it has room already), and a heap of
+        # those keys, stale entries skipped; built for a size on its first search.
+        self.first_room: dict[int, tuple[dict[str, tuple], list[tuple[tuple, str]]]] = {}
         for share in cycle.candidates:
             self.refresh_share(share)
 
@@ -748,12 +790,19 @@ class _Reachable:
         if share not in cycle.candidates:
             return
         reached = []
+        keys = []
+        given_up = []
+        total = 0
+        all_keys = cycle._victim_keys[share, False]
         surplus = cycle.ledger.usage(share) - cycle.ledger.limit(share)
-        for candidate in cycle.candidates[share]:
+        for position, candidate in enumerate(cycle.candidates[share]):
             if surplus <= 0:
                 break
             if candidate.id not in cycle.victims:
                 reached.append(candidate)
+                keys.append(all_keys[position])
+                total += candidate.gpus
+                given_up.append(total)
                 surplus -= candidate.gpus
         before = self.reached.get(share, [])
         if [job.id for job in before] == [job.id for job in reached]:
@@ -764,10 +813,31 @@ class _Reachable:
         for job in reached:
             _count_gpus(change, job, cycle.pool, +1)
         self.reached[share] = reached
+        self.reached_keys[share] = (keys, given_up)
+        gone = {job.id for job in before}.difference(job.id for job in reached)
+        kept = {job.id for job in before}
+        touched = set()
+        for job in before:
+            if job.id in gone:
+                for allocation in job.allocations:
+                    if allocation.node in cycle.pool:
+                        entries = self.on_node[allocation.node]
+                        entries[:] = [entry for entry in entries if entry[2] is not job]
+                        touched.add(allocation.node)
+        for key, job in zip(keys, reached, strict=True):
+            if job.id not in kept:
+                for allocation in job.allocations:
+                    node = allocation.node
+                    if node in cycle.pool:
+                        insort(self.on_node[node], (key, len(allocation.gpu_indices), job))
+                        touched.add(node)
         for node, gpus in change.items():
             if gpus:
                 self.reachable[node] += gpus
                 self.refresh_node(node)
+                touched.discard(node)
+        for node in touched:
+            self._retime(node)
 
     def refresh_node(self, node: str) -> None:
         """After the node's free GPUs, GPUs being released or reachable jobs changed."""
@@ -780,12 +850,228 @@ class _Reachable:
         self.nodes_with[self.room[node]] -= 1
         self.nodes_with[room] += 1
         self.room[node] = room
+        self._retime(node)
+
+    def base_room(self, node: str) -> int:
+        """Free GPUs and GPUs being released for anyone: the node's room before any victim."""
+        return self.cycle.pool.free_count(node) + self.cycle.releasing_counts.get(node, 0)
+
+    def _retime(self, node: str) -> None:
+        for gpus, (times, heap) in self.first_room.items():
+            time = _first_room_key(self.base_room(node), self.on_node.get(node, ()), gpus)
+            if times.get(node) != time:
+                if time is None:
+                    times.pop(node, None)
+                else:
+                    times[node] = time
+                    heapq.heappush(heap, (time, node))
+
+    def first_room_heap(self, gpus: int) -> tuple[dict[str, tuple], list[tuple[tuple, str]]]:
+        entry = self.first_room.get(gpus)
+        if entry is None:
+            times: dict[str, tuple] = {}
+            for node in self.cycle.pool.names:
+                time = _first_room_key(self.base_room(node), self.on_node.get(node, ()), gpus)
+                if time is not None:
+                    times[node] = time
+            heap = [(time, node) for node, time in times.items()]
+            heapq.heapify(heap)
+            entry = self.first_room[gpus] = (times, heap)
+        return entry
+
+
+def _first_room_key(
+    room: int, entries: Sequence[tuple[tuple, int, PlacedJob]], gpus: int
+) -> tuple | None:
+    """The victim key of the entry with which `room` reaches `gpus` (`()`: already there), or
+    None when it never does."""
+    if room >= gpus:
+        return ()
+    for key, freed, _ in entries:
+        room += freed
+        if room >= gpus:
+            return key
+    return None
 
 
 def _count_gpus(counts: dict[str, int], job: PlacedJob, pool: NodePool, sign: int) -> None:
     for allocation in job.allocations:
         if allocation.node in pool:
             counts[allocation.node] += sign * len(allocation.gpu_indices)
+
+
+_UNDECIDED = object()  # a shortcut that cannot tell: walk
+
+
+class _NodeFirstSearch:
+    """Try 3 for a one-node job when no node has room yet, without walking the candidates.
+
+    The greedy walk would take every candidate, in victim order, up to the one with which some
+    node first has room for the job (the "stop"), then the prune would drop nearly all of them
+    again. Here the stop comes from the reachable room's per-node index, the shares' GPUs given
+    up before it by bisection, and the prune is done on the few victims that can matter: those
+    on the nodes that reach room and the job's own share's. The result is the walk's exactly
+    when the quota holds with the victims kept (the kept set then fits, and each kept victim
+    is needed for room or for the share's limit, which is what the backward walk decides);
+    otherwise, or in a case the shortcut does not cover, the answer is `_UNDECIDED`.
+    """
+
+    def __init__(self, cycle: _TypeCycle, job: RunnableJob) -> None:
+        self.cycle = cycle
+        self.job = job
+
+    def victims(self) -> list[PlacedJob] | object:
+        cycle = self.cycle
+        job = self.job
+        need = job.gpus
+        share = job.share
+        pool = cycle.pool
+        if cycle._capacity(need, ()).nodes:
+            return _UNDECIDED
+        room = cycle._reachable()
+
+        # The share's own jobs of lower priority are candidates with their own keys; its jobs
+        # that other shares' reclaims could reach are not borrowers here.
+        queue = cycle.candidates.get(share, [])
+        own: list[tuple[tuple, PlacedJob]] = []
+        if queue:
+            keys = cycle._victim_keys.get((share, True))
+            if keys is None:
+                keys = cycle._victim_keys[share, True] = [_victim_key(c, True) for c in queue]
+            for position, candidate in enumerate(queue):
+                if candidate.priority >= job.priority:
+                    break
+                if candidate.id not in cycle.victims:
+                    own.append((keys[position], candidate))
+        own_on: dict[str, list[tuple[tuple, int, PlacedJob]]] = defaultdict(list)
+        for key, candidate in own:
+            for allocation in candidate.allocations:
+                if allocation.node in pool:
+                    own_on[allocation.node].append((key, len(allocation.gpu_indices), candidate))
+        touched = set(own_on)
+        for victim in room.reached.get(share, ()):
+            for allocation in victim.allocations:
+                if allocation.node in pool:
+                    touched.add(allocation.node)
+
+        def entries_on(node: str) -> list[tuple[tuple, int, PlacedJob]]:
+            others = room.on_node.get(node, ())
+            if node not in touched:
+                return list(others)
+            return sorted([e for e in others if e[2].share != share] + own_on.get(node, []))
+
+        # The stop: the first key with which a node has room.
+        times, heap = room.first_room_heap(need)
+        best: tuple[tuple, str] | None = None
+        aside = []
+        while heap:
+            key, node = heap[0]
+            if times.get(node) != key:
+                heapq.heappop(heap)
+            elif node in touched:
+                aside.append(heapq.heappop(heap))
+            else:
+                best = (key, node)
+                break
+        for entry in aside:
+            heapq.heappush(heap, entry)
+        for node in touched:
+            time = _first_room_key(room.base_room(node), entries_on(node), need)
+            if time is not None and (best is None or time < best[0]):
+                best = (time, node)
+        if best is None or best[0] == ():
+            return _UNDECIDED
+        stop = best[0]
+
+        given_up: dict[str, int] = {}
+        for name, (keys, totals) in room.reached_keys.items():
+            if name != share:
+                count = bisect_right(keys, stop)
+                if count:
+                    given_up[name] = totals[count - 1]
+        own_needed = cycle._own_victims_needed(job, True, job.gpus)
+        own_taken = sum(candidate.gpus for key, candidate in own if key <= stop)
+        kept_own: list[PlacedJob] = []
+        if own_taken < own_needed:  # as _Walk._jump_to_own_victims
+            total = own_taken
+            later = []
+            for key, candidate in own:
+                if key > stop:
+                    if total >= own_needed:
+                        break
+                    later.append(candidate)
+                    total += candidate.gpus
+            if total < own_needed:
+                return _UNDECIDED
+            for victim in reversed(later):
+                if total - victim.gpus >= own_needed:
+                    total -= victim.gpus
+                else:
+                    kept_own.append(victim)
+            kept_own.reverse()
+        trial = cycle.ledger.trial(share, True)
+        trial.change(share, job.gpus)
+        for name, gpus in given_up.items():
+            trial.change(name, -gpus)
+        trial.change(share, -own_taken - sum(victim.gpus for victim in kept_own))
+        if trial.reason() is not None:
+            return _UNDECIDED
+
+        # The prune, over the victims that change room on the nodes that can reach it or the
+        # share's own count.
+        stop_victim = next(entry[2] for entry in entries_on(best[1]) if entry[0] == stop)
+        relevant = {a.node for a in stop_victim.allocations if a.node in pool}
+        for victim in kept_own:
+            relevant.update(a.node for a in victim.allocations if a.node in pool)
+        prefix_room = {node: room.base_room(node) for node in relevant}
+        kept_room = dict.fromkeys(relevant, 0)
+        steps: dict[str, tuple[tuple, PlacedJob, dict[str, int]]] = {}
+        for node in relevant:
+            for key, gpus, victim in entries_on(node):
+                if key > stop:
+                    break
+                prefix_room[node] += gpus
+                steps.setdefault(victim.id, (key, victim, {}))[2][node] = gpus
+        for key, candidate in own:
+            if key > stop:
+                break
+            steps.setdefault(candidate.id, (key, candidate, {}))
+        for victim in kept_own:
+            for allocation in victim.allocations:
+                if allocation.node in relevant:
+                    kept_room[allocation.node] += len(allocation.gpu_indices)
+        prefix_own = own_taken
+        kept_own_gpus = sum(victim.gpus for victim in kept_own)
+        kept: list[PlacedJob] = []
+        for _, victim, gpus_on in sorted(steps.values(), key=_first, reverse=True):
+            for node, gpus in gpus_on.items():
+                prefix_room[node] -= gpus
+            mine = victim.share == share
+            if mine:
+                prefix_own -= victim.gpus
+            fits = prefix_own + kept_own_gpus >= own_needed and any(
+                prefix_room[node] + kept_room[node] >= need for node in relevant
+            )
+            if not fits:
+                kept.append(victim)
+                for node, gpus in gpus_on.items():
+                    kept_room[node] += gpus
+                if mine:
+                    kept_own_gpus += victim.gpus
+        kept.reverse()
+        victims = kept + kept_own
+
+        trial = cycle.ledger.trial(share, True)
+        trial.change(share, job.gpus)
+        for victim in victims:
+            trial.change(victim.share, -victim.gpus)
+        if trial.reason() is not None:
+            return _UNDECIDED
+        return victims
+
+
+def _first(entry: tuple) -> tuple:
+    return entry[0]
 
 
 class _Walk:
