@@ -25,6 +25,7 @@ from bisect import bisect_left, bisect_right, insort
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
+from itertools import accumulate
 from operator import attrgetter
 
 from scheduler.engine import reasons
@@ -251,6 +252,9 @@ class _TypeCycle:
             elif job.share in shares:
                 candidates[job.share].append(job)
         self._unsorted_candidates = candidates
+        # Of each share's candidates in victim order: their priorities, and their GPUs so far.
+        self._priorities: dict[str, list[int]] = {}
+        self._gpus_so_far: dict[str, list[int]] = {}
         # Victim keys of each share's candidates, as another share's jobs (filled with the
         # candidates) and as the job's own share's (filled on first use).
         self._victim_keys: dict[tuple[str, bool], list[tuple]] = {}
@@ -271,6 +275,7 @@ class _TypeCycle:
         self._releasing_version = 0
         self._boost_cache: dict[int, tuple[int, int]] = {}
         self.victims: set[str] = set()
+        self._victims_of: dict[str, list[PlacedJob]] = defaultdict(list)  # by share
         self._first_untaken: dict[str, int] = {}
 
         self.placements: list[Placement] = []
@@ -295,8 +300,10 @@ class _TypeCycle:
         candidates = {}
         for name, share_jobs in self._unsorted_candidates.items():
             keyed = sorted([(_victim_key(job, False), job) for job in share_jobs])  # ids differ
-            candidates[name] = [job for _, job in keyed]
+            queue = candidates[name] = [job for _, job in keyed]
             self._victim_keys[name, False] = [key for key, _ in keyed]
+            self._priorities[name] = [job.priority for job in queue]
+            self._gpus_so_far[name] = list(accumulate(job.gpus for job in queue))
         return candidates
 
     # --- the passes ----------------------------------------------------------------------
@@ -610,11 +617,14 @@ class _TypeCycle:
         needed = self._own_victims_needed(job, within_limit, delta)
         if needed <= 0:
             return True
-        for candidate in self.own_candidates(job):
-            needed -= candidate.gpus
-            if needed <= 0:
-                return True
-        return False
+        if job.share not in self.candidates:
+            return False
+        lower = bisect_left(self._priorities[job.share], job.priority)  # lowest priority first
+        gpus = self._gpus_so_far[job.share][lower - 1] if lower else 0
+        for victim in self._victims_of.get(job.share, ()):
+            if victim.priority < job.priority:
+                gpus -= victim.gpus
+        return gpus >= needed
 
     def own_candidates(self, job: RunnableJob, position: int = 0) -> Iterator[PlacedJob]:
         """The job's own share's jobs it may preempt in its share (strictly lower priority, not
@@ -666,6 +676,7 @@ class _TypeCycle:
         for victim in victims:
             final[victim.share] = final.get(victim.share, 0) - victim.gpus
             self.victims.add(victim.id)
+            self._victims_of[victim.share].append(victim)
             if victim.share == job.share:
                 kind, why = IN_SHARE, reasons.preempted_in_share(job.share, job.id)
             else:
