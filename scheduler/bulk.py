@@ -19,6 +19,7 @@ from functools import cache
 from django.db import connection, models, transaction
 from django.utils import timezone
 
+from portal.sql import prepared_cursor
 from scheduler.models import Job, JobEvent
 
 # Rows per statement on the ORM path: below SQLite's limit of bound parameters.
@@ -177,7 +178,7 @@ def job_insert(job: Job, events: Sequence[JobEvent]) -> None:
             field = JobEvent._meta.get_field(name)
             params.append(field.get_db_prep_save(field.pre_save(event, add=True), connection))
     savepoint = transaction.atomic() if connection.in_atomic_block else nullcontext()
-    with savepoint, connection.cursor() as cursor:
+    with savepoint, prepared_cursor() as cursor:
         cursor.execute(_job_insert_sql(len(events)), params)
         job.pk = cursor.fetchone()[0]
     job._state.adding = False

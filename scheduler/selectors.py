@@ -7,10 +7,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
-from django.db import connection
 from django.db.models import Prefetch, QuerySet
 
-from portal.sql import instance_from_row, model_columns
+from portal.sql import instance_from_row, model_columns, prepared_cursor
 from scheduler.models import GpuAssignment, Job, JobAttempt, Node
 from shares.models import Membership, QuotaShare
 from shares.selectors import UsageReport, is_admin, share_usage
@@ -133,7 +132,7 @@ def submit_target(*, user, share_name: str, gpu_type: str, per_node: int) -> Sub
     down = Node.State.DOWN
     params = [] if admin else [user.pk]
     params += [gpu_type, down, gpu_type, down, per_node, share_name]
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
     if not rows:
