@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import cache
 
-from django.db import connection, models
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 
 
 def prepared_cursor():
@@ -20,14 +20,15 @@ def prepared_cursor():
     PostgreSQL skips parsing and planning, which was most of its work for a token lookup.
     Parameters are bound on the server (`%s` placeholders, as Django's). Elsewhere, or with
     DATABASE_PREPARED_STATEMENTS off, a plain cursor."""
-    if connection.vendor != "postgresql":
-        return connection.cursor()
-    # As connection.cursor() does, with our cursor class.
-    connection.close_if_health_check_failed()
-    connection.ensure_connection()
-    with connection.wrap_database_errors:
-        cursor_class = _prepared_cursor_classes()[connection.queries_logged]
-        return connection._prepare_cursor(cursor_class(connection.connection))
+    db = connections[DEFAULT_DB_ALIAS]  # once: each use of the `connection` proxy looks it up
+    if db.vendor != "postgresql":
+        return db.cursor()
+    # As db.cursor() does, with our cursor class.
+    db.close_if_health_check_failed()
+    db.ensure_connection()
+    with db.wrap_database_errors:
+        cursor_class = _prepared_cursor_classes()[db.queries_logged]
+        return db._prepare_cursor(cursor_class(db.connection))
 
 
 @cache
