@@ -119,6 +119,15 @@ elif DATABASE_POOL_SIZE := env.int("DATABASE_POOL_SIZE", default=0):
 else:
     DATABASES["default"].setdefault("CONN_MAX_AGE", 60)
     DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env.bool(
+    "DATABASE_PREPARED_STATEMENTS", default=True
+):
+    # The statements every submit runs (token lookup, submit target, insert) are prepared once
+    # per connection (portal.sql.prepared_cursor asks psycopg to). The threshold, which psycopg
+    # counts for every other server-bound statement, is out of reach: nothing else is prepared.
+    # Off behind a pooler that cannot keep prepared statements (PgBouncer in transaction mode
+    # before 1.21).
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("prepare_threshold", 2**31 - 1)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

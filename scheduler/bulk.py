@@ -16,9 +16,10 @@ from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
 from functools import cache
 
-from django.db import connection, models, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models, transaction
 from django.utils import timezone
 
+from portal.sql import prepared_cursor
 from scheduler.models import Job, JobEvent
 
 # Rows per statement on the ORM path: below SQLite's limit of bound parameters.
@@ -133,8 +134,14 @@ def jobs_set_reasons(reasons: dict[int, str], *, state: str | None = None) -> in
 _EVENT_FIELDS = ("at", "from_state", "to_state", "reason")
 
 
-def _job_fields() -> list[models.Field]:
-    return [field for field in Job._meta.concrete_fields if not field.primary_key]
+@cache
+def _job_fields() -> tuple[models.Field, ...]:
+    return tuple(field for field in Job._meta.concrete_fields if not field.primary_key)
+
+
+@cache
+def _event_fields() -> tuple[models.Field, ...]:
+    return tuple(JobEvent._meta.get_field(name) for name in _EVENT_FIELDS)
 
 
 @cache
@@ -142,7 +149,7 @@ def _job_insert_sql(events: int) -> str:
     quote = connection.ops.quote_name
     job_columns = ", ".join(quote(field.column) for field in _job_fields())
     job_values = ", ".join(["%s"] * len(_job_fields()))
-    event_fields = [JobEvent._meta.get_field(name) for name in _EVENT_FIELDS]
+    event_fields = _event_fields()
     event_columns = ", ".join(quote(field.column) for field in event_fields)
     event_row = ", ".join(f"%s::{field.db_type(connection)}" for field in event_fields)
     event_rows = ", ".join(f"({event_row}, {n})" for n in range(events))
@@ -169,15 +176,14 @@ def job_insert(job: Job, events: Sequence[JobEvent]) -> None:
             JobEvent.objects.bulk_create(events)
         return
     # pre_save and get_db_prep_save: the values save() would write (defaults, timestamps).
-    params = [
-        field.get_db_prep_save(field.pre_save(job, add=True), connection) for field in _job_fields()
-    ]
+    # The connection itself, not the `connection` proxy, which looks it up at every use.
+    db = connections[DEFAULT_DB_ALIAS]
+    params = [field.get_db_prep_save(field.pre_save(job, add=True), db) for field in _job_fields()]
     for event in events:
-        for name in _EVENT_FIELDS:
-            field = JobEvent._meta.get_field(name)
-            params.append(field.get_db_prep_save(field.pre_save(event, add=True), connection))
+        for field in _event_fields():
+            params.append(field.get_db_prep_save(field.pre_save(event, add=True), db))
     savepoint = transaction.atomic() if connection.in_atomic_block else nullcontext()
-    with savepoint, connection.cursor() as cursor:
+    with savepoint, prepared_cursor() as cursor:
         cursor.execute(_job_insert_sql(len(events)), params)
         job.pk = cursor.fetchone()[0]
     job._state.adding = False

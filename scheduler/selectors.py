@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cache
 
 from django.conf import settings
-from django.db import connection
 from django.db.models import Prefetch, QuerySet
 
-from portal.sql import instance_from_row, model_columns
+from portal.sql import instance_from_row, model_columns, prepared_cursor
 from scheduler.models import GpuAssignment, Job, JobAttempt, Node
-from shares.models import Membership, QuotaShare
+from shares.models import CapacityLimit, Membership, QuotaShare
 from shares.selectors import UsageReport, is_admin, share_usage
 
 QUEUE_FRONT_SIZE = 100
@@ -116,24 +116,27 @@ WHERE s.name = %s
 _MEMBER_SQL = "EXISTS (SELECT 1 FROM {membership} m WHERE m.team_id = s.team_id AND m.user_id = %s)"
 
 
-def submit_target(*, user, share_name: str, gpu_type: str, per_node: int) -> SubmitTarget:
-    """The share named `share_name` as `user` would submit to it, with its capacity limits,
-    membership and the node sizes of `gpu_type`, in one query (a submit's only read besides
-    the token): one row per capacity limit, the share's columns repeated."""
-    from shares.models import CapacityLimit
-
-    admin = is_admin(user)
-    sql = _SUBMIT_TARGET_SQL.format(
+@cache
+def _submit_target_sql(admin: bool) -> str:
+    return _SUBMIT_TARGET_SQL.format(
         share_columns=model_columns(QuotaShare, "s"),
         visible="1" if admin else _MEMBER_SQL.format(membership=Membership._meta.db_table),
         node=Node._meta.db_table,
         share=QuotaShare._meta.db_table,
         limit=CapacityLimit._meta.db_table,
     )
+
+
+def submit_target(*, user, share_name: str, gpu_type: str, per_node: int) -> SubmitTarget:
+    """The share named `share_name` as `user` would submit to it, with its capacity limits,
+    membership and the node sizes of `gpu_type`, in one query (a submit's only read besides
+    the token): one row per capacity limit, the share's columns repeated."""
+    admin = is_admin(user)
+    sql = _submit_target_sql(admin)
     down = Node.State.DOWN
     params = [] if admin else [user.pk]
     params += [gpu_type, down, gpu_type, down, per_node, share_name]
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
     if not rows:

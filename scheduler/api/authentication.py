@@ -11,7 +11,7 @@ from rest_framework import exceptions
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.authtoken.models import Token
 
-from portal.sql import instance_from_row, model_columns
+from portal.sql import instance_from_row, model_columns, prepared_cursor
 
 
 @cache
@@ -31,7 +31,7 @@ class ApiTokenAuthentication(TokenAuthentication):
     """`Authorization: Token <key>`, answering exactly as DRF's TokenAuthentication does."""
 
     def authenticate_credentials(self, key: str):
-        with connection.cursor() as cursor:
+        with prepared_cursor() as cursor:
             cursor.execute(_user_by_token_sql(), [key])
             row = cursor.fetchone()
         if row is None:

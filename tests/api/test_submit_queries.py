@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
@@ -103,3 +104,24 @@ def test_a_revoked_token_stops_working_at_once(world):
     response = alice.post(JOBS, job_request(), format="json")
     assert (response.status_code, response.json()["detail"]) == (401, "User inactive or deleted.")
     assert Job.objects.count() == 2
+
+
+def test_on_postgresql_a_submit_s_statements_are_prepared_once_per_connection(world):
+    """The token lookup, the submit target and the insert are parsed and planned by the first
+    submit on a connection; later submits only execute them."""
+    if connection.vendor != "postgresql":
+        pytest.skip("prepared statements are PostgreSQL's")
+
+    def prepared() -> set[str]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT statement FROM pg_prepared_statements")
+            return {row[0] for row in cursor.fetchall()}
+
+    client = world.client("bob")
+    assert client.post(JOBS, job_request(), format="json").status_code == 201
+    after_first = prepared()
+    assert any("authtoken_token" in sql for sql in after_first), after_first
+    assert any("shares_capacitylimit" in sql for sql in after_first), after_first
+    assert any("INSERT INTO" in sql for sql in after_first), after_first
+    assert client.post(JOBS, job_request(), format="json").status_code == 201
+    assert prepared() == after_first
