@@ -41,6 +41,7 @@ NOT_AUTHENTICATED = (
 )
 BODY_NOT_JSON = "body: must be a JSON object."
 MAX_EVENTS = 1000
+MAX_ID = 2**62  # below the database's largest integer (SQLite's and PostgreSQL's bigint)
 
 
 class BadRequest(Exception):
@@ -59,7 +60,7 @@ def _body(request: HttpRequest) -> dict:
     return data
 
 
-def _int(data: dict, name: str, *, low: int = 0, high: int = 2**62, required=True) -> int | None:
+def _int(data: dict, name: str, *, low: int = 0, high: int = MAX_ID, required=True) -> int | None:
     value = data.get(name)
     if value is None and not required:
         return None
@@ -101,9 +102,11 @@ def _has_nul(value: Any) -> bool:
 def _ids(data: dict, name: str) -> set[int]:
     value = data.get(name, [])
     if not isinstance(value, list) or not all(
-        isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value
+        isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_ID for v in value
     ):
-        raise BadRequest(name, f"{name}: must be a list of attempt ids (positive integers).")
+        raise BadRequest(
+            name, f"{name}: must be a list of attempt ids (integers between 1 and {MAX_ID})."
+        )
     return set(value)
 
 
