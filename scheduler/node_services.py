@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections import defaultdict
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -53,7 +52,12 @@ def hash_token(token: str) -> str:
 def node_for_token(token: str) -> Node | None:
     if not token:
         return None
-    return Node.objects.filter(token_hash=hash_token(token)).first()
+    # Not its gpu_details nor labels: an agent request needs neither.
+    return (
+        Node.objects.filter(token_hash=hash_token(token))
+        .only("pk", "name", "gpu_type", "gpus", "state", "last_heartbeat")
+        .first()
+    )
 
 
 @transaction.atomic
@@ -121,44 +125,60 @@ def node_orders(*, node: Node) -> Orders:
     """What the node should be doing: every attempt holding GPUs on it, to run or to stop.
     Orders are declarative; the agent reconciles them with what it runs (and kills what is
     in neither list, see `orphan_stops`). Delivering a run order moves its job from SCHEDULED to
-    STARTING."""
-    indices: dict[int, list[int]] = defaultdict(list)
-    for attempt_id, index in GpuAssignment.objects.filter(node=node, released=False).values_list(
-        "attempt_id", "gpu_index"
-    ):
-        indices[attempt_id].append(index)
-    run, stop, scheduled = [], [], []
-    attempts = JobAttempt.objects.filter(pk__in=indices, ended_at__isnull=True).select_related(
-        "job", "job__share"
-    )
-    for attempt in attempts:
-        job = attempt.job
-        grace = job.share.grace_seconds
-        if attempt.stop_requested_at is not None:
-            stop.append(
-                {
-                    "attempt": attempt.pk,
-                    "grace_seconds": grace,
-                    "started": attempt.started_at is not None,
-                }
-            )
-            continue
-        run.append(
-            {
-                "attempt": attempt.pk,
-                "job": job.pk,
-                "number": attempt.number,
-                "command": job.command,
-                "env": job.env,
-                "gpu_indices": sorted(indices[attempt.pk]),
-                "timeout_seconds": job.timeout_seconds,
-                "grace_seconds": grace,
-                # Already started once: an agent that does not have it lost it.
-                "started": attempt.started_at is not None,
-            }
+    STARTING. One query while there is nothing to deliver (most polls)."""
+    # One row per GPU held here, with what the order needs of its attempt and job.
+    held = (
+        GpuAssignment.objects.filter(node=node, released=False, attempt__ended_at__isnull=True)
+        .order_by("attempt_id", "gpu_index")
+        .values_list(
+            "gpu_index",
+            "attempt_id",
+            "attempt__number",
+            "attempt__started_at",
+            "attempt__stop_requested_at",
+            "attempt__job_id",
+            "attempt__job__state",
+            "attempt__job__command",
+            "attempt__job__env",
+            "attempt__job__timeout_seconds",
+            "attempt__job__share__grace_seconds",
         )
-        if job.state == Job.State.SCHEDULED:
-            scheduled.append(job.pk)
+    )
+    run: list[dict] = []
+    stop: list[dict] = []
+    scheduled = []
+    order: dict = {}  # the order of the attempt of the previous row
+    for (
+        index, attempt_id, number, started_at, stop_requested_at,
+        job_id, job_state, command, env, timeout_seconds, grace,
+    ) in held:  # fmt: skip
+        if order.get("attempt") == attempt_id:
+            if "gpu_indices" in order:
+                order["gpu_indices"].append(index)
+            continue
+        if stop_requested_at is not None:
+            order = {
+                "attempt": attempt_id,
+                "grace_seconds": grace,
+                "started": started_at is not None,
+            }
+            stop.append(order)
+            continue
+        order = {
+            "attempt": attempt_id,
+            "job": job_id,
+            "number": number,
+            "command": command,
+            "env": env,
+            "gpu_indices": [index],
+            "timeout_seconds": timeout_seconds,
+            "grace_seconds": grace,
+            # Already started once: an agent that does not have it lost it.
+            "started": started_at is not None,
+        }
+        run.append(order)
+        if job_state == Job.State.SCHEDULED:
+            scheduled.append(job_id)
     if scheduled:
         # One transaction for all of them; rows locked in id order, as the cycle locks them.
         with transaction.atomic():
