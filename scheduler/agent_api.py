@@ -20,16 +20,12 @@ from scheduler.models import MAX_GPUS_PER_NODE, Node
 from scheduler.node_services import (
     END_REASONS,
     EVENT_EXITED,
-    EVENT_LOG,
-    EVENT_STARTED,
     EVENT_TYPES,
-    attempt_exited,
-    attempt_log,
-    attempt_started,
     node_for_token,
     node_heartbeat,
     node_orders,
     node_register,
+    node_report,
     orphan_stops,
     poll_wait_seconds,
 )
@@ -185,7 +181,7 @@ def poll(request: HttpRequest, node: Node, data: dict) -> JsonResponse:
         raise BadRequest("wait", "wait: must be a number of seconds.")
     events = _events(data, required=False)
     node_heartbeat(node=node)
-    results = _apply_events(node, events)
+    results = node_report(node=node, events=events)
     waiter = OrderWaiter(node.pk)
     try:
         orders = _orders(node, running)
@@ -228,7 +224,7 @@ def report(request: HttpRequest, node: Node, data: dict) -> JsonResponse:
     replays are ignored."""
     events = _events(data, required=True)
     node_heartbeat(node=node)
-    return JsonResponse({"results": _apply_events(node, events)})
+    return JsonResponse({"results": node_report(node=node, events=events)})
 
 
 def _events(data: dict, *, required: bool) -> list[dict]:
@@ -238,30 +234,6 @@ def _events(data: dict, *, required: bool) -> list[dict]:
     if not isinstance(events, list) or len(events) > MAX_EVENTS:
         raise BadRequest("events", f"events: must be a list of at most {MAX_EVENTS} events.")
     return [_event(event, i) for i, event in enumerate(events)]
-
-
-def _apply_events(node: Node, events: list[dict]) -> list[str]:
-    """Apply checked events in order; "ok" or "ignored" (a replay, a stale report) each."""
-    results = []
-    for event in events:
-        kind, attempt_id = event["type"], event["attempt"]
-        if kind == EVENT_STARTED:
-            results.append(attempt_started(node=node, attempt_id=attempt_id))
-        elif kind == EVENT_LOG:
-            results.append(attempt_log(node=node, attempt_id=attempt_id, log_tail=event["log"]))
-        else:
-            results.append(
-                attempt_exited(
-                    node=node,
-                    attempt_id=attempt_id,
-                    end=event["end"],
-                    exit_code=event["exit_code"],
-                    signalled=event["signalled"],
-                    log_tail=event["log"],
-                    detail=event["detail"],
-                )
-            )
-    return results
 
 
 def _event(event: Any, i: int) -> dict:
