@@ -272,9 +272,9 @@ def node_report(*, node: Node, events: list[dict]) -> list[str]:
 
     Events about distinct attempts do not depend on each other: a run of them is applied in one
     transaction, with a statement per kind of read and write (on PostgreSQL) however many
-    there are; their jobs and attempts are locked in one statement, in job id order, as the
-    cycle locks jobs. An event about an attempt already in the run starts the next run, so it
-    sees what the earlier one did."""
+    there are; their jobs are locked in one statement, in id order, as the cycle locks jobs
+    (a run of log tails alone, which change no state, takes no lock). An event about an
+    attempt already in the run starts the next run, so it sees what the earlier one did."""
     results: list[str] = []
     batch: list[dict] = []
     for event in events:
@@ -287,9 +287,32 @@ def node_report(*, node: Node, events: list[dict]) -> list[str]:
     return results
 
 
-@transaction.atomic
 def _apply_reports(node: Node, events: list[dict]) -> list[str]:
     """Apply events about distinct attempts (see `node_report`)."""
+    if all(event["type"] == EVENT_LOG for event in events):
+        return _apply_logs(node, events)
+    with transaction.atomic():
+        return _apply_changes(node, events)
+
+
+def _apply_logs(node: Node, events: list[dict]) -> list[str]:
+    """Log tails change no state: no lock, each written only while its attempt runs."""
+    held = set(
+        GpuAssignment.objects.filter(
+            node=node, attempt_id__in=[event["attempt"] for event in events], released=False
+        ).values_list("attempt_id", flat=True)
+    )
+    for event in events:
+        if event["attempt"] in held:
+            JobAttempt.objects.filter(pk=event["attempt"], ended_at__isnull=True).update(
+                log_tail=event["log"][-LOG_TAIL_CHARS:]
+            )
+    return ["ok" if event["attempt"] in held else "ignored" for event in events]
+
+
+def _apply_changes(node: Node, events: list[dict]) -> list[str]:
+    """Apply events about distinct attempts, some of them starts or exits, in the caller's
+    transaction."""
     ids = [event["attempt"] for event in events]
     # Their jobs first, in id order, as the cycle locks jobs before it writes their attempts
     # and GPUs. The attempts need no lock of their own: every other write to them or their

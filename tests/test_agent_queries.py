@@ -118,3 +118,15 @@ def test_a_start_and_an_exit_of_one_attempt_in_one_request_apply_in_order(person
     assert answer["results"] == ["ok", "ok", "ok", "ignored"]
     states = dict(JobAttempt.objects.values_list("pk", "job__state"))
     assert (states[first], states[second]) == (Job.State.SUCCEEDED, Job.State.RUNNING)
+
+
+def test_a_log_tail_takes_no_lock(personas, agent):
+    """Log tails change no state: the held GPUs are read and each tail written while its
+    attempt runs, with no transaction; a tail about an attempt not held here is ignored."""
+    placed(personas, 1)
+    (run,) = agent("poll", {"running": [], "wait": 0})[0]["run"]
+    log = {"type": "log", "attempt": run["attempt"], "log_tail": "epoch 3"}
+    answer, statements = agent("report", {"events": [log, {**log, "attempt": 10**9}]})
+    assert answer["results"] == ["ok", "ignored"]
+    assert statements == 3  # the token, the GPUs held here, the tail
+    assert JobAttempt.objects.get(pk=run["attempt"]).log_tail == "epoch 3"
