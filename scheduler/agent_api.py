@@ -20,16 +20,12 @@ from scheduler.models import MAX_GPUS_PER_NODE, Node
 from scheduler.node_services import (
     END_REASONS,
     EVENT_EXITED,
-    EVENT_LOG,
-    EVENT_STARTED,
     EVENT_TYPES,
-    attempt_exited,
-    attempt_log,
-    attempt_started,
     node_for_token,
     node_heartbeat,
     node_orders,
     node_register,
+    node_report,
     orphan_stops,
     poll_wait_seconds,
 )
@@ -41,6 +37,7 @@ NOT_AUTHENTICATED = (
 )
 BODY_NOT_JSON = "body: must be a JSON object."
 MAX_EVENTS = 1000
+MAX_ID = 2**62  # below the database's largest integer (SQLite's and PostgreSQL's bigint)
 
 
 class BadRequest(Exception):
@@ -59,7 +56,7 @@ def _body(request: HttpRequest) -> dict:
     return data
 
 
-def _int(data: dict, name: str, *, low: int = 0, high: int = 2**62, required=True) -> int | None:
+def _int(data: dict, name: str, *, low: int = 0, high: int = MAX_ID, required=True) -> int | None:
     value = data.get(name)
     if value is None and not required:
         return None
@@ -101,9 +98,11 @@ def _has_nul(value: Any) -> bool:
 def _ids(data: dict, name: str) -> set[int]:
     value = data.get(name, [])
     if not isinstance(value, list) or not all(
-        isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value
+        isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_ID for v in value
     ):
-        raise BadRequest(name, f"{name}: must be a list of attempt ids (positive integers).")
+        raise BadRequest(
+            name, f"{name}: must be a list of attempt ids (integers between 1 and {MAX_ID})."
+        )
     return set(value)
 
 
@@ -182,7 +181,7 @@ def poll(request: HttpRequest, node: Node, data: dict) -> JsonResponse:
         raise BadRequest("wait", "wait: must be a number of seconds.")
     events = _events(data, required=False)
     node_heartbeat(node=node)
-    results = _apply_events(node, events)
+    results = node_report(node=node, events=events)
     waiter = OrderWaiter(node.pk)
     try:
         orders = _orders(node, running)
@@ -225,7 +224,7 @@ def report(request: HttpRequest, node: Node, data: dict) -> JsonResponse:
     replays are ignored."""
     events = _events(data, required=True)
     node_heartbeat(node=node)
-    return JsonResponse({"results": _apply_events(node, events)})
+    return JsonResponse({"results": node_report(node=node, events=events)})
 
 
 def _events(data: dict, *, required: bool) -> list[dict]:
@@ -235,30 +234,6 @@ def _events(data: dict, *, required: bool) -> list[dict]:
     if not isinstance(events, list) or len(events) > MAX_EVENTS:
         raise BadRequest("events", f"events: must be a list of at most {MAX_EVENTS} events.")
     return [_event(event, i) for i, event in enumerate(events)]
-
-
-def _apply_events(node: Node, events: list[dict]) -> list[str]:
-    """Apply checked events in order; "ok" or "ignored" (a replay, a stale report) each."""
-    results = []
-    for event in events:
-        kind, attempt_id = event["type"], event["attempt"]
-        if kind == EVENT_STARTED:
-            results.append(attempt_started(node=node, attempt_id=attempt_id))
-        elif kind == EVENT_LOG:
-            results.append(attempt_log(node=node, attempt_id=attempt_id, log_tail=event["log"]))
-        else:
-            results.append(
-                attempt_exited(
-                    node=node,
-                    attempt_id=attempt_id,
-                    end=event["end"],
-                    exit_code=event["exit_code"],
-                    signalled=event["signalled"],
-                    log_tail=event["log"],
-                    detail=event["detail"],
-                )
-            )
-    return results
 
 
 def _event(event: Any, i: int) -> dict:

@@ -102,6 +102,49 @@ def rows_insert(
         return [tuple(row) for row in cursor.fetchall()] if returning else []
 
 
+def rows_update(model: type[models.Model], fields: Sequence[str], rows: Iterable[Sequence]) -> int:
+    """Write `fields` (attribute names) of the rows of `model`'s table whose ids lead `rows`:
+    each row is (id, value of each field). Fields not named keep their values, auto_now ones
+    included. One statement on PostgreSQL (a join with `unnest`), whatever the number of
+    rows and of distinct values; elsewhere one UPDATE per distinct set of values. Returns the
+    number of rows written."""
+    rows = list(rows)
+    if not rows:
+        return 0
+    meta = model._meta
+    given = [meta.get_field(name) for name in fields]
+    if not _postgresql():
+        by_values: dict[tuple, list] = defaultdict(list)
+        for pk, *values in rows:
+            by_values[tuple(values)].append(pk)
+        written = 0
+        for values, ids in by_values.items():
+            for start in range(0, len(ids), BATCH):
+                written += model.objects.filter(pk__in=ids[start : start + BATCH]).update(
+                    **dict(zip(fields, values, strict=True))
+                )
+        return written
+    quote = connection.ops.quote_name
+    table = quote(meta.db_table)
+    columns = [quote(field.column) for field in given]
+    arrays = [f"%b::{meta.pk.db_type(connection)}[]"]
+    params: list[list] = [[row[0] for row in rows]]
+    for index, field in enumerate(given, start=1):
+        values = [row[index] for row in rows]
+        if isinstance(field, models.JSONField):
+            values = [None if value is None else json.dumps(value) for value in values]
+        params.append(values)
+        arrays.append(f"%b::{field.db_type(connection)}[]")
+    sql = (
+        f"UPDATE {table} SET {', '.join(f'{c} = v.{c}' for c in columns)} "
+        f"FROM unnest({', '.join(arrays)}) AS v(pk, {', '.join(columns)}) "
+        f"WHERE {table}.{quote(meta.pk.column)} = v.pk"
+    )
+    with _binary_cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
+
+
 def jobs_set_reasons(reasons: dict[int, str], *, state: str | None = None) -> int:
     """Set each job's `reason` to its own text (only the jobs still in `state`, when given).
     Not a state change: no event, no updated_at. Returns the number of rows written."""

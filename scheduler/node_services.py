@@ -14,8 +14,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from scheduler.bulk import rows_update
 from scheduler.models import ClusterSettings, GpuAssignment, Job, JobAttempt, Node
-from scheduler.services import job_transition, jobs_transition, request_cycle
+from scheduler.services import JobChanges, jobs_transition, request_cycle
 
 JOIN_TOKEN_INVALID = (
     "join_token: not this cluster's join token (see Cluster settings in the admin)."
@@ -53,7 +54,12 @@ def hash_token(token: str) -> str:
 def node_for_token(token: str) -> Node | None:
     if not token:
         return None
-    return Node.objects.filter(token_hash=hash_token(token)).first()
+    # Not its gpu_details nor labels: an agent request needs neither.
+    return (
+        Node.objects.filter(token_hash=hash_token(token))
+        .only("pk", "name", "gpu_type", "gpus", "state", "last_heartbeat")
+        .first()
+    )
 
 
 @transaction.atomic
@@ -121,44 +127,60 @@ def node_orders(*, node: Node) -> Orders:
     """What the node should be doing: every attempt holding GPUs on it, to run or to stop.
     Orders are declarative; the agent reconciles them with what it runs (and kills what is
     in neither list, see `orphan_stops`). Delivering a run order moves its job from SCHEDULED to
-    STARTING."""
-    indices: dict[int, list[int]] = defaultdict(list)
-    for attempt_id, index in GpuAssignment.objects.filter(node=node, released=False).values_list(
-        "attempt_id", "gpu_index"
-    ):
-        indices[attempt_id].append(index)
-    run, stop, scheduled = [], [], []
-    attempts = JobAttempt.objects.filter(pk__in=indices, ended_at__isnull=True).select_related(
-        "job", "job__share"
-    )
-    for attempt in attempts:
-        job = attempt.job
-        grace = job.share.grace_seconds
-        if attempt.stop_requested_at is not None:
-            stop.append(
-                {
-                    "attempt": attempt.pk,
-                    "grace_seconds": grace,
-                    "started": attempt.started_at is not None,
-                }
-            )
-            continue
-        run.append(
-            {
-                "attempt": attempt.pk,
-                "job": job.pk,
-                "number": attempt.number,
-                "command": job.command,
-                "env": job.env,
-                "gpu_indices": sorted(indices[attempt.pk]),
-                "timeout_seconds": job.timeout_seconds,
-                "grace_seconds": grace,
-                # Already started once: an agent that does not have it lost it.
-                "started": attempt.started_at is not None,
-            }
+    STARTING. One query while there is nothing to deliver (most polls)."""
+    # One row per GPU held here, with what the order needs of its attempt and job.
+    held = (
+        GpuAssignment.objects.filter(node=node, released=False, attempt__ended_at__isnull=True)
+        .order_by("attempt_id", "gpu_index")
+        .values_list(
+            "gpu_index",
+            "attempt_id",
+            "attempt__number",
+            "attempt__started_at",
+            "attempt__stop_requested_at",
+            "attempt__job_id",
+            "attempt__job__state",
+            "attempt__job__command",
+            "attempt__job__env",
+            "attempt__job__timeout_seconds",
+            "attempt__job__share__grace_seconds",
         )
-        if job.state == Job.State.SCHEDULED:
-            scheduled.append(job.pk)
+    )
+    run: list[dict] = []
+    stop: list[dict] = []
+    scheduled = []
+    order: dict = {}  # the order of the attempt of the previous row
+    for (
+        index, attempt_id, number, started_at, stop_requested_at,
+        job_id, job_state, command, env, timeout_seconds, grace,
+    ) in held:  # fmt: skip
+        if order.get("attempt") == attempt_id:
+            if "gpu_indices" in order:
+                order["gpu_indices"].append(index)
+            continue
+        if stop_requested_at is not None:
+            order = {
+                "attempt": attempt_id,
+                "grace_seconds": grace,
+                "started": started_at is not None,
+            }
+            stop.append(order)
+            continue
+        order = {
+            "attempt": attempt_id,
+            "job": job_id,
+            "number": number,
+            "command": command,
+            "env": env,
+            "gpu_indices": [index],
+            "timeout_seconds": timeout_seconds,
+            "grace_seconds": grace,
+            # Already started once: an agent that does not have it lost it.
+            "started": started_at is not None,
+        }
+        run.append(order)
+        if job_state == Job.State.SCHEDULED:
+            scheduled.append(job_id)
     if scheduled:
         # One transaction for all of them; rows locked in id order, as the cycle locks them.
         with transaction.atomic():
@@ -190,50 +212,28 @@ def orphan_stops(*, node: Node, running: set[int], orders: Orders) -> list[dict]
     return [{"attempt": a, "grace_seconds": graces.get(a, 0)} for a in sorted(extra)]
 
 
-def _holds_gpus_here(attempt_id: int, node: Node) -> bool:
-    return GpuAssignment.objects.filter(attempt_id=attempt_id, node=node, released=False).exists()
+# --- What became of the attempts ------------------------------------------------------------
+
+# What the reports read and write of an attempt, and of its job.
+_ATTEMPT_FIELDS = (
+    "job_id", "number", "allocations", "started_at", "stop_requested_at", "ended_at", "outcome",
+    "exit_code", "preempted_for_id",
+)  # fmt: skip
+_JOB_FIELDS = (
+    *JobChanges.FIELDS, "max_preemptions", "retry_attempts", "cancel_requested", "timeout_seconds",
+)  # fmt: skip
 
 
 def attempt_started(*, node: Node, attempt_id: int) -> str:
     """The agent started the attempt's command: the job is RUNNING."""
-    with transaction.atomic():
-        job_id = JobAttempt.objects.filter(pk=attempt_id).values_list("job_id", flat=True).first()
-        if job_id is None or not _holds_gpus_here(attempt_id, node):
-            return "ignored"
-        job = Job.objects.select_for_update().get(pk=job_id)
-        attempt = JobAttempt.objects.select_for_update().get(pk=attempt_id)
-        if attempt.ended_at is not None:
-            return "ignored"
-        _mark_started(job, attempt, now=timezone.now())
-        return "ok"
-
-
-def _mark_started(job: Job, attempt: JobAttempt, *, now) -> None:
-    """The attempt's process runs (or ran): started_at, and the job RUNNING. Rows locked."""
-    if attempt.started_at is None:
-        attempt.started_at = now
-        attempt.save(update_fields=["started_at"])
-    if job.state in (Job.State.SCHEDULED, Job.State.STARTING):
-        job_transition(
-            job=job,
-            to_state=Job.State.RUNNING,
-            reason=RUNNING_REASON.format(
-                where=", ".join(
-                    f"{a['node']} (GPU {','.join(map(str, a['gpu_indices']))})"
-                    for a in attempt.allocations
-                )
-            ),
-            started_at=job.started_at or now,
-        )
+    (result,) = node_report(node=node, events=[{"type": EVENT_STARTED, "attempt": attempt_id}])
+    return result
 
 
 def attempt_log(*, node: Node, attempt_id: int, log_tail: str) -> str:
-    if not _holds_gpus_here(attempt_id, node):
-        return "ignored"
-    JobAttempt.objects.filter(pk=attempt_id, ended_at__isnull=True).update(
-        log_tail=log_tail[-LOG_TAIL_CHARS:]
-    )
-    return "ok"
+    event = {"type": EVENT_LOG, "attempt": attempt_id, "log": log_tail}
+    (result,) = node_report(node=node, events=[event])
+    return result
 
 
 def attempt_exited(
@@ -251,55 +251,213 @@ def attempt_exited(
     SUCCEEDED, FAILED (or RUNNABLE for a retry), RUNNABLE after a preemption (or FAILED past
     max_preemptions), CANCELLED. `signalled`: the agent had sent SIGTERM before the exit.
     Returns "ok", or "ignored" for a report that no longer applies (replayed, stale)."""
+    event = {
+        "type": EVENT_EXITED,
+        "attempt": attempt_id,
+        "end": end,
+        "exit_code": exit_code,
+        "signalled": signalled,
+        "log": log_tail,
+        "detail": detail,
+    }
+    (result,) = node_report(node=node, events=[event])
+    return result
+
+
+def node_report(*, node: Node, events: list[dict]) -> list[str]:
+    """Apply what a node's agent reports, in order: events {type: started|log|exited, attempt,
+    log (its log tail), and for an exit: end, exit_code, signalled, detail} (see
+    `attempt_started`, `attempt_log`, `attempt_exited`). Returns "ok" or "ignored" (a replay,
+    a stale report) for each.
+
+    Events about distinct attempts do not depend on each other: a run of them is applied in one
+    transaction, with a statement per kind of read and write (on PostgreSQL) however many
+    there are; their jobs are locked in one statement, in id order, as the cycle locks jobs
+    (a run of log tails alone, which change no state, takes no lock). An event about an
+    attempt already in the run starts the next run, so it sees what the earlier one did."""
+    results: list[str] = []
+    batch: list[dict] = []
+    for event in events:
+        if any(e["attempt"] == event["attempt"] for e in batch):
+            results += _apply_reports(node, batch)
+            batch = []
+        batch.append(event)
+    if batch:
+        results += _apply_reports(node, batch)
+    return results
+
+
+def _apply_reports(node: Node, events: list[dict]) -> list[str]:
+    """Apply events about distinct attempts (see `node_report`)."""
+    if all(event["type"] == EVENT_LOG for event in events):
+        return _apply_logs(node, events)
     with transaction.atomic():
-        job_id = JobAttempt.objects.filter(pk=attempt_id).values_list("job_id", flat=True).first()
-        if job_id is None:
-            return "ignored"
-        job = Job.objects.select_for_update().get(pk=job_id)
-        attempt = JobAttempt.objects.select_for_update().get(pk=attempt_id)
-        released = GpuAssignment.objects.filter(attempt=attempt, node=node, released=False).update(
+        return _apply_changes(node, events)
+
+
+def _apply_logs(node: Node, events: list[dict]) -> list[str]:
+    """Log tails change no state: no lock, each written only while its attempt runs."""
+    held = set(
+        GpuAssignment.objects.filter(
+            node=node, attempt_id__in=[event["attempt"] for event in events], released=False
+        ).values_list("attempt_id", flat=True)
+    )
+    for event in events:
+        if event["attempt"] in held:
+            JobAttempt.objects.filter(pk=event["attempt"], ended_at__isnull=True).update(
+                log_tail=event["log"][-LOG_TAIL_CHARS:]
+            )
+    return ["ok" if event["attempt"] in held else "ignored" for event in events]
+
+
+def _apply_changes(node: Node, events: list[dict]) -> list[str]:
+    """Apply events about distinct attempts, some of them starts or exits, in the caller's
+    transaction."""
+    ids = [event["attempt"] for event in events]
+    # Their jobs first, in id order, as the cycle locks jobs before it writes their attempts
+    # and GPUs. The attempts need no lock of their own: every other write to them or their
+    # GPUs holds the job's lock too, except a cancel's stop order, which only fills in an
+    # unset stop_requested_at.
+    jobs = {
+        job.pk: job
+        for job in Job.objects.select_for_update(of=("self",))
+        .filter(pk__in=JobAttempt.objects.filter(pk__in=ids).values("job_id"))
+        .order_by("pk")
+        .only(*_JOB_FIELDS)
+    }
+    # Then, read under those locks, the GPUs the attempts hold, with the attempts: an attempt
+    # that holds none on this node has nothing to report here.
+    holders: dict[int, set[int]] = defaultdict(set)
+    attempts: dict[int, JobAttempt] = {}
+    for node_id, attempt_id, *values in GpuAssignment.objects.filter(
+        attempt_id__in=ids, released=False
+    ).values_list("node_id", "attempt_id", *(f"attempt__{name}" for name in _ATTEMPT_FIELDS)):
+        holders[attempt_id].add(node_id)
+        if attempt_id not in attempts:
+            fields = dict(zip(_ATTEMPT_FIELDS, values, strict=True))
+            attempts[attempt_id] = JobAttempt(
+                pk=attempt_id, job=jobs[fields.pop("job_id")], **fields
+            )
+    exits_here = [
+        event["attempt"]
+        for event in events
+        if event["type"] == EVENT_EXITED and node.pk in holders[event["attempt"]]
+    ]
+    if exits_here:
+        GpuAssignment.objects.filter(node=node, attempt_id__in=exits_here, released=False).update(
             released=True
         )
-        if not released or attempt.ended_at is not None:
-            return "ignored"
-        now = timezone.now()
-        if attempt.started_at is None and end in (END_EXIT, END_TIMEOUT):
-            # Its process ran: an exit whose "started" report has not arrived yet (it may come
-            # on another request, later; it is then ignored) implies the start.
-            _mark_started(job, attempt, now=now)
-        if log_tail:
-            attempt.log_tail = log_tail[-LOG_TAIL_CHARS:]
-        outcome = _outcome(attempt, end=end, exit_code=exit_code, signalled=signalled)
-        if exit_code is not None and (attempt.exit_code is None or attempt.exit_code == 0):
-            attempt.exit_code = exit_code
-        still_held = GpuAssignment.objects.filter(attempt=attempt, released=False).exists()
-        if still_held:
-            # A gang: one node's end that fails the attempt stops the others.
-            if outcome in (JobAttempt.Outcome.FAILED, JobAttempt.Outcome.TIMEOUT) or (
-                end == END_LOST
-            ):
-                attempt.outcome = attempt.outcome or outcome
-                if attempt.stop_requested_at is None:
-                    attempt.stop_requested_at = now
-                    _notify_peers(attempt)
-            attempt.save()
-            return "ok"
-        if attempt.outcome in (
-            JobAttempt.Outcome.FAILED,
-            JobAttempt.Outcome.TIMEOUT,
-            JobAttempt.Outcome.NODE_LOST,
-        ):
-            # Decided by an earlier node of the gang; the others only exited from the stop
-            # order that decision sent them (a SIGTERM's exit code is not a failure).
-            outcome = attempt.outcome
-        if job.cancel_requested:
-            outcome = JobAttempt.Outcome.CANCELLED
-        attempt.outcome = outcome
-        attempt.ended_at = now
-        attempt.end_reason = _job_after(job, attempt, outcome, node=node, detail=detail)
-        attempt.save()
+    now = timezone.now()
+    changes = JobChanges()
+    written: dict[int, set[str]] = defaultdict(set)  # attempt id → the fields events changed
+    notify: set[int] = set()
+    ended = False
+    results = []
+    for event in events:
+        attempt = attempts.get(event["attempt"])
+        if attempt is None or node.pk not in holders[attempt.pk]:
+            results.append("ignored")
+            continue
+        if event["type"] == EVENT_LOG:
+            if attempt.ended_at is None:
+                attempt.log_tail = event["log"][-LOG_TAIL_CHARS:]
+                written[attempt.pk].add("log_tail")
+            results.append("ok")
+            continue
+        if attempt.ended_at is not None:
+            results.append("ignored")
+            continue
+        if event["type"] == EVENT_STARTED:
+            written[attempt.pk] |= _mark_started(attempt, changes, now=now)
+        else:
+            others = holders[attempt.pk] - {node.pk}
+            fields = _mark_exited(attempt, event, changes, node=node, others=others, now=now)
+            if "stop_requested_at" in fields:
+                notify |= others  # the gang's other nodes get their stop orders now
+            written[attempt.pk] |= fields
+            ended = ended or attempt.ended_at is not None
+        results.append("ok")
+    by_fields: dict[tuple[str, ...], list[JobAttempt]] = defaultdict(list)
+    for attempt_id, names in written.items():
+        if names:
+            by_fields[tuple(sorted(names))].append(attempts[attempt_id])
+    for names, group in by_fields.items():
+        rows_update(JobAttempt, names, [(a.pk, *(getattr(a, n) for n in names)) for a in group])
+    changes.save()
+    if notify:
+        from scheduler.notify import notify_nodes
+
+        transaction.on_commit(lambda: notify_nodes(notify))
+    if ended:
         request_cycle()
-        return "ok"
+    return results
+
+
+def _mark_started(attempt: JobAttempt, changes: JobChanges, *, now) -> set[str]:
+    """The attempt's process runs (or ran): started_at, and the job RUNNING. Returns the
+    attempt fields written."""
+    job = attempt.job
+    if job.state in (Job.State.SCHEDULED, Job.State.STARTING):
+        changes.transition(
+            job,
+            to_state=Job.State.RUNNING,
+            reason=RUNNING_REASON.format(
+                where=", ".join(
+                    f"{a['node']} (GPU {','.join(map(str, a['gpu_indices']))})"
+                    for a in attempt.allocations
+                )
+            ),
+            started_at=job.started_at or now,
+        )
+    if attempt.started_at is not None:
+        return set()
+    attempt.started_at = now
+    return {"started_at"}
+
+
+def _mark_exited(
+    attempt: JobAttempt, event: dict, changes: JobChanges, *, node: Node, others: set[int], now
+) -> set[str]:
+    """The attempt's process on `node` ended and its GPUs there are released; `others`: the
+    nodes where the attempt still holds GPUs (a gang). Returns the attempt fields written."""
+    end, exit_code = event["end"], event["exit_code"]
+    written = set()
+    if attempt.started_at is None and end in (END_EXIT, END_TIMEOUT):
+        # Its process ran: an exit whose "started" report has not arrived yet (it may come
+        # on another request, later; it is then ignored) implies the start.
+        written |= _mark_started(attempt, changes, now=now)
+    if event["log"]:
+        attempt.log_tail = event["log"][-LOG_TAIL_CHARS:]
+        written.add("log_tail")
+    outcome = _outcome(attempt, end=end, exit_code=exit_code, signalled=event["signalled"])
+    if exit_code is not None and (attempt.exit_code is None or attempt.exit_code == 0):
+        attempt.exit_code = exit_code
+        written.add("exit_code")
+    if others:
+        # A gang: one node's end that fails the attempt stops the others.
+        if outcome in (JobAttempt.Outcome.FAILED, JobAttempt.Outcome.TIMEOUT) or (end == END_LOST):
+            attempt.outcome = attempt.outcome or outcome
+            written.add("outcome")
+            if attempt.stop_requested_at is None:
+                attempt.stop_requested_at = now
+                written.add("stop_requested_at")
+        return written
+    if attempt.outcome in (
+        JobAttempt.Outcome.FAILED,
+        JobAttempt.Outcome.TIMEOUT,
+        JobAttempt.Outcome.NODE_LOST,
+    ):
+        # Decided by an earlier node of the gang; the others only exited from the stop
+        # order that decision sent them (a SIGTERM's exit code is not a failure).
+        outcome = attempt.outcome
+    if attempt.job.cancel_requested:
+        outcome = JobAttempt.Outcome.CANCELLED
+    attempt.outcome = outcome
+    attempt.ended_at = now
+    attempt.end_reason = _job_after(
+        attempt.job, attempt, outcome, changes, node=node, detail=event["detail"]
+    )
+    return written | {"outcome", "ended_at", "end_reason"}
 
 
 def _outcome(attempt: JobAttempt, *, end: str, exit_code: int | None, signalled: bool) -> str:
@@ -323,27 +481,18 @@ def _outcome(attempt: JobAttempt, *, end: str, exit_code: int | None, signalled:
     return JobAttempt.Outcome.FAILED
 
 
-def _notify_peers(attempt: JobAttempt) -> None:
-    from scheduler.notify import notify_nodes
-
-    nodes = set(
-        GpuAssignment.objects.filter(attempt=attempt, released=False).values_list(
-            "node_id", flat=True
-        )
-    )
-    transaction.on_commit(lambda: notify_nodes(nodes))
-
-
-def _job_after(job: Job, attempt: JobAttempt, outcome: str, *, node: Node, detail: str) -> str:
+def _job_after(
+    job: Job, attempt: JobAttempt, outcome: str, changes: JobChanges, *, node: Node, detail: str
+) -> str:
     """Move the job on after its attempt ended; returns the reason, for the attempt too."""
     if job.state not in Job.PLACED_STATES:
         return f"attempt ended ({outcome}) while the job was {job.state}"
     code = attempt.exit_code
     if outcome == JobAttempt.Outcome.CANCELLED:
         reason = CANCELLED_REASON.format(node=node.name)
-        job_transition(job=job, to_state=Job.State.CANCELLED, reason=reason)
+        changes.transition(job, to_state=Job.State.CANCELLED, reason=reason)
     elif outcome == JobAttempt.Outcome.SUCCEEDED:
-        job_transition(job=job, to_state=Job.State.SUCCEEDED, reason=SUCCEEDED_REASON)
+        changes.transition(job, to_state=Job.State.SUCCEEDED, reason=SUCCEEDED_REASON)
         reason = SUCCEEDED_REASON
     elif outcome == JobAttempt.Outcome.PREEMPTED:
         count = job.preemption_count + 1
@@ -353,13 +502,13 @@ def _job_after(job: Job, attempt: JobAttempt, outcome: str, *, node: Node, detai
         else:
             reason = PREEMPTED_REQUEUE_REASON.format(count=count)
             to_state = Job.State.RUNNABLE
-        job_transition(job=job, to_state=to_state, reason=reason, preemption_count=count)
+        changes.transition(job, to_state=to_state, reason=reason, preemption_count=count)
     elif outcome == JobAttempt.Outcome.NODE_LOST:
         reason = LOST_REASON.format(node=node.name)
-        job_transition(job=job, to_state=Job.State.RUNNABLE, reason=reason)
+        changes.transition(job, to_state=Job.State.RUNNABLE, reason=reason)
     elif outcome == JobAttempt.Outcome.TIMEOUT:
         reason = TIMEOUT_REASON.format(seconds=job.timeout_seconds)
-        job_transition(job=job, to_state=Job.State.FAILED, reason=reason)
+        changes.transition(job, to_state=Job.State.FAILED, reason=reason)
     else:
         failures = job.failure_count + 1
         if code is None and detail:
@@ -371,7 +520,7 @@ def _job_after(job: Job, attempt: JobAttempt, outcome: str, *, node: Node, detai
         else:
             reason = FAILED_FINAL_REASON.format(code=code, retries=job.retry_attempts)
         to_state = Job.State.RUNNABLE if failures <= job.retry_attempts else Job.State.FAILED
-        job_transition(job=job, to_state=to_state, reason=reason, failure_count=failures)
+        changes.transition(job, to_state=to_state, reason=reason, failure_count=failures)
     return reason
 
 

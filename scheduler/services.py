@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from scheduler.bulk import id_batches, job_insert, jobs_set_reasons, rows_insert
+from scheduler.bulk import id_batches, job_insert, jobs_set_reasons, rows_insert, rows_update
 from scheduler.models import Job, JobEvent, Node
 
 CANCELLED_BY_USER = "cancelled by {user}"
@@ -80,6 +81,44 @@ def jobs_transition(
         [(job_id, from_state, to_state, reason) for job_id, from_state, reason in changes],
     )
     return len(changes)
+
+
+class JobChanges:
+    """State changes of jobs the caller has locked and loaded, written together by `save()`:
+    the fields that changed (one UPDATE on PostgreSQL) and the jobs' events (one INSERT),
+    however many jobs there are. Each `transition` is what `job_transition` does to one job;
+    a job may change more than once (its events keep their order)."""
+
+    # What a transition reads of a job: load these with it.
+    FIELDS = ("state", "started_at", "finished_at", "preemption_count", "failure_count")
+
+    def __init__(self) -> None:
+        self.jobs: dict[int, Job] = {}
+        self.changed: dict[int, set[str]] = defaultdict(set)
+        self.events: list[tuple[int, str, str, str]] = []
+
+    def transition(self, job: Job, *, to_state: str, reason: str, **fields) -> None:
+        self.events.append((job.pk, job.state, to_state, reason))
+        job.state = to_state
+        job.reason = reason
+        for name, value in fields.items():
+            setattr(job, name, value)
+        self.changed[job.pk].update(("state", "reason", *fields))
+        if to_state in Job.FINAL_STATES and job.finished_at is None:
+            job.finished_at = timezone.now()
+            self.changed[job.pk].add("finished_at")
+        self.jobs[job.pk] = job
+
+    def save(self) -> None:
+        now = timezone.now()
+        by_fields: dict[tuple[str, ...], list[Job]] = defaultdict(list)
+        for job_id, names in self.changed.items():
+            self.jobs[job_id].updated_at = now
+            by_fields[tuple(sorted({*names, "updated_at"}))].append(self.jobs[job_id])
+        for names, jobs in by_fields.items():
+            rows_update(Job, names, [(job.pk, *(getattr(job, n) for n in names)) for job in jobs])
+        rows_insert(JobEvent, ("job_id", "from_state", "to_state", "reason"), self.events)
+        self.jobs, self.changed, self.events = {}, defaultdict(set), []
 
 
 PRIORITY_OF_ENDED_JOB = (

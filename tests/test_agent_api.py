@@ -83,6 +83,7 @@ def test_bad_events_name_the_field(client_):
         ({"events": [{"type": "exited", "attempt": 1, "end": "eh"}]}, "events[0].end"),
         ({"events": [{"type": "started", "attempt": -4}]}, "events[0].attempt"),
         ({"running": ["a"]}, "running"),
+        ({"running": [2**64]}, "running"),
     ]
     for body, field in bad:
         paths = ["poll"] if "running" in body else ["report", "poll"]
