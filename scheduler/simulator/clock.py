@@ -14,6 +14,10 @@ the jobs it could decide about, for a result equal to sending every job to every
 - of the others, a waiting job the engine could only leave waiting, whatever the jobs before it
   do in this cycle, is left out (`_may_be_decided`); a cycle with no job left is not run;
 - at the end, one full cycle gives the jobs still waiting their reasons.
+
+And what a cycle costs the engine, whatever its size, is cut: it gets the GPUs held on each
+node as kept here, and the same tuple of nodes every time, so it keeps what it derives from
+them (`full_snapshots` sends neither: the engine works everything out, as in production).
 """
 
 from __future__ import annotations
@@ -154,6 +158,7 @@ class Simulation:
             t: tuple(n for n in scenario.nodes if n.gpu_type == t) for t in self.gpu_types
         }
         self.node_sizes = {t: NodeSizes(nodes) for t, nodes in self.nodes_by_type.items()}
+        self._nodes_of_types: dict[tuple[str, ...], tuple[NodeView, ...]] = {}
         self.stopping: dict[str, dict[str, PlacedJob]] = {t: {} for t in self.gpu_types}
         # GPUs of the running (not stopping) jobs of each (share, GPU type) by priority: what
         # in-share preemption could take for a job of higher priority.
@@ -367,17 +372,33 @@ class Simulation:
                     runnable.extend(jobs)
         if not runnable:
             return None
-        nodes: list[NodeView] = []
         placed: list[PlacedJob] = []
         for gpu_type in gpu_types:
-            nodes.extend(self.nodes_by_type[gpu_type])
             placed.extend(self.placed_by_type[gpu_type].values())
+        if self.full_snapshots:
+            # Built afresh, and without the GPUs held: the engine works out everything itself.
+            return Snapshot(
+                nodes=tuple(node for t in gpu_types for node in self.nodes_by_type[t]),
+                shares=self._share_views,
+                placed=tuple(placed),
+                runnable=tuple(runnable),
+                borrow_order=self.scenario.borrow_order,
+            )
+        # The same tuple of nodes for the same GPU types, so that the engine keeps what it
+        # derives from them; the GPUs held, as kept here, so that it need not work them out.
+        key = tuple(gpu_types)
+        nodes = self._nodes_of_types.get(key)
+        if nodes is None:
+            nodes = self._nodes_of_types[key] = tuple(
+                node for t in gpu_types for node in self.nodes_by_type[t]
+            )
         return Snapshot(
-            nodes=tuple(nodes),
+            nodes=nodes,
             shares=self._share_views,
             placed=tuple(placed),
             runnable=tuple(runnable),
             borrow_order=self.scenario.borrow_order,
+            held_gpus=dict(self.used_gpus),
         )
 
     def _may_be_decided(self, gpu_type: str) -> list[RunnableJob]:
