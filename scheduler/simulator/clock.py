@@ -23,6 +23,7 @@ them (`full_snapshots` sends neither: the engine works everything out, as in pro
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -159,6 +160,10 @@ class Simulation:
         }
         self.node_sizes = {t: NodeSizes(nodes) for t, nodes in self.nodes_by_type.items()}
         self._nodes_of_types: dict[tuple[str, ...], tuple[NodeView, ...]] = {}
+        self.ready_nodes = {
+            t: [(n.name, n.gpus) for n in nodes if n.state == READY]
+            for t, nodes in self.nodes_by_type.items()
+        }
         self.stopping: dict[str, dict[str, PlacedJob]] = {t: {} for t in self.gpu_types}
         # GPUs of the running (not stopping) jobs of each (share, GPU type) by priority: what
         # in-share preemption could take for a job of higher priority.
@@ -186,6 +191,8 @@ class Simulation:
         self._borrowed_seconds = [0.0] * len(self.share_names)
         self._lent_seconds = [0.0] * len(self.share_names)
         self._share_preemptions = [0] * len(self.share_names)
+        # Whether usage or a share changed since the rates were last worked out.
+        self._rates_stale = True
         self._last_release: float | None = None
         self.series: list[
             tuple[float, tuple[float, ...], tuple[float, ...], tuple[float, ...]]
@@ -220,7 +227,8 @@ class Simulation:
                     if gpu_type is not None:
                         dirty.add(gpu_type)
             self._cycles(now, dirty)
-            self._update_rates(now)
+            if self._rates_stale:
+                self._update_rates(now)
         if not self.full_snapshots:
             self._final_reasons()
         return self._result()
@@ -299,6 +307,7 @@ class Simulation:
                 mask |= 1 << index
             self.used_gpus[allocation.node] &= ~mask
         self.usage[spec.share, spec.gpu_type] -= spec.gpus
+        self._rates_stale = True
         self._last_release = now
         if job.state == RUNNING:
             job.state = SUCCEEDED
@@ -326,6 +335,7 @@ class Simulation:
     def _apply_change(self, change: ShareChange) -> None:
         self.shares[change.share] = share_with(self.shares[change.share], change.fields)
         self._refresh_snapshot_parts()
+        self._rates_stale = True  # what is borrowed and lent
         for gpu_type in self.gpu_types:
             self.moves[gpu_type] += 1
 
@@ -472,7 +482,7 @@ class Simulation:
                 is None
             ):
                 return False
-        if ledger.check(view.share, {view.share: view.gpus}, within_limit=False) is not None:
+        if ledger.admission_reason(view.share, view.gpus) is not None:
             return True
         # The quota allows it: it waits only if no set of nodes has room for it.
         if verdicts.room is None:
@@ -483,11 +493,8 @@ class Simulation:
     def _room(self, gpu_type: str) -> list[int]:
         """For g = 0 .. GPUs of the largest node: how many READY nodes of the type have g GPUs
         free or being released (by stopping jobs whose GPUs are promised to no waiting job)."""
-        spare = {
-            node.name: node.gpus - self.used_gpus[node.name].bit_count()
-            for node in self.nodes_by_type[gpu_type]
-            if node.state == READY
-        }
+        used = self.used_gpus
+        spare = {name: gpus - used[name].bit_count() for name, gpus in self.ready_nodes[gpu_type]}
         for stopping in self.stopping[gpu_type].values():
             promised_to = stopping.preempted_for
             if promised_to is not None and promised_to in self.runnable.get(gpu_type, {}):
@@ -497,8 +504,8 @@ class Simulation:
                     spare[allocation.node] += len(allocation.gpu_indices)
         largest = self.node_sizes[gpu_type].largest
         room = [0] * (largest + 2)
-        for gpus in spare.values():
-            room[min(gpus, largest + 1)] += 1
+        for gpus, nodes in Counter(spare.values()).items():
+            room[min(gpus, largest + 1)] += nodes
         for gpus in range(largest, -1, -1):
             room[gpus] += room[gpus + 1]
         return room
@@ -595,6 +602,7 @@ class Simulation:
         )
         key = (spec.share, spec.gpu_type)
         self.usage[key] = self.usage.get(key, 0) + spec.gpus
+        self._rates_stale = True
         self._count_running(self.placed[spec.id], +1)
         job.state = RUNNING
         job.run_start = now
@@ -722,6 +730,7 @@ class Simulation:
                 for i, idle in lendable:
                     lent[i] += taken * idle / can_lend
         self._used_rate, self._borrowed_rate, self._lent_rate = used, borrowed, lent
+        self._rates_stale = False
         if self.record_series:
             own = tuple(u - b for u, b in zip(used, borrowed, strict=True))
             point = (now, own, tuple(borrowed), tuple(lent))
