@@ -180,6 +180,9 @@ class Simulation:
         # share changes: the verdicts of `_hopeless` hold while it stays the same.
         self.moves: dict[str, int] = dict.fromkeys(self.gpu_types, 0)
         self._verdicts: dict[str, _Verdicts] = {}
+        # Whether the engine would reject a job of this (share, GPU type, GPUs, nodes), until a
+        # share changes.
+        self._rejected: dict[tuple[str, str, int, int], bool] = {}
 
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = 0
@@ -336,6 +339,7 @@ class Simulation:
         self.shares[change.share] = share_with(self.shares[change.share], change.fields)
         self._refresh_snapshot_parts()
         self._rates_stale = True  # what is borrowed and lent
+        self._rejected.clear()
         for gpu_type in self.gpu_types:
             self.moves[gpu_type] += 1
 
@@ -439,13 +443,11 @@ class Simulation:
         if verdicts is None or verdicts.moves != self.moves[gpu_type]:
             verdicts = self._verdicts[gpu_type] = _Verdicts(self.moves[gpu_type])
         known = verdicts.hopeless
+        claimants = {job_id for job_id, victims in self.claims.items() if victims}
+        claimants.update(self.promised)
         jobs = []
         for view in queue.values():
-            if (
-                view.preempted_for is not None
-                or view.id in self.promised
-                or self.claims.get(view.id)
-            ):
+            if view.preempted_for is not None or view.id in claimants:
                 jobs.append(view)
                 continue
             key = (view.share, view.gpus, view.nodes, view.priority)
@@ -465,7 +467,12 @@ class Simulation:
         limit = share.capacity_limits.get(gpu_type)
         if limit is None or self.usage.get((view.share, gpu_type), 0) + view.gpus <= limit:
             return False  # to be rejected, or within its limit: it may reclaim
-        if rejection_reason(view, self.shares, self.node_sizes[gpu_type]) is not None:
+        shape = (view.share, gpu_type, view.gpus, view.nodes)
+        rejected = self._rejected.get(shape)
+        if rejected is None:
+            reason = rejection_reason(view, self.shares, self.node_sizes[gpu_type])
+            rejected = self._rejected[shape] = reason is not None
+        if rejected:
             return False
         if verdicts.ledger is None:
             usage = {name: self.usage.get((name, gpu_type), 0) for name in self.shares}
