@@ -276,7 +276,10 @@ class Simulation:
     def _dequeue(self, job: SimJob) -> None:
         view = self.runnable[job.spec.gpu_type].pop(job.spec.id)
         if view.preempted_for is not None:
-            self.claims[view.preempted_for].discard(view.id)
+            victims = self.claims[view.preempted_for]
+            victims.discard(view.id)
+            if not victims:
+                del self.claims[view.preempted_for]
 
     def _drop_claim(self, job_id: str) -> None:
         """The job started: the GPUs its victims released are no longer promised to it."""
@@ -443,8 +446,7 @@ class Simulation:
         if verdicts is None or verdicts.moves != self.moves[gpu_type]:
             verdicts = self._verdicts[gpu_type] = _Verdicts(self.moves[gpu_type])
         known = verdicts.hopeless
-        claimants = {job_id for job_id, victims in self.claims.items() if victims}
-        claimants.update(self.promised)
+        claimants = self.claims.keys() | self.promised.keys()
         jobs = []
         for view in queue.values():
             if view.preempted_for is not None or view.id in claimants:
