@@ -61,17 +61,26 @@ class Ledger:
         self._borrow_cap: dict[str, int | None] = {}
         # How many idle GPUs of each share may be lent at most (no cap: its whole limit).
         self._lend_cap: dict[str, int] = {}
+        # The shares' usage and the borrowed and lendable totals, in the same pass (a ledger is
+        # set up for every GPU type of every plan).
+        used_by: dict[str, int] = {}
+        borrowed = lendable = 0
         for name, share in shares.items():
             limit = self._limit[name] = share.capacity_limits.get(gpu_type, 0)
             self._borrow_cap[name] = borrow_cap_for(share, gpu_type)
             lend_limit = lend_limit_for(share, gpu_type)
-            self._lend_cap[name] = (
+            cap = self._lend_cap[name] = (
                 0 if share.strategy == RESERVE else limit if lend_limit is None else lend_limit
             )
+            used = used_by[name] = usage.get(name, 0)
+            if used > limit:
+                borrowed += used - limit
+            elif used < limit:
+                lendable += min(limit - used, cap)
         # Capacity not covered by any share's limit, DISABLED shares included: their quota still
         # exists and is still lent per their strategy.
         self.free_pool = max(0, capacity - sum(self._limit.values()))
-        self.planned = _State(self, {name: usage.get(name, 0) for name in shares})
+        self.planned = _State(self, used_by, (borrowed, lendable))
         self.held = self.planned.copy()
 
     def limit(self, share: str) -> int:

@@ -21,16 +21,17 @@ from __future__ import annotations
 
 import gc
 import heapq
+import threading
 from bisect import bisect_left, bisect_right, insort
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import cached_property
 from itertools import accumulate
 from operator import attrgetter
 
 from scheduler.engine import reasons
 from scheduler.engine.ledger import Ledger, Trial
-from scheduler.engine.pool import NodePool
+from scheduler.engine.pool import NodeLayout, NodePool
 from scheduler.engine.snapshot import (
     FAIR,
     IN_SHARE,
@@ -76,11 +77,8 @@ def plan(snapshot: Snapshot, *, exhaustive: bool = False) -> Plan:
 
 def _plan(snapshot: Snapshot, exhaustive: bool) -> Plan:
     shares = {share.name: share for share in snapshot.shares}
-    nodes_by_type: dict[str, list[NodeView]] = defaultdict(list)
-    for node in snapshot.nodes:
-        nodes_by_type[node.gpu_type].append(node)
-
-    sizes = {gpu_type: NodeSizes(nodes) for gpu_type, nodes in nodes_by_type.items()}
+    nodes = _nodes_of(snapshot.nodes)
+    sizes = nodes.sizes
     rejections: list[Rejection] = []
     jobs_by_type: dict[str, list[RunnableJob]] = defaultdict(list)
     # Long queues repeat a few shapes (share, type, size): each is judged once.
@@ -98,14 +96,13 @@ def _plan(snapshot: Snapshot, exhaustive: bool) -> Plan:
 
     # Only the GPU types with jobs to plan need their placed jobs and held GPUs.
     placed_by_type: dict[str, list[PlacedJob]] = {gpu_type: [] for gpu_type in jobs_by_type}
-    held: dict[str, set[int]] = defaultdict(set)
     for placed in snapshot.placed:
         same_type = placed_by_type.get(placed.gpu_type)
-        if same_type is None:
-            continue
-        same_type.append(placed)
-        for allocation in placed.allocations:
-            held[allocation.node].update(allocation.gpu_indices)
+        if same_type is not None:
+            same_type.append(placed)
+    held = snapshot.held_gpus
+    if held is None:
+        held = held_gpus(job for jobs in placed_by_type.values() for job in jobs)
 
     placements: list[Placement] = []
     preemptions: list[Preemption] = []
@@ -114,7 +111,7 @@ def _plan(snapshot: Snapshot, exhaustive: bool) -> Plan:
         cycle = _TypeCycle(
             gpu_type,
             shares,
-            nodes_by_type[gpu_type],
+            nodes.ready[gpu_type],
             held,
             placed_by_type.get(gpu_type, []),
             jobs_by_type[gpu_type],
@@ -126,6 +123,55 @@ def _plan(snapshot: Snapshot, exhaustive: bool) -> Plan:
         preemptions.extend(cycle.preemptions)
         waiting.update(cycle.waiting)
     return Plan(tuple(placements), tuple(preemptions), tuple(rejections), waiting)
+
+
+def held_gpus(placed: Iterable[PlacedJob]) -> dict[str, int]:
+    """The GPU indices the jobs hold on each node, as bit masks (bit i: GPU i)."""
+    held: dict[str, int] = defaultdict(int)
+    for job in placed:
+        for allocation in job.allocations:
+            mask = 0
+            for index in allocation.gpu_indices:
+                mask |= 1 << index
+            held[allocation.node] |= mask
+    return held
+
+
+class _Nodes:
+    """What a plan derives from the snapshot's nodes alone, by GPU type: how many nodes have at
+    least g GPUs, and the READY nodes' layout."""
+
+    def __init__(self, nodes: Sequence[NodeView]) -> None:
+        by_type: dict[str, list[NodeView]] = defaultdict(list)
+        for node in nodes:
+            by_type[node.gpu_type].append(node)
+        self.sizes = {gpu_type: NodeSizes(same) for gpu_type, same in by_type.items()}
+        self.ready = {
+            gpu_type: NodeLayout([node for node in same if node.state == READY])
+            for gpu_type, same in by_type.items()
+        }
+
+
+# A caller that plans cycle after cycle (the simulator) sends the same tuple of nodes each time:
+# what is derived from it is kept for the last few tuples, found by identity (a tuple of frozen
+# NodeViews cannot change while it is kept alive here).
+_RECENT_NODES = 4
+_recent_nodes: dict[int, tuple[tuple[NodeView, ...], _Nodes]] = {}
+_recent_nodes_lock = threading.Lock()
+
+
+def _nodes_of(nodes: Sequence[NodeView]) -> _Nodes:
+    if type(nodes) is not tuple:  # a list may change under the same identity
+        return _Nodes(nodes)
+    with _recent_nodes_lock:
+        kept = _recent_nodes.get(id(nodes))
+        if kept is not None and kept[0] is nodes:
+            return kept[1]
+        derived = _Nodes(nodes)
+        if len(_recent_nodes) >= _RECENT_NODES:
+            del _recent_nodes[next(iter(_recent_nodes))]
+        _recent_nodes[id(nodes)] = (nodes, derived)
+        return derived
 
 
 class NodeSizes:
@@ -213,8 +259,8 @@ class _TypeCycle:
         self,
         gpu_type: str,
         shares: Mapping[str, ShareView],
-        nodes: Sequence[NodeView],
-        held: Mapping[str, set[int]],
+        nodes: NodeLayout,
+        held: Mapping[str, int],
         placed: Sequence[PlacedJob],
         jobs: Sequence[RunnableJob],
         borrow_order: str,
@@ -224,12 +270,11 @@ class _TypeCycle:
         self.exhaustive = exhaustive
         self.shares = shares
         self.borrow_order = borrow_order
-        ready = [node for node in nodes if node.state == READY]
-        self.pool = NodePool(ready, held)
+        self.pool = NodePool(nodes, held)
         usage: dict[str, int] = defaultdict(int)
         for job in placed:
             usage[job.share] += job.gpus
-        self.ledger = Ledger(gpu_type, shares, usage, sum(node.gpus for node in ready))
+        self.ledger = Ledger(gpu_type, shares, usage, nodes.capacity)
 
         # Priority (higher first), then submission, then snapshot order: two stable sorts on
         # plain numbers, much cheaper than one sort on tuples.

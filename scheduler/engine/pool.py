@@ -12,28 +12,43 @@ from collections.abc import Mapping, Sequence
 from scheduler.engine.snapshot import Allocation, NodeView
 
 
+class NodeLayout:
+    """The READY nodes of one GPU type, in snapshot order, and what a `NodePool` needs of them
+    that stays the same while the nodes do (a plan builds it once per set of nodes)."""
+
+    def __init__(self, nodes: Sequence[NodeView]) -> None:
+        # Nodes keep their snapshot order as ordinal: ties between equally tight nodes go to the
+        # earlier one, so the same snapshot always gives the same plan.
+        self.names = [node.name for node in nodes]
+        self.ordinal = {name: i for i, name in enumerate(self.names)}
+        self.gpus = [node.gpus for node in nodes]
+        self.all_gpus = [(1 << gpus) - 1 for gpus in self.gpus]  # bit masks
+        self.largest = max(self.gpus, default=0)
+        self.capacity = sum(self.gpus)
+
+
 class NodePool:
     """Free GPUs on the READY nodes of one type; only these receive new jobs."""
 
-    def __init__(self, nodes: Sequence[NodeView], held: Mapping[str, set[int]]) -> None:
-        # Nodes keep their snapshot order as ordinal: ties between equally tight nodes go to the
-        # earlier one, so the same snapshot always gives the same plan.
-        self._names = [node.name for node in nodes]
-        self._ordinal = {node.name: i for i, node in enumerate(nodes)}
-        largest = self.largest = max((node.gpus for node in nodes), default=0)
-        self._buckets: list[list[int]] = [[] for _ in range(largest + 1)]
+    def __init__(self, layout: NodeLayout, held: Mapping[str, int]) -> None:
+        """`held`: the GPU indices jobs hold on each node, as bit masks (bit i: GPU i)."""
+        self._names = layout.names
+        self._ordinal = layout.ordinal
+        self._gpus = layout.gpus
+        self.largest = layout.largest
         # Free GPU counts up front; the free indices of a node only once a job goes there (most
         # nodes of a cycle receive nothing).
-        self._counts: list[int] = []
-        self._free: list[list[int] | None] = []
-        self._held: list[tuple[int, set[int] | None]] = []
-        for i, node in enumerate(nodes):
-            taken = held.get(node.name)
-            count = node.gpus - len(taken.intersection(range(node.gpus))) if taken else node.gpus
-            self._counts.append(count)
-            self._free.append(None)
-            self._held.append((node.gpus, taken))
-            self._buckets[count].append(i)
+        self._taken = taken = [
+            held.get(name, 0) & all_gpus
+            for name, all_gpus in zip(layout.names, layout.all_gpus, strict=True)
+        ]
+        self._counts = counts = [
+            gpus - mask.bit_count() for gpus, mask in zip(layout.gpus, taken, strict=True)
+        ]
+        self._free: list[list[int] | None] = [None] * len(counts)
+        self._buckets: list[list[int]] = [[] for _ in range(self.largest + 1)]
+        for ordinal, count in enumerate(counts):
+            self._buckets[count].append(ordinal)
 
     @property
     def names(self) -> list[str]:
@@ -51,8 +66,10 @@ class NodePool:
     def _free_list(self, ordinal: int) -> list[int]:
         free = self._free[ordinal]
         if free is None:
-            gpus, taken = self._held[ordinal]
-            free = list(range(gpus)) if not taken else [i for i in range(gpus) if i not in taken]
+            gpus, taken = self._gpus[ordinal], self._taken[ordinal]
+            free = (
+                list(range(gpus)) if not taken else [i for i in range(gpus) if not taken >> i & 1]
+            )
             self._free[ordinal] = free
         return free
 

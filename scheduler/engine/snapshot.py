@@ -110,6 +110,11 @@ class Snapshot:
     placed: tuple[PlacedJob, ...] = ()
     runnable: tuple[RunnableJob, ...] = ()
     borrow_order: str = FIFO
+    # The GPU indices the placed jobs hold on each node, as bit masks (bit i: GPU i), for a
+    # caller that keeps them current between cycles (the simulator): it saves the engine a pass
+    # over every placed job's allocations. It must be what `placed` holds; None: the engine
+    # works it out.
+    held_gpus: Mapping[str, int] | None = None
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,16 @@ the jobs it could decide about, for a result equal to sending every job to every
 - of the others, a waiting job the engine could only leave waiting, whatever the jobs before it
   do in this cycle, is left out (`_may_be_decided`); a cycle with no job left is not run;
 - at the end, one full cycle gives the jobs still waiting their reasons.
+
+And what a cycle costs the engine, whatever its size, is cut: it gets the GPUs held on each
+node as kept here, and the same tuple of nodes every time, so it keeps what it derives from
+them (`full_snapshots` sends neither: the engine works everything out, as in production).
 """
 
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -154,6 +159,11 @@ class Simulation:
             t: tuple(n for n in scenario.nodes if n.gpu_type == t) for t in self.gpu_types
         }
         self.node_sizes = {t: NodeSizes(nodes) for t, nodes in self.nodes_by_type.items()}
+        self._nodes_of_types: dict[tuple[str, ...], tuple[NodeView, ...]] = {}
+        self.ready_nodes = {
+            t: [(n.name, n.gpus) for n in nodes if n.state == READY]
+            for t, nodes in self.nodes_by_type.items()
+        }
         self.stopping: dict[str, dict[str, PlacedJob]] = {t: {} for t in self.gpu_types}
         # GPUs of the running (not stopping) jobs of each (share, GPU type) by priority: what
         # in-share preemption could take for a job of higher priority.
@@ -170,6 +180,9 @@ class Simulation:
         # share changes: the verdicts of `_hopeless` hold while it stays the same.
         self.moves: dict[str, int] = dict.fromkeys(self.gpu_types, 0)
         self._verdicts: dict[str, _Verdicts] = {}
+        # Whether the engine would reject a job of this (share, GPU type, GPUs, nodes), until a
+        # share changes.
+        self._rejected: dict[tuple[str, str, int, int], bool] = {}
 
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = 0
@@ -181,6 +194,8 @@ class Simulation:
         self._borrowed_seconds = [0.0] * len(self.share_names)
         self._lent_seconds = [0.0] * len(self.share_names)
         self._share_preemptions = [0] * len(self.share_names)
+        # Whether usage or a share changed since the rates were last worked out.
+        self._rates_stale = True
         self._last_release: float | None = None
         self.series: list[
             tuple[float, tuple[float, ...], tuple[float, ...], tuple[float, ...]]
@@ -215,7 +230,8 @@ class Simulation:
                     if gpu_type is not None:
                         dirty.add(gpu_type)
             self._cycles(now, dirty)
-            self._update_rates(now)
+            if self._rates_stale:
+                self._update_rates(now)
         if not self.full_snapshots:
             self._final_reasons()
         return self._result()
@@ -260,7 +276,10 @@ class Simulation:
     def _dequeue(self, job: SimJob) -> None:
         view = self.runnable[job.spec.gpu_type].pop(job.spec.id)
         if view.preempted_for is not None:
-            self.claims[view.preempted_for].discard(view.id)
+            victims = self.claims[view.preempted_for]
+            victims.discard(view.id)
+            if not victims:
+                del self.claims[view.preempted_for]
 
     def _drop_claim(self, job_id: str) -> None:
         """The job started: the GPUs its victims released are no longer promised to it."""
@@ -294,6 +313,7 @@ class Simulation:
                 mask |= 1 << index
             self.used_gpus[allocation.node] &= ~mask
         self.usage[spec.share, spec.gpu_type] -= spec.gpus
+        self._rates_stale = True
         self._last_release = now
         if job.state == RUNNING:
             job.state = SUCCEEDED
@@ -321,6 +341,8 @@ class Simulation:
     def _apply_change(self, change: ShareChange) -> None:
         self.shares[change.share] = share_with(self.shares[change.share], change.fields)
         self._refresh_snapshot_parts()
+        self._rates_stale = True  # what is borrowed and lent
+        self._rejected.clear()
         for gpu_type in self.gpu_types:
             self.moves[gpu_type] += 1
 
@@ -367,17 +389,33 @@ class Simulation:
                     runnable.extend(jobs)
         if not runnable:
             return None
-        nodes: list[NodeView] = []
         placed: list[PlacedJob] = []
         for gpu_type in gpu_types:
-            nodes.extend(self.nodes_by_type[gpu_type])
             placed.extend(self.placed_by_type[gpu_type].values())
+        if self.full_snapshots:
+            # Built afresh, and without the GPUs held: the engine works out everything itself.
+            return Snapshot(
+                nodes=tuple(node for t in gpu_types for node in self.nodes_by_type[t]),
+                shares=self._share_views,
+                placed=tuple(placed),
+                runnable=tuple(runnable),
+                borrow_order=self.scenario.borrow_order,
+            )
+        # The same tuple of nodes for the same GPU types, so that the engine keeps what it
+        # derives from them; the GPUs held, as kept here, so that it need not work them out.
+        key = tuple(gpu_types)
+        nodes = self._nodes_of_types.get(key)
+        if nodes is None:
+            nodes = self._nodes_of_types[key] = tuple(
+                node for t in gpu_types for node in self.nodes_by_type[t]
+            )
         return Snapshot(
-            nodes=tuple(nodes),
+            nodes=nodes,
             shares=self._share_views,
             placed=tuple(placed),
             runnable=tuple(runnable),
             borrow_order=self.scenario.borrow_order,
+            held_gpus=dict(self.used_gpus),
         )
 
     def _may_be_decided(self, gpu_type: str) -> list[RunnableJob]:
@@ -408,13 +446,10 @@ class Simulation:
         if verdicts is None or verdicts.moves != self.moves[gpu_type]:
             verdicts = self._verdicts[gpu_type] = _Verdicts(self.moves[gpu_type])
         known = verdicts.hopeless
+        claimants = self.claims.keys() | self.promised.keys()
         jobs = []
         for view in queue.values():
-            if (
-                view.preempted_for is not None
-                or view.id in self.promised
-                or self.claims.get(view.id)
-            ):
+            if view.preempted_for is not None or view.id in claimants:
                 jobs.append(view)
                 continue
             key = (view.share, view.gpus, view.nodes, view.priority)
@@ -434,7 +469,12 @@ class Simulation:
         limit = share.capacity_limits.get(gpu_type)
         if limit is None or self.usage.get((view.share, gpu_type), 0) + view.gpus <= limit:
             return False  # to be rejected, or within its limit: it may reclaim
-        if rejection_reason(view, self.shares, self.node_sizes[gpu_type]) is not None:
+        shape = (view.share, gpu_type, view.gpus, view.nodes)
+        rejected = self._rejected.get(shape)
+        if rejected is None:
+            reason = rejection_reason(view, self.shares, self.node_sizes[gpu_type])
+            rejected = self._rejected[shape] = reason is not None
+        if rejected:
             return False
         if verdicts.ledger is None:
             usage = {name: self.usage.get((name, gpu_type), 0) for name in self.shares}
@@ -451,7 +491,7 @@ class Simulation:
                 is None
             ):
                 return False
-        if ledger.check(view.share, {view.share: view.gpus}, within_limit=False) is not None:
+        if ledger.admission_reason(view.share, view.gpus) is not None:
             return True
         # The quota allows it: it waits only if no set of nodes has room for it.
         if verdicts.room is None:
@@ -462,11 +502,8 @@ class Simulation:
     def _room(self, gpu_type: str) -> list[int]:
         """For g = 0 .. GPUs of the largest node: how many READY nodes of the type have g GPUs
         free or being released (by stopping jobs whose GPUs are promised to no waiting job)."""
-        spare = {
-            node.name: node.gpus - self.used_gpus[node.name].bit_count()
-            for node in self.nodes_by_type[gpu_type]
-            if node.state == READY
-        }
+        used = self.used_gpus
+        spare = {name: gpus - used[name].bit_count() for name, gpus in self.ready_nodes[gpu_type]}
         for stopping in self.stopping[gpu_type].values():
             promised_to = stopping.preempted_for
             if promised_to is not None and promised_to in self.runnable.get(gpu_type, {}):
@@ -476,8 +513,8 @@ class Simulation:
                     spare[allocation.node] += len(allocation.gpu_indices)
         largest = self.node_sizes[gpu_type].largest
         room = [0] * (largest + 2)
-        for gpus in spare.values():
-            room[min(gpus, largest + 1)] += 1
+        for gpus, nodes in Counter(spare.values()).items():
+            room[min(gpus, largest + 1)] += nodes
         for gpus in range(largest, -1, -1):
             room[gpus] += room[gpus + 1]
         return room
@@ -574,6 +611,7 @@ class Simulation:
         )
         key = (spec.share, spec.gpu_type)
         self.usage[key] = self.usage.get(key, 0) + spec.gpus
+        self._rates_stale = True
         self._count_running(self.placed[spec.id], +1)
         job.state = RUNNING
         job.run_start = now
@@ -701,6 +739,7 @@ class Simulation:
                 for i, idle in lendable:
                     lent[i] += taken * idle / can_lend
         self._used_rate, self._borrowed_rate, self._lent_rate = used, borrowed, lent
+        self._rates_stale = False
         if self.record_series:
             own = tuple(u - b for u, b in zip(used, borrowed, strict=True))
             point = (now, own, tuple(borrowed), tuple(lent))

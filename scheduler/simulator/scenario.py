@@ -13,6 +13,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -175,21 +176,117 @@ def read_trace(path: Path, share_by_name: Mapping[str, ShareView]) -> list[JobSp
 
 
 def _read_trace_rows(handle, path: Path, share_by_name: Mapping[str, ShareView]) -> list[JobSpec]:
-    reader = csv.DictReader(handle)
-    columns = reader.fieldnames or []
+    reader = csv.reader(handle)
+    columns = next(reader, [])
     missing = [c for c in TRACE_COLUMNS if c not in columns]
     if missing:
         raise ScenarioError(f"trace {path.name}: missing columns {', '.join(missing)}")
     unknown = [c for c in columns if c not in TRACE_COLUMNS + OPTIONAL_TRACE_COLUMNS]
     if unknown:
         raise ScenarioError(f"trace {path.name}: unknown columns {', '.join(unknown)}")
+    well_formed = _WellFormedRows(columns, share_by_name)
     jobs = []
     for row in reader:
-        # An empty optional cell means "not set", like a key left out in YAML.
-        raw = {k: v for k, v in row.items() if v not in ("", None)}
-        where = f"trace {path.name} line {reader.line_num}"
-        jobs.append(_parse_job(raw, where, share_by_name, from_text=True))
+        if not row:
+            continue  # a blank line
+        job = well_formed.job(row) if len(row) == len(columns) else None
+        if job is None:
+            # An empty optional cell means "not set", like a key left out in YAML.
+            raw = {k: v for k, v in _cells(columns, row).items() if v not in ("", None)}
+            where = f"trace {path.name} line {reader.line_num}"
+            job = _parse_job(raw, where, share_by_name, from_text=True)
+        jobs.append(job)
     return jobs
+
+
+def _cells(columns: list[str], row: list[str]) -> dict[str | None, Any]:
+    """A row by column, as csv.DictReader gives it: cells beyond the header under None, missing
+    cells None."""
+    cells: dict[str | None, Any] = dict(zip(columns, row, strict=False))
+    if len(row) > len(columns):
+        cells[None] = row[len(columns) :]
+    for column in columns[len(row) :]:
+        cells[column] = None
+    return cells
+
+
+class _WellFormedRows:
+    """Reads a trace row in one go when every cell is well-formed, as most rows of a long trace
+    are: the same job `_parse_job` gives, or None to let `_parse_job` read the row and say what
+    is wrong with it."""
+
+    def __init__(self, columns: list[str], share_by_name: Mapping[str, ShareView]) -> None:
+        at = {column: i for i, column in enumerate(columns)}  # the last of a repeated column
+        self._shares = share_by_name
+        self._required = itemgetter(*(at[c] for c in TRACE_COLUMNS))
+        self._nodes = at.get("nodes")
+        self._max_preemptions = at.get("max_preemptions")
+        self._checkpoint = at.get("checkpoint_interval")
+
+    def job(self, row: list[str]) -> JobSpec | None:
+        job_id, share, gpu_type, gpus, submit, duration, priority = self._required(row)
+        if not job_id or not gpu_type or share not in self._shares:
+            return None
+        gpus = _whole(gpus, 1)
+        submit = _seconds(submit)
+        duration = _seconds(duration)
+        priority = _whole(priority, 0) if priority else 0
+        nodes = _whole(row[self._nodes], 1) if self._nodes is not None and row[self._nodes] else 1
+        max_preemptions = checkpoint = None
+        if self._max_preemptions is not None and row[self._max_preemptions]:
+            max_preemptions = _whole(row[self._max_preemptions], 0)
+            if max_preemptions is None:
+                return None
+        if self._checkpoint is not None and row[self._checkpoint]:
+            checkpoint = _seconds(row[self._checkpoint])
+            if checkpoint is None or checkpoint <= 0:
+                return None
+        if (
+            gpus is None
+            or submit is None
+            or submit < 0
+            or duration is None
+            or duration <= 0
+            or priority is None
+            or priority > MAX_PRIORITY
+            or nodes is None
+        ):
+            return None
+        return JobSpec(
+            id=job_id,
+            share=share,
+            gpu_type=gpu_type,
+            gpus=gpus,
+            submit=submit,
+            duration=duration,
+            priority=priority,
+            nodes=nodes,
+            max_preemptions=max_preemptions,
+            checkpoint_interval=checkpoint,
+        )
+
+
+def _seconds(text: str) -> float | None:
+    """A finite number of a CSV cell, whole ones as int (as `_number_from_text`); None if not."""
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    if not math.isfinite(number):
+        return None
+    return int(number) if number.is_integer() else number
+
+
+def _whole(text: str, minimum: int) -> int | None:
+    """A whole number >= `minimum` of a CSV cell (as `_int` of `_number_from_text`); None if
+    not."""
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    if not number.is_integer() or number < minimum:
+        return None
+    return int(number)
 
 
 def _parse_nodes(raw: Any) -> tuple[NodeView, ...]:
