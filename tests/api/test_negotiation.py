@@ -1,0 +1,32 @@
+"""Content negotiation: a client that accepts anything gets JSON; one that asks for a media type
+gets it when the API has it, and a 406 when it does not."""
+
+from __future__ import annotations
+
+from tests.api.conftest import job_request
+
+JOBS = "/api/v1/jobs/"
+
+
+def test_a_client_that_accepts_anything_gets_json(world):
+    """No Accept header, or `*/*`: JSON, as DRF's first renderer answers."""
+    client = world.client("bob")
+    for accept in ({}, {"HTTP_ACCEPT": "*/*"}):
+        response = client.post(JOBS, job_request(), format="json", **accept)
+        assert response.status_code == 201, response.content
+        assert response["Content-Type"] == "application/json"
+        assert response.json()["state"] == "RUNNABLE"
+
+
+def test_a_client_that_names_a_media_type_gets_what_drf_negotiates(world):
+    """Asking for JSON with parameters, or with ?format=, still goes through DRF's
+    negotiation; a media type the API does not have is a 406."""
+    client = world.client("bob")
+    response = client.get(JOBS, HTTP_ACCEPT="application/json; indent=4")
+    assert (response.status_code, response["Content-Type"]) == (200, "application/json")
+    assert b'\n    "count"' in response.content  # the indent DRF read from the media type
+    response = client.get(JOBS + "?format=json", HTTP_ACCEPT="*/*")
+    assert (response.status_code, response["Content-Type"]) == (200, "application/json")
+    response = client.get(JOBS, HTTP_ACCEPT="text/csv")
+    assert response.status_code == 406
+    assert response.json()["detail"] == "Could not satisfy the request Accept header."
