@@ -30,3 +30,15 @@ def test_a_client_that_names_a_media_type_gets_what_drf_negotiates(world):
     response = client.get(JOBS, HTTP_ACCEPT="text/csv")
     assert response.status_code == 406
     assert response.json()["detail"] == "Could not satisfy the request Accept header."
+
+
+def test_a_browser_gets_json_not_an_error(world):
+    """A browser asks for HTML first and takes anything after it: the API answers JSON (it has
+    no HTML pages; Swagger UI at /api/docs/ is the browsable view). Asking for HTML alone is a
+    406, never a 500."""
+    client = world.client("bob")
+    browser = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
+    for path in (JOBS, "/api/v1/shares/", "/api/v1/queue/", "/api/v1/nodes/"):
+        response = client.get(path, HTTP_ACCEPT=browser)
+        assert (response.status_code, response["Content-Type"]) == (200, "application/json")
+    assert client.get(JOBS, HTTP_ACCEPT="text/html").status_code == 406
