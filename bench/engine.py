@@ -138,13 +138,16 @@ def synthetic_snapshot(scale: float, seed: int, borrow_order: str = FIFO) -> Sna
     return Snapshot(nodes, tuple(shares), tuple(placed), tuple(runnable), borrow_order)
 
 
-def median_plan_seconds(snapshot: Snapshot, runs: int) -> float:
-    times = []
+def median_plan_seconds(snapshots: dict[float, Snapshot], runs: int) -> dict[float, float]:
+    """The median time of one plan() of each snapshot. Runs go round the sizes in turn, so a
+    machine that is slower for a while slows every size alike and the ratios stay fair."""
+    times: dict[float, list[float]] = {scale: [] for scale in snapshots}
     for _ in range(runs):
-        start = time.perf_counter()
-        plan(snapshot)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for scale, snapshot in snapshots.items():
+            start = time.perf_counter()
+            plan(snapshot)
+            times[scale].append(time.perf_counter() - start)
+    return {scale: statistics.median(seconds) for scale, seconds in times.items()}
 
 
 def main() -> None:
@@ -159,15 +162,17 @@ def main() -> None:
             f"{'scale':>5} {'nodes':>6} {'placed':>7} {'runnable':>8} {'median ms':>10} "
             f"{'x base':>7} {'/ nlogn':>8}  placed/preempted/waiting"
         )
-        base_seconds = None
-        base_n = None
-        for scale in sorted(SCALES, key=lambda s: s != 1.0):
-            snapshot = synthetic_snapshot(scale, args.seed, borrow_order)
-            seconds = median_plan_seconds(snapshot, args.runs)
+        snapshots = {
+            scale: synthetic_snapshot(scale, args.seed, borrow_order)
+            for scale in sorted(SCALES, key=lambda s: s != 1.0)
+        }
+        medians = median_plan_seconds(snapshots, args.runs)
+        base_seconds = medians[1.0]
+        base_n = _size(snapshots[1.0])
+        for scale, snapshot in snapshots.items():
+            seconds = medians[scale]
             outcome = plan(snapshot)
-            n = len(snapshot.placed) + len(snapshot.runnable) + len(snapshot.nodes)
-            if base_seconds is None:
-                base_seconds, base_n = seconds, n
+            n = _size(snapshot)
             ratio = seconds / base_seconds
             nlogn = (n * math.log(n)) / (base_n * math.log(base_n))
             print(
@@ -177,6 +182,10 @@ def main() -> None:
                 f"{len(outcome.preemptions)}/{len(outcome.waiting)}"
             )
         print()
+
+
+def _size(snapshot: Snapshot) -> int:
+    return len(snapshot.placed) + len(snapshot.runnable) + len(snapshot.nodes)
 
 
 if __name__ == "__main__":
