@@ -799,7 +799,9 @@ class _Reachable:
     takes before the share is back within its limit. Kept current as the plan places jobs and
     takes victims, so a search learns in a few steps that no victim set gives the job its nodes
     (a whole node wanted, and none holds only reachable jobs) instead of walking every
-    candidate to find out."""
+    candidate to find out. It also keeps, for each node, its reachable jobs in victim order,
+    and for each size of job asked for, the victim key at which each node first has room for
+    it: where a walk would stop (`_NodeFirstSearch`)."""
 
     def __init__(self, cycle: _TypeCycle) -> None:
         self.cycle = cycle
