@@ -872,18 +872,18 @@ class _Reachable:
             _count_gpus(change, job, cycle.pool, +1)
         self.reached[share] = reached
         self.reached_keys[share] = (keys, given_up)
-        gone = {job.id for job in before}.difference(job.id for job in reached)
-        kept = {job.id for job in before}
+        before_ids = {job.id for job in before}
+        after_ids = {job.id for job in reached}
         touched = set()
         for job in before:
-            if job.id in gone:
+            if job.id not in after_ids:
                 for allocation in job.allocations:
                     if allocation.node in cycle.pool:
                         entries = self.on_node[allocation.node]
                         entries[:] = [entry for entry in entries if entry[2] is not job]
                         touched.add(allocation.node)
         for key, job in zip(keys, reached, strict=True):
-            if job.id not in kept:
+            if job.id not in before_ids:
                 for allocation in job.allocations:
                     node = allocation.node
                     if node in cycle.pool:
@@ -1049,30 +1049,14 @@ class _NodeFirstSearch:
                     given_up[name] = totals[count - 1]
         own_needed = cycle._own_victims_needed(job, True, job.gpus)
         own_taken = sum(candidate.gpus for key, candidate in own if key <= stop)
-        kept_own: list[PlacedJob] = []
+        kept_own: list[PlacedJob] | None = []
         if own_taken < own_needed:  # as _Walk._jump_to_own_victims
-            total = own_taken
-            later = []
-            for key, candidate in own:
-                if key > stop:
-                    if total >= own_needed:
-                        break
-                    later.append(candidate)
-                    total += candidate.gpus
-            if total < own_needed:
+            later = (candidate for key, candidate in own if key > stop)
+            kept_own = _fewest_own_victims(later, own_taken, own_needed)
+            if kept_own is None:
                 return _UNDECIDED
-            for victim in reversed(later):
-                if total - victim.gpus >= own_needed:
-                    total -= victim.gpus
-                else:
-                    kept_own.append(victim)
-            kept_own.reverse()
-        trial = cycle.ledger.trial(share, True)
-        trial.change(share, job.gpus)
-        for name, gpus in given_up.items():
-            trial.change(name, -gpus)
-        trial.change(share, -own_taken - sum(victim.gpus for victim in kept_own))
-        if trial.reason() is not None:
+        given_up[share] = own_taken + sum(victim.gpus for victim in kept_own)
+        if not self._quota_holds(given_up):
             return _UNDECIDED
 
         # The prune, over the victims that change room on the nodes that can reach it or the
@@ -1118,18 +1102,49 @@ class _NodeFirstSearch:
                     kept_own_gpus += victim.gpus
         kept.reverse()
         victims = kept + kept_own
-
-        trial = cycle.ledger.trial(share, True)
-        trial.change(share, job.gpus)
+        freed: dict[str, int] = defaultdict(int)
         for victim in victims:
-            trial.change(victim.share, -victim.gpus)
-        if trial.reason() is not None:
-            return _UNDECIDED
-        return victims
+            freed[victim.share] += victim.gpus
+        return victims if self._quota_holds(freed) else _UNDECIDED
+
+    def _quota_holds(self, given_up: Mapping[str, int]) -> bool:
+        """Whether the job may start, within its share's limit, once the shares have given up
+        these GPUs."""
+        trial = self.cycle.ledger.trial(self.job.share, True)
+        trial.change(self.job.share, self.job.gpus)
+        for name, gpus in given_up.items():
+            trial.change(name, -gpus)
+        return trial.reason() is None
 
 
 def _first(entry: tuple) -> tuple:
     return entry[0]
+
+
+def _fewest_own_victims(
+    candidates: Iterable[PlacedJob], taken: int, needed: int
+) -> list[PlacedJob] | None:
+    """The share's own jobs to stop, from `candidates` (in victim order), so that with the
+    `taken` GPUs it has already given up it gives up `needed`: taken in order until it has,
+    then walked backwards, each dropped when the rest are enough. In victim order; None when
+    all of them are not enough."""
+    chosen: list[PlacedJob] = []
+    total = taken
+    for candidate in candidates:
+        if total >= needed:
+            break
+        chosen.append(candidate)
+        total += candidate.gpus
+    if total < needed:
+        return None
+    kept = []
+    for victim in reversed(chosen):
+        if total - victim.gpus >= needed:
+            total -= victim.gpus
+        else:
+            kept.append(victim)
+    kept.reverse()
+    return kept
 
 
 class _Walk:
@@ -1240,23 +1255,9 @@ class _Walk:
         job = self.job
         queue = cycle.candidates.get(job.share, [])
         position = next((entry[2] for entry in heap if entry[1] == job.share), len(queue))
-        own: list[PlacedJob] = []
-        total = own_taken
-        for candidate in cycle.own_candidates(job, position):
-            if total >= self.own_needed:
-                break
-            own.append(candidate)
-            total += candidate.gpus
-        if total < self.own_needed:
+        kept = _fewest_own_victims(cycle.own_candidates(job, position), own_taken, self.own_needed)
+        if kept is None:
             return False
-        # Walking the share's own jobs backwards, each is dropped if the share stays within
-        # what the try allows without it.
-        kept = []
-        for victim in reversed(own):
-            if total - victim.gpus >= self.own_needed:
-                total -= victim.gpus
-            else:
-                kept.append(victim)
         trial = self._trial()
         for name, gpus in given_up.items():
             trial.change(name, -gpus)
@@ -1264,7 +1265,7 @@ class _Walk:
         if trial.reason() is not None:
             return None
         first = len(self.chosen)
-        self.chosen.extend(reversed(kept))
+        self.chosen.extend(kept)
         self.decided = list(range(len(self.chosen) - 1, first - 1, -1))
         return True
 
