@@ -44,6 +44,9 @@ logger = logging.getLogger(__name__)
 # pg_advisory_xact_lock key of the cycle ("gpucycle" as a number).
 CYCLE_LOCK_KEY = 0x67707563796C65
 FINGERPRINT_KEY = "portal:cycle:fingerprint:{db}"
+# Counts the commits that asked for a cycle (`note_change`): a cycle that saw the count change
+# since the last one started does not skip, even if the data it reads looks the same.
+CHANGES_KEY = "portal:cycle:changes:{db}"
 
 SCHEDULED_REASON = "scheduled on {where}"
 # The job row's reason while its agents pick it up; where it runs is in its attempt and event.
@@ -104,7 +107,11 @@ def cycle_run(*, force: bool = False) -> CycleResult:
         with timed("cancels"):
             cancels_to_stop_orders(now=now, result=result)
         with timed("fingerprint"):
-            before = _fingerprint()
+            # Read before the snapshot: a commit after this point (which the fingerprint taken
+            # after applying the plan would already show, though the plan did not see it)
+            # changes the count, so the next cycle plans instead of skipping.
+            changes = _changes_seen()
+            before = _fingerprint(changes)
             if not force and not result.nodes_to_notify and before == _last_fingerprint():
                 result.skipped = True
                 _test_trace("cycle", locked_ns, time.monotonic_ns())
@@ -118,7 +125,7 @@ def cycle_run(*, force: bool = False) -> CycleResult:
         with timed("fingerprint"):
             # Safe to remember before the commit: after a rollback the database is back in the
             # state of `before`, which differs from `after` unless this cycle changed nothing.
-            _remember_fingerprint(_fingerprint())
+            _remember_fingerprint(_fingerprint(changes))
         nodes = set(result.nodes_to_notify)
         transaction.on_commit(lambda: notify_nodes(nodes))
         _test_trace("cycle", locked_ns, time.monotonic_ns())
@@ -626,8 +633,9 @@ def _apply_waiting(waiting, context: SnapshotContext, *, result: CycleResult) ->
 # --- Idle cycles ----------------------------------------------------------------------------
 
 
-def _fingerprint() -> str:
-    """A digest of everything the plan depends on. Equal digests: the plan would be the same."""
+def _fingerprint(changes: int | None) -> str:
+    """A digest of everything the plan depends on, and of the count of commits that asked for
+    a cycle. Equal digests: the plan would be the same."""
     active = Job.objects.filter(state__in=(Job.State.RUNNABLE, *Job.PLACED_STATES)).aggregate(
         n=Count("pk"), t=Max("updated_at"), p=Sum("priority")
     )
@@ -637,10 +645,33 @@ def _fingerprint() -> str:
     )
     nodes = list(Node.objects.order_by("pk").values_list("pk", "state", "gpus", "gpu_type"))
     shares = QuotaShare.objects.aggregate(n=Count("pk"), t=Max("updated_at"))
-    changes = ShareChange.objects.aggregate(m=Max("pk"))
+    share_changes = ShareChange.objects.aggregate(m=Max("pk"))
     events = JobEvent.objects.aggregate(m=Max("pk"))
-    text = repr((active, held, attempts, nodes, shares, changes, events, settings.BORROW_ORDER))
+    text = repr(
+        (active, held, attempts, nodes, shares, share_changes, events, changes,
+         settings.BORROW_ORDER)
+    )  # fmt: skip
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def note_change() -> None:
+    """After a commit that asks for a cycle: count it (see CHANGES_KEY)."""
+    from scheduler.notify import redis_client
+
+    try:
+        redis_client().incr(CHANGES_KEY.format(db=connection.settings_dict["NAME"]))
+    except Exception:  # noqa: BLE001 — without Redis nothing is skipped (no fingerprint kept)
+        logger.warning("could not count a change for the cycle", exc_info=True)
+
+
+def _changes_seen() -> int | None:
+    from scheduler.notify import redis_client
+
+    try:
+        value = redis_client().get(CHANGES_KEY.format(db=connection.settings_dict["NAME"]))
+    except Exception:  # noqa: BLE001
+        return None
+    return int(value) if value else 0
 
 
 def _fingerprint_key() -> str:

@@ -269,8 +269,10 @@ def request_cycle() -> None:
     every CYCLE_INTERVAL_SECONDS."""
 
     def enqueue() -> None:
+        from scheduler.cycle import note_change
         from scheduler.tasks import cycle
 
+        note_change()
         try:
             delay = _cycle_publish_delay()
             if delay is None:

@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 
 from scheduler import engine
-from scheduler.cycle import CycleResult, cycle_apply, cycle_run, cycle_snapshot
+from scheduler.cycle import CycleResult, cycle_apply, cycle_run, cycle_snapshot, note_change
 from scheduler.models import GpuAssignment, Job, JobAttempt, Node
 from scheduler.node_services import (
     END_EXIT,
@@ -328,6 +328,18 @@ def test_an_idle_cycle_is_skipped_and_reasons_are_written_once(personas, two_nod
     assert waiting.reason and "queued" not in waiting.reason
     assert cycle_run().skipped
     assert cycle_run(force=True).reasons_updated == 0
+
+
+def test_a_cycle_asked_for_after_the_last_one_started_is_not_skipped(personas, two_nodes):
+    """A change committed while a cycle runs (after its snapshot) may already show in the
+    fingerprint that cycle keeps, though its plan did not see it: the change's request for a
+    cycle is counted, so the next cycle plans instead of skipping until the periodic one."""
+    submit(personas.bruno, "research", gpus=8)
+    cycle_run()
+    assert cycle_run().skipped
+    note_change()  # what request_cycle does after a commit
+    assert not cycle_run().skipped
+    assert cycle_run().skipped
 
 
 def test_rejected_job_fails_with_the_reason(personas, two_nodes):
