@@ -227,25 +227,18 @@ def _victim_key(job: PlacedJob, own: bool) -> tuple:
 
 
 class _Capacity:
-    """Nodes that could host one gang part (`gpus_per_node`) counting free GPUs, GPUs being
-    released for anyone, and GPUs added on top (stopping for the job, or victims'); kept up to
-    date as victims are added and dropped."""
+    """Nodes that could host one gang part (`gpus_per_node`) counting their base room (free
+    GPUs and GPUs being released for anyone) and GPUs added on top (stopping for the job, or
+    victims'); kept up to date as victims are added and dropped."""
 
-    def __init__(
-        self,
-        pool: NodePool,
-        gpus_per_node: int,
-        releasing: Mapping[str, int],
-        boosted_nodes: int,
-    ) -> None:
+    def __init__(self, pool: NodePool, gpus_per_node: int) -> None:
         self._pool = pool
         self._need = gpus_per_node
-        self._releasing = releasing
         self.extra: dict[str, int] = {}
-        self.nodes = pool.count_at_least(gpus_per_node) + boosted_nodes
+        self.nodes = pool.count_room_at_least(gpus_per_node)
 
     def add(self, name: str, gpus: int) -> None:
-        base = self._pool.free_count(name) + self._releasing.get(name, 0)
+        base = self._pool.base_room(name)
         before = base + self.extra.get(name, 0)
         after = before + gpus
         self.extra[name] = after - base
@@ -270,7 +263,6 @@ class _TypeCycle:
         self.exhaustive = exhaustive
         self.shares = shares
         self.borrow_order = borrow_order
-        self.pool = NodePool(nodes, held)
         usage: dict[str, int] = defaultdict(int)
         for job in placed:
             usage[job.share] += job.gpus
@@ -286,13 +278,14 @@ class _TypeCycle:
         self.promised: dict[str, list[PlacedJob]] = defaultdict(list)
         releasing: dict[str, list[int]] = defaultdict(list)
         candidates: dict[str, list[PlacedJob]] = defaultdict(list)
+        ready = nodes.ordinal
         for job in placed:
             if job.stopping:
                 if job.preempted_for in waiting_ids:
                     self.promised[job.preempted_for].append(job)
                 else:
                     for allocation in job.allocations:
-                        if allocation.node in self.pool:
+                        if allocation.node in ready:
                             releasing[allocation.node].extend(allocation.gpu_indices)
             elif job.share in shares:
                 candidates[job.share].append(job)
@@ -315,10 +308,9 @@ class _TypeCycle:
             if job.preempted_for in waiting_ids:
                 self.claimants.add(job.preempted_for)
         self.releasing = {name: sorted(indices) for name, indices in releasing.items()}
-        self.releasing_counts = {name: len(indices) for name, indices in self.releasing.items()}
-        # Bumped whenever free or released GPUs change on a node with GPUs being released.
-        self._releasing_version = 0
-        self._boost_cache: dict[int, tuple[int, int]] = {}
+        self.pool = NodePool(
+            nodes, held, {name: len(indices) for name, indices in self.releasing.items()}
+        )
         self.victims: set[str] = set()
         self._victims_of: dict[str, list[PlacedJob]] = defaultdict(list)  # by share
         self._first_untaken: dict[str, int] = {}
@@ -468,8 +460,6 @@ class _TypeCycle:
                 self._share_changed(job.share)
                 for allocation in allocations:
                     self._node_changed(allocation.node)
-                if any(a.node in self.releasing for a in allocations):
-                    self._releasing_version += 1
                 return True
             reason = reasons.no_node(per_node, job.nodes, self.gpu_type)
 
@@ -521,15 +511,7 @@ class _TypeCycle:
     def _capacity(self, per_node: int, promised: Sequence[PlacedJob]) -> _Capacity:
         """Nodes able to host one gang part: free GPUs, GPUs released for anyone, and the GPUs
         stopping for this job."""
-        cached = self._boost_cache.get(per_node)
-        if cached is None or cached[0] != self._releasing_version:
-            boosted = 0
-            for name, count in self.releasing_counts.items():
-                free = self.pool.free_count(name)
-                boosted += free < per_node <= free + count
-            cached = (self._releasing_version, boosted)
-            self._boost_cache[per_node] = cached
-        capacity = _Capacity(self.pool, per_node, self.releasing_counts, cached[1])
+        capacity = _Capacity(self.pool, per_node)
         for stopping in promised:
             for allocation in stopping.allocations:
                 if allocation.node in self.pool:
@@ -698,10 +680,7 @@ class _TypeCycle:
             for allocation in stopping.allocations:
                 if allocation.node in self.pool:
                     mine[allocation.node] += len(allocation.gpu_indices)
-        counts = dict(self.releasing_counts)
-        for name, count in mine.items():
-            counts[name] = counts.get(name, 0) + count
-        nodes = self.pool.tightest_with(per_node, job.nodes, counts)
+        nodes = self.pool.tightest_with(per_node, job.nodes, mine)
         assert nodes is not None, "a committed wait always has room"
         for name in nodes:
             # GPUs stopping for this job first, then GPUs released for anyone, then free ones.
@@ -713,8 +692,6 @@ class _TypeCycle:
                 need -= len(claimed)
             if need > 0:
                 self.pool.reserve(name, self.pool.free_indices(name)[:need])
-                if name in self.releasing:
-                    self._releasing_version += 1
             self._node_changed(name)
 
         final = dict(deltas)
@@ -753,11 +730,9 @@ class _TypeCycle:
         rest = self.releasing[name][count:]
         if rest:
             self.releasing[name] = rest
-            self.releasing_counts[name] = len(rest)
         else:
             del self.releasing[name]
-            del self.releasing_counts[name]
-        self._releasing_version += 1
+        self.pool.claim_released(name, count)
 
     def _wait_reason(self, job: RunnableJob, stopping: Sequence[PlacedJob]) -> str:
         if not stopping:
@@ -809,7 +784,7 @@ class _Reachable:
         self.room: dict[str, int] = {}
         self.nodes_with = [0] * (pool.largest + 1)  # nodes by their room
         for name in pool.names:
-            room = self.room[name] = pool.free_count(name) + cycle.releasing_counts.get(name, 0)
+            room = self.room[name] = pool.base_room(name)
             self.nodes_with[room] += 1
         self.reachable: dict[str, int] = defaultdict(int)  # by node
         self.reached: dict[str, list[PlacedJob]] = {}  # by share
@@ -900,23 +875,16 @@ class _Reachable:
     def refresh_node(self, node: str) -> None:
         """After the node's free GPUs, GPUs being released or reachable jobs changed."""
         cycle = self.cycle
-        room = (
-            cycle.pool.free_count(node)
-            + cycle.releasing_counts.get(node, 0)
-            + self.reachable.get(node, 0)
-        )
+        room = cycle.pool.base_room(node) + self.reachable.get(node, 0)
         self.nodes_with[self.room[node]] -= 1
         self.nodes_with[room] += 1
         self.room[node] = room
         self._retime(node)
 
-    def base_room(self, node: str) -> int:
-        """Free GPUs and GPUs being released for anyone: the node's room before any victim."""
-        return self.cycle.pool.free_count(node) + self.cycle.releasing_counts.get(node, 0)
-
     def _retime(self, node: str) -> None:
+        base_room = self.cycle.pool.base_room(node)
         for gpus, (times, heap) in self.first_room.items():
-            time = _first_room_key(self.base_room(node), self.on_node.get(node, ()), gpus)
+            time = _first_room_key(base_room, self.on_node.get(node, ()), gpus)
             if times.get(node) != time:
                 if time is None:
                     times.pop(node, None)
@@ -928,8 +896,9 @@ class _Reachable:
         entry = self.first_room.get(gpus)
         if entry is None:
             times: dict[str, tuple] = {}
-            for node in self.cycle.pool.names:
-                time = _first_room_key(self.base_room(node), self.on_node.get(node, ()), gpus)
+            pool = self.cycle.pool
+            for node in pool.names:
+                time = _first_room_key(pool.base_room(node), self.on_node.get(node, ()), gpus)
                 if time is not None:
                     times[node] = time
             heap = [(time, node) for node, time in times.items()]
@@ -1034,7 +1003,7 @@ class _NodeFirstSearch:
         for entry in aside:
             heapq.heappush(heap, entry)
         for node in touched:
-            time = _first_room_key(room.base_room(node), entries_on(node), need)
+            time = _first_room_key(pool.base_room(node), entries_on(node), need)
             if time is not None and (best is None or time < best[0]):
                 best = (time, node)
         if best is None or best[0] == ():
@@ -1065,7 +1034,7 @@ class _NodeFirstSearch:
         relevant = {a.node for a in stop_victim.allocations if a.node in pool}
         for victim in kept_own:
             relevant.update(a.node for a in victim.allocations if a.node in pool)
-        prefix_room = {node: room.base_room(node) for node in relevant}
+        prefix_room = {node: pool.base_room(node) for node in relevant}
         kept_room = dict.fromkeys(relevant, 0)
         steps: dict[str, tuple[tuple, PlacedJob, dict[str, int]]] = {}
         for node in relevant:
@@ -1312,8 +1281,7 @@ class _Walk:
         cycle = self.cycle
         for node, extra in extra_nodes.items():
             gpus = (
-                cycle.pool.free_count(node)
-                + cycle.releasing_counts.get(node, 0)
+                cycle.pool.base_room(node)
                 + self.promised_gpus.get(node, 0)
                 + _so_far(self.node_steps.get(node), count)
             )

@@ -1,7 +1,8 @@
 """The READY nodes of one GPU type and their free GPU indices, kept for tightest-fit placement.
 
 Nodes sit in buckets by their count of free GPUs, so finding the tightest node that still fits a
-job costs a walk over at most `gpus per node` buckets, not over every node.
+job costs a walk over at most `gpus per node` buckets, not over every node. A second set of
+buckets counts GPUs being released too, for jobs that wait for them.
 """
 
 from __future__ import annotations
@@ -28,10 +29,15 @@ class NodeLayout:
 
 
 class NodePool:
-    """Free GPUs on the READY nodes of one type; only these receive new jobs."""
+    """Free GPUs on the READY nodes of one type; only these receive new jobs. It also counts the
+    GPUs being released for anyone (by stopping jobs no runnable job was promised): with the
+    free ones, a node's "base room", what a job waiting for releases may count on."""
 
-    def __init__(self, layout: NodeLayout, held: Mapping[str, int]) -> None:
-        """`held`: the GPU indices jobs hold on each node, as bit masks (bit i: GPU i)."""
+    def __init__(
+        self, layout: NodeLayout, held: Mapping[str, int], releasing: Mapping[str, int]
+    ) -> None:
+        """`held`: the GPU indices jobs hold on each node, as bit masks (bit i: GPU i);
+        `releasing`: how many GPUs are being released for anyone on each node."""
         self._names = layout.names
         self._ordinal = layout.ordinal
         self._gpus = layout.gpus
@@ -49,6 +55,12 @@ class NodePool:
         self._buckets: list[list[int]] = [[] for _ in range(self.largest + 1)]
         for ordinal, count in enumerate(counts):
             self._buckets[count].append(ordinal)
+        self._releasing = [0] * len(counts)
+        for name, count in releasing.items():
+            self._releasing[self._ordinal[name]] = count
+        self._room_buckets: list[list[int]] = [[] for _ in range(self.largest + 1)]
+        for ordinal, (count, more) in enumerate(zip(counts, self._releasing, strict=True)):
+            self._room_buckets[count + more].append(ordinal)
 
     @property
     def names(self) -> list[str]:
@@ -59,6 +71,11 @@ class NodePool:
 
     def free_count(self, name: str) -> int:
         return self._counts[self._ordinal[name]]
+
+    def base_room(self, name: str) -> int:
+        """Free GPUs plus GPUs being released for anyone: the node's room before any victim."""
+        ordinal = self._ordinal[name]
+        return self._counts[ordinal] + self._releasing[ordinal]
 
     def free_indices(self, name: str) -> list[int]:
         return self._free_list(self._ordinal[name])
@@ -73,9 +90,9 @@ class NodePool:
             self._free[ordinal] = free
         return free
 
-    def count_at_least(self, gpus: int) -> int:
-        """How many nodes have at least `gpus` free GPUs."""
-        return sum(len(bucket) for bucket in self._buckets[max(gpus, 0) :])
+    def count_room_at_least(self, gpus: int) -> int:
+        """How many nodes have at least `gpus` GPUs of base room."""
+        return sum(len(bucket) for bucket in self._room_buckets[max(gpus, 0) :])
 
     def take(self, gpus_per_node: int, nodes: int) -> tuple[Allocation, ...] | None:
         """Allocate `gpus_per_node` free GPUs (lowest indices) on each of `nodes` distinct nodes,
@@ -100,24 +117,24 @@ class NodePool:
     def tightest_with(
         self, gpus_per_node: int, nodes: int, extra: Mapping[str, int]
     ) -> list[str] | None:
-        """The `nodes` tightest nodes that have `gpus_per_node` GPUs counting free GPUs plus
-        `extra` GPUs per node (GPUs being released); None when there are not enough."""
+        """The `nodes` tightest nodes that have `gpus_per_node` GPUs counting their base room plus
+        `extra` GPUs per node (GPUs stopping for the job); None when there are not enough."""
         ranked: list[tuple[int, int]] = []
         for name, more in extra.items():
             ordinal = self._ordinal[name]
-            available = self._counts[ordinal] + more
+            available = self._counts[ordinal] + self._releasing[ordinal] + more
             if available >= gpus_per_node:
                 ranked.append((available, ordinal))
-        untouched = 0
-        for count in range(gpus_per_node, len(self._buckets)):
-            for ordinal in self._buckets[count]:
+        others = 0
+        for room in range(gpus_per_node, len(self._room_buckets)):
+            for ordinal in self._room_buckets[room]:
                 if self._names[ordinal] in extra:
                     continue
-                ranked.append((count, ordinal))
-                untouched += 1
-                if untouched == nodes:
+                ranked.append((room, ordinal))
+                others += 1
+                if others == nodes:
                     break
-            if untouched == nodes:
+            if others == nodes:
                 break
         if len(ranked) < nodes:
             return None
@@ -130,11 +147,26 @@ class NodePool:
         gone = set(indices)
         self._set_free(ordinal, [i for i in self._free_list(ordinal) if i not in gone])
 
+    def claim_released(self, name: str, count: int) -> None:
+        """`count` of the GPUs being released on the node are promised to a job."""
+        ordinal = self._ordinal[name]
+        room = self._counts[ordinal] + self._releasing[ordinal]
+        self._releasing[ordinal] -= count
+        _move(self._room_buckets, ordinal, room, room - count)
+
     def _set_free(self, ordinal: int, free: list[int]) -> None:
         old = self._counts[ordinal]
         self._free[ordinal] = free
         self._counts[ordinal] = len(free)
         if old != len(free):
-            bucket = self._buckets[old]
-            del bucket[bisect_left(bucket, ordinal)]
-            insort(self._buckets[len(free)], ordinal)
+            _move(self._buckets, ordinal, old, len(free))
+            more = self._releasing[ordinal]
+            _move(self._room_buckets, ordinal, old + more, len(free) + more)
+
+
+def _move(buckets: list[list[int]], ordinal: int, old: int, new: int) -> None:
+    """Move a node from one bucket to another, keeping each bucket in node order."""
+    if old != new:
+        bucket = buckets[old]
+        del bucket[bisect_left(bucket, ordinal)]
+        insort(buckets[new], ordinal)
