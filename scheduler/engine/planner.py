@@ -312,7 +312,8 @@ class _TypeCycle:
             nodes, held, {name: len(indices) for name, indices in self.releasing.items()}
         )
         self.victims: set[str] = set()
-        self._victims_of: dict[str, list[PlacedJob]] = defaultdict(list)  # by share
+        # GPUs of each share's victims so far, by the victims' priority.
+        self._victim_gpus: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
         self._first_untaken: dict[str, int] = {}
 
         self.placements: list[Placement] = []
@@ -648,9 +649,9 @@ class _TypeCycle:
             return False
         lower = bisect_left(self._priorities[job.share], job.priority)  # lowest priority first
         gpus = self._gpus_so_far[job.share][lower - 1] if lower else 0
-        for victim in self._victims_of.get(job.share, ()):
-            if victim.priority < job.priority:
-                gpus -= victim.gpus
+        for priority, taken in self._victim_gpus.get(job.share, {}).items():
+            if priority < job.priority:
+                gpus -= taken
         return gpus >= needed
 
     def own_candidates(self, job: RunnableJob, position: int = 0) -> Iterator[PlacedJob]:
@@ -698,7 +699,7 @@ class _TypeCycle:
         for victim in victims:
             final[victim.share] = final.get(victim.share, 0) - victim.gpus
             self.victims.add(victim.id)
-            self._victims_of[victim.share].append(victim)
+            self._victim_gpus[victim.share][victim.priority] += victim.gpus
             if victim.share == job.share:
                 kind, why = IN_SHARE, reasons.preempted_in_share(job.share, job.id)
             else:
@@ -828,9 +829,11 @@ class _Reachable:
         total = 0
         all_keys = cycle._victim_keys[share, False]
         surplus = cycle.ledger.usage(share) - cycle.ledger.limit(share)
-        for position, candidate in enumerate(cycle.candidates[share]):
+        queue = cycle.candidates[share]
+        for position in range(cycle._first_untaken_position(share), len(queue)):
             if surplus <= 0:
                 break
+            candidate = queue[position]
             if candidate.id not in cycle.victims:
                 reached.append(candidate)
                 keys.append(all_keys[position])
