@@ -219,6 +219,12 @@ def rejection_reason(
     return None
 
 
+def _queue_order_of_runnable(entry: tuple[int, RunnableJob]) -> tuple:
+    """The queue order of (place in the snapshot, job): priority, then submission, then place."""
+    index, job = entry
+    return (-job.priority, job.submitted, index)
+
+
 def _victim_key(job: PlacedJob, own: bool) -> tuple:
     """Victim order: lowest priority first, then jobs on borrowed GPUs before jobs on their
     share's own quota, then most recently started (least work lost), then (try 3) other shares'
@@ -272,7 +278,9 @@ class _TypeCycle:
         # plain numbers, much cheaper than one sort on tuples.
         self.jobs = sorted(jobs, key=attrgetter("submitted"))
         self.jobs.sort(key=attrgetter("priority"), reverse=True)
-        waiting_ids = {job.id for job in jobs}
+        # Each runnable job by id, with its place in the snapshot (the queue order's last tie
+        # break).
+        self._runnable = {job.id: (index, job) for index, job in enumerate(jobs)}
         # GPUs being released: promised to the runnable job they were preempted for, or free
         # for any job's reclaim to count on once they are released.
         self.promised: dict[str, list[PlacedJob]] = defaultdict(list)
@@ -281,7 +289,7 @@ class _TypeCycle:
         ready = nodes.ordinal
         for job in placed:
             if job.stopping:
-                if job.preempted_for in waiting_ids:
+                if job.preempted_for in self._runnable:
                     self.promised[job.preempted_for].append(job)
                 else:
                     for allocation in job.allocations:
@@ -304,9 +312,9 @@ class _TypeCycle:
         # Jobs promised GPUs: victims stopping for them, or victims already stopped and back in
         # the queue (the GPUs they released stay promised until the job starts).
         self.claimants = set(self.promised)
-        for job in jobs:
-            if job.preempted_for in waiting_ids:
-                self.claimants.add(job.preempted_for)
+        self.claimants.update(
+            job.preempted_for for job in jobs if job.preempted_for in self._runnable
+        )
         self.releasing = {name: sorted(indices) for name, indices in releasing.items()}
         self.pool = NodePool(
             nodes, held, {name: len(indices) for name, indices in self.releasing.items()}
@@ -319,7 +327,8 @@ class _TypeCycle:
         self.placements: list[Placement] = []
         self.preemptions: list[Preemption] = []
         self.waiting: dict[str, str] = {}
-        self._strict_blocker: dict[str, str] = {}
+        # A strict-FIFO share whose first job was left waiting: why its later jobs wait.
+        self._strict_blocked: dict[str, str] = {}
         # Searches that failed, to answer later jobs of the same share that can only do worse
         # (within one plan, capacity and candidates only shrink): (share, try, nodes) → list
         # of (gpus per node, priority).
@@ -347,35 +356,45 @@ class _TypeCycle:
     # --- the passes ----------------------------------------------------------------------
 
     def run(self) -> None:
-        claimants = self.claimants
-        if claimants:
-            for job in self.jobs:
-                if job.id in claimants:
-                    self._consider(job)
-            rest = [job for job in self.jobs if job.id not in claimants]
-        else:
-            rest = self.jobs
+        # Jobs promised GPUs go first, in queue order; they are few, so they are found by id.
+        self._consider_each(
+            job
+            for _, job in sorted(
+                (self._runnable[name] for name in self.claimants), key=_queue_order_of_runnable
+            )
+        )
         borrowers: list[RunnableJob] = []
+        self._consider_each(self._within_limit_first(borrowers))
+        if self.borrow_order == FAIR:
+            self._consider_each(self._fair_order(borrowers))
+        else:
+            self._consider_each(borrowers)
+
+    def _within_limit_first(self, borrowers: list[RunnableJob]) -> Iterator[RunnableJob]:
+        """The queue's jobs that fit their share's limit when their turn comes, in queue order;
+        the others, the borrowers, are appended to `borrowers` for later. Jobs promised GPUs
+        are left out: they went first."""
+        claimants = self.claimants
+        shares = self.shares
+        fits_limit = self.ledger.fits_limit
         strict_deferred: set[str] = set()
-        for job in rest:
-            share = self.shares[job.share]
+        for job in self.jobs:
+            if job.id in claimants:
+                continue
+            share = shares[job.share]
             if share.strict_fifo and job.share in strict_deferred:
                 borrowers.append(job)  # strict FIFO: never ahead of an earlier job of its share
-            elif self.ledger.fits_limit(job.share, job.gpus):
-                self._consider(job)
+            elif fits_limit(job.share, job.gpus):
+                yield job
             else:
                 borrowers.append(job)
                 if share.strict_fifo:
                     strict_deferred.add(job.share)
-        if self.borrow_order == FAIR:
-            self._fair_pass(borrowers)
-        else:
-            for job in borrowers:
-                self._consider(job)
 
-    def _fair_pass(self, borrowers: Sequence[RunnableJob]) -> None:
-        """Borrowers in turn of their share's borrowed/weight, lowest first; ties by priority
-        then submission, which is the order `borrowers` already has."""
+    def _fair_order(self, borrowers: Sequence[RunnableJob]) -> Iterator[RunnableJob]:
+        """Borrowers in turn of their share's borrowed/weight, lowest first, as it is when each
+        turn comes; ties by priority then submission, which is the order `borrowers` already
+        has."""
         queues: dict[str, list[tuple[int, RunnableJob]]] = defaultdict(list)
         for position, job in enumerate(borrowers):
             queues[job.share].append((position, job))
@@ -405,7 +424,7 @@ class _TypeCycle:
             queue = queues[name]
             head = heads[name]
             while True:
-                self._consider(queue[head][1])
+                yield queue[head][1]
                 head += 1
                 if head == len(queue):
                     break
@@ -415,24 +434,34 @@ class _TypeCycle:
                     break
             heads[name] = head
 
-    def _consider(self, job: RunnableJob) -> None:
-        blocker = self._strict_blocker.get(job.share)
-        if blocker is not None:
-            self.waiting[job.id] = reasons.strict_fifo(blocker)
-            return
-        shape = (job.share, job.gpus, job.nodes, job.priority)
-        last = self._last_wait.get(shape)
-        if last is not None and last[0] == self._changes and job.id not in self.promised:
-            self.waiting[job.id] = last[1]
-        else:
-            before = self._changes
-            if self._schedule(job):
-                return
-            if self._changes == before and not self.exhaustive and job.id not in self.promised:
-                # It changed nothing: until something does, its shape waits for this reason.
-                self._last_wait[shape] = (before, self.waiting[job.id])
-        if self.shares[job.share].strict_fifo:
-            self._strict_blocker[job.share] = job.id
+    def _consider_each(self, jobs: Iterable[RunnableJob]) -> None:
+        """Schedule each job in turn (the next one is drawn only once this one is decided), or
+        leave it waiting. A job of the same share, size, node count and priority as one just
+        left waiting waits for the same reason, as long as the plan has placed or committed
+        nothing since: a long queue repeats a few shapes, and most of its jobs only wait."""
+        waiting = self.waiting
+        promised = self.promised
+        last_wait = self._last_wait
+        strict_blocked = self._strict_blocked
+        shares = self.shares
+        for job in jobs:
+            blocked = strict_blocked.get(job.share)
+            if blocked is not None:
+                waiting[job.id] = blocked
+                continue
+            shape = (job.share, job.gpus, job.nodes, job.priority)
+            last = last_wait.get(shape)
+            if last is not None and last[0] == self._changes and job.id not in promised:
+                waiting[job.id] = last[1]
+            else:
+                before = self._changes
+                if self._schedule(job):
+                    continue
+                if self._changes == before and not self.exhaustive and job.id not in promised:
+                    # It changed nothing: until something does, its shape waits for this reason.
+                    last_wait[shape] = (before, waiting[job.id])
+            if shares[job.share].strict_fifo:
+                strict_blocked[job.share] = reasons.strict_fifo(job.id)
 
     # --- one job ---------------------------------------------------------------------------
 
@@ -515,7 +544,7 @@ class _TypeCycle:
         capacity = _Capacity(self.pool, per_node)
         for stopping in promised:
             for allocation in stopping.allocations:
-                if allocation.node in self.pool:
+                if allocation.node in self.pool.ready:
                     capacity.add(allocation.node, len(allocation.gpu_indices))
         return capacity
 
@@ -679,7 +708,7 @@ class _TypeCycle:
         mine: dict[str, int] = defaultdict(int)
         for stopping in [*promised, *victims]:
             for allocation in stopping.allocations:
-                if allocation.node in self.pool:
+                if allocation.node in self.pool.ready:
                     mine[allocation.node] += len(allocation.gpu_indices)
         nodes = self.pool.tightest_with(per_node, job.nodes, mine)
         assert nodes is not None, "a committed wait always has room"
@@ -856,7 +885,7 @@ class _Reachable:
         for job in before:
             if job.id not in after_ids:
                 for allocation in job.allocations:
-                    if allocation.node in cycle.pool:
+                    if allocation.node in cycle.pool.ready:
                         entries = self.on_node[allocation.node]
                         entries[:] = [entry for entry in entries if entry[2] is not job]
                         touched.add(allocation.node)
@@ -864,7 +893,7 @@ class _Reachable:
             if job.id not in before_ids:
                 for allocation in job.allocations:
                     node = allocation.node
-                    if node in cycle.pool:
+                    if node in cycle.pool.ready:
                         insort(self.on_node[node], (key, len(allocation.gpu_indices), job))
                         touched.add(node)
         for node, gpus in change.items():
@@ -926,7 +955,7 @@ def _first_room_key(
 
 def _count_gpus(counts: dict[str, int], job: PlacedJob, pool: NodePool, sign: int) -> None:
     for allocation in job.allocations:
-        if allocation.node in pool:
+        if allocation.node in pool.ready:
             counts[allocation.node] += sign * len(allocation.gpu_indices)
 
 
@@ -976,12 +1005,12 @@ class _NodeFirstSearch:
         own_on: dict[str, list[tuple[tuple, int, PlacedJob]]] = defaultdict(list)
         for key, candidate in own:
             for allocation in candidate.allocations:
-                if allocation.node in pool:
+                if allocation.node in pool.ready:
                     own_on[allocation.node].append((key, len(allocation.gpu_indices), candidate))
         touched = set(own_on)
         for victim in room.reached.get(share, ()):
             for allocation in victim.allocations:
-                if allocation.node in pool:
+                if allocation.node in pool.ready:
                     touched.add(allocation.node)
 
         def entries_on(node: str) -> list[tuple[tuple, int, PlacedJob]]:
@@ -1034,9 +1063,9 @@ class _NodeFirstSearch:
         # The prune, over the victims that change room on the nodes that can reach it or the
         # share's own count.
         stop_victim = next(entry[2] for entry in entries_on(best[1]) if entry[0] == stop)
-        relevant = {a.node for a in stop_victim.allocations if a.node in pool}
+        relevant = {a.node for a in stop_victim.allocations if a.node in pool.ready}
         for victim in kept_own:
-            relevant.update(a.node for a in victim.allocations if a.node in pool)
+            relevant.update(a.node for a in victim.allocations if a.node in pool.ready)
         prefix_room = {node: pool.base_room(node) for node in relevant}
         kept_room = dict.fromkeys(relevant, 0)
         steps: dict[str, tuple[tuple, PlacedJob, dict[str, int]]] = {}
@@ -1192,7 +1221,7 @@ class _Walk:
                 own_taken += candidate.gpus
             for allocation in candidate.allocations:
                 node = allocation.node
-                if node in pool:
+                if node in pool.ready:
                     gpus = len(allocation.gpu_indices)
                     capacity.add(node, gpus)
                     freed[node] += gpus
@@ -1278,7 +1307,7 @@ class _Walk:
             victim = self.chosen[index]
             extra_shares[victim.share] += victim.gpus
             for allocation in victim.allocations:
-                if allocation.node in self.cycle.pool:
+                if allocation.node in self.cycle.pool.ready:
                     extra_nodes[allocation.node] += len(allocation.gpu_indices)
         nodes = self.node_counts[count]
         cycle = self.cycle

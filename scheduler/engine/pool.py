@@ -40,6 +40,7 @@ class NodePool:
         `releasing`: how many GPUs are being released for anyone on each node."""
         self._names = layout.names
         self._ordinal = layout.ordinal
+        self.ready: Mapping[str, int] = layout.ordinal  # the nodes, for `name in pool.ready`
         self._gpus = layout.gpus
         self.largest = layout.largest
         # Free GPU counts up front; the free indices of a node only once a job goes there (most
@@ -65,9 +66,6 @@ class NodePool:
     @property
     def names(self) -> list[str]:
         return self._names
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._ordinal
 
     def free_count(self, name: str) -> int:
         return self._counts[self._ordinal[name]]

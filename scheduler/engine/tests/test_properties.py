@@ -225,7 +225,7 @@ def _minimal_search(original):
                     if victim is not left_out:
                         trial.change(victim.share, -victim.gpus)
                         for allocation in victim.allocations:
-                            if allocation.node in self.pool:
+                            if allocation.node in self.pool.ready:
                                 capacity.add(allocation.node, len(allocation.gpu_indices))
                 assert not (capacity.nodes >= job.nodes and trial.reason() is None), (
                     f"{left_out.id} is not needed for {job.id}"
