@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gc
 import heapq
+import itertools
 import threading
 from bisect import bisect_left, bisect_right, insort
 from collections import defaultdict
@@ -106,7 +107,7 @@ def _plan(snapshot: Snapshot, exhaustive: bool) -> Plan:
 
     placements: list[Placement] = []
     preemptions: list[Preemption] = []
-    waiting: dict[str, str] = {}
+    waiting: dict[str, str] = {}  # every type's cycle adds its own jobs
     for gpu_type in sorted(jobs_by_type):
         cycle = _TypeCycle(
             gpu_type,
@@ -116,12 +117,12 @@ def _plan(snapshot: Snapshot, exhaustive: bool) -> Plan:
             placed_by_type.get(gpu_type, []),
             jobs_by_type[gpu_type],
             snapshot.borrow_order,
+            waiting,
             exhaustive,
         )
         cycle.run()
         placements.extend(cycle.placements)
         preemptions.extend(cycle.preemptions)
-        waiting.update(cycle.waiting)
     return Plan(tuple(placements), tuple(preemptions), tuple(rejections), waiting)
 
 
@@ -219,12 +220,6 @@ def rejection_reason(
     return None
 
 
-def _queue_order_of_runnable(entry: tuple[int, RunnableJob]) -> tuple:
-    """The queue order of (place in the snapshot, job): priority, then submission, then place."""
-    index, job = entry
-    return (-job.priority, job.submitted, index)
-
-
 def _victim_key(job: PlacedJob, own: bool) -> tuple:
     """Victim order: lowest priority first, then jobs on borrowed GPUs before jobs on their
     share's own quota, then most recently started (least work lost), then (try 3) other shares'
@@ -252,7 +247,8 @@ class _Capacity:
 
 
 class _TypeCycle:
-    """One cycle for one GPU type; results in `placements`, `preemptions` and `waiting`."""
+    """One cycle for one GPU type; results in `placements`, `preemptions` and `waiting` (a
+    dictionary shared by the plan's cycles)."""
 
     def __init__(
         self,
@@ -263,6 +259,7 @@ class _TypeCycle:
         placed: Sequence[PlacedJob],
         jobs: Sequence[RunnableJob],
         borrow_order: str,
+        waiting: dict[str, str],
         exhaustive: bool = False,
     ) -> None:
         self.gpu_type = gpu_type
@@ -278,9 +275,9 @@ class _TypeCycle:
         # plain numbers, much cheaper than one sort on tuples.
         self.jobs = sorted(jobs, key=attrgetter("submitted"))
         self.jobs.sort(key=attrgetter("priority"), reverse=True)
-        # Each runnable job by id, with its place in the snapshot (the queue order's last tie
-        # break).
-        self._runnable = {job.id: (index, job) for index, job in enumerate(jobs)}
+        # Each runnable job's place in the snapshot, by id (the queue order's last tie break).
+        self._snapshot_jobs = jobs
+        self._place = dict(zip(map(attrgetter("id"), jobs), itertools.count()))
         # GPUs being released: promised to the runnable job they were preempted for, or free
         # for any job's reclaim to count on once they are released.
         self.promised: dict[str, list[PlacedJob]] = defaultdict(list)
@@ -289,7 +286,7 @@ class _TypeCycle:
         ready = nodes.ordinal
         for job in placed:
             if job.stopping:
-                if job.preempted_for in self._runnable:
+                if job.preempted_for in self._place:
                     self.promised[job.preempted_for].append(job)
                 else:
                     for allocation in job.allocations:
@@ -312,9 +309,7 @@ class _TypeCycle:
         # Jobs promised GPUs: victims stopping for them, or victims already stopped and back in
         # the queue (the GPUs they released stay promised until the job starts).
         self.claimants = set(self.promised)
-        self.claimants.update(
-            job.preempted_for for job in jobs if job.preempted_for in self._runnable
-        )
+        self.claimants.update(job.preempted_for for job in jobs if job.preempted_for in self._place)
         self.releasing = {name: sorted(indices) for name, indices in releasing.items()}
         self.pool = NodePool(
             nodes, held, {name: len(indices) for name, indices in self.releasing.items()}
@@ -326,7 +321,7 @@ class _TypeCycle:
 
         self.placements: list[Placement] = []
         self.preemptions: list[Preemption] = []
-        self.waiting: dict[str, str] = {}
+        self.waiting = waiting
         # A strict-FIFO share whose first job was left waiting: why its later jobs wait.
         self._strict_blocked: dict[str, str] = {}
         # Searches that failed, to answer later jobs of the same share that can only do worse
@@ -357,12 +352,12 @@ class _TypeCycle:
 
     def run(self) -> None:
         # Jobs promised GPUs go first, in queue order; they are few, so they are found by id.
-        self._consider_each(
-            job
-            for _, job in sorted(
-                (self._runnable[name] for name in self.claimants), key=_queue_order_of_runnable
-            )
+        jobs = self._snapshot_jobs
+        places = sorted(
+            (self._place[name] for name in self.claimants),
+            key=lambda place: (-jobs[place].priority, jobs[place].submitted, place),
         )
+        self._consider_each(jobs[place] for place in places)
         borrowers: list[RunnableJob] = []
         self._consider_each(self._within_limit_first(borrowers))
         if self.borrow_order == FAIR:
