@@ -82,6 +82,9 @@ def _plan(snapshot: Snapshot, exhaustive: bool) -> Plan:
     sizes = nodes.sizes
     rejections: list[Rejection] = []
     jobs_by_type: dict[str, list[RunnableJob]] = defaultdict(list)
+    # The jobs that runnable victims were preempted for, by type (in the same pass: few jobs
+    # are such victims, and a pass of their own over a long queue would cost more).
+    preempted_for: dict[str, list[str]] = defaultdict(list)
     # Long queues repeat a few shapes (share, type, size): each is judged once.
     judged: dict[tuple[str, str, int, int], str | None] = {}
     for job in snapshot.runnable:
@@ -94,6 +97,8 @@ def _plan(snapshot: Snapshot, exhaustive: bool) -> Plan:
             rejections.append(Rejection(job.id, reason))
         else:
             jobs_by_type[job.gpu_type].append(job)
+            if job.preempted_for is not None:
+                preempted_for[job.gpu_type].append(job.preempted_for)
 
     # Only the GPU types with jobs to plan need their placed jobs and held GPUs.
     placed_by_type: dict[str, list[PlacedJob]] = {gpu_type: [] for gpu_type in jobs_by_type}
@@ -116,6 +121,7 @@ def _plan(snapshot: Snapshot, exhaustive: bool) -> Plan:
             held,
             placed_by_type.get(gpu_type, []),
             jobs_by_type[gpu_type],
+            preempted_for.get(gpu_type, ()),
             snapshot.borrow_order,
             waiting,
             exhaustive,
@@ -248,7 +254,8 @@ class _Capacity:
 
 class _TypeCycle:
     """One cycle for one GPU type; results in `placements`, `preemptions` and `waiting` (a
-    dictionary shared by the plan's cycles)."""
+    dictionary shared by the plan's cycles). `preempted_for`: the job that each runnable job
+    of this type that is a victim back in the queue was preempted for."""
 
     def __init__(
         self,
@@ -258,6 +265,7 @@ class _TypeCycle:
         held: Mapping[str, int],
         placed: Sequence[PlacedJob],
         jobs: Sequence[RunnableJob],
+        preempted_for: Iterable[str],
         borrow_order: str,
         waiting: dict[str, str],
         exhaustive: bool = False,
@@ -309,7 +317,7 @@ class _TypeCycle:
         # Jobs promised GPUs: victims stopping for them, or victims already stopped and back in
         # the queue (the GPUs they released stay promised until the job starts).
         self.claimants = set(self.promised)
-        self.claimants.update(job.preempted_for for job in jobs if job.preempted_for in self._place)
+        self.claimants.update(name for name in preempted_for if name in self._place)
         self.releasing = {name: sorted(indices) for name, indices in releasing.items()}
         self.pool = NodePool(
             nodes, held, {name: len(indices) for name, indices in self.releasing.items()}
@@ -813,7 +821,7 @@ class _Reachable:
             self.nodes_with[room] += 1
         self.reachable: dict[str, int] = defaultdict(int)  # by node
         self.reached: dict[str, list[PlacedJob]] = {}  # by share
-        # Of each share's reached jobs, their victim keys and the GPUs given up up to each.
+        # Of each share with reached jobs, their victim keys and the GPUs given up up to each.
         self.reached_keys: dict[str, tuple[list[tuple], list[int]]] = {}
         # Every node's reached jobs in victim order: (victim key, GPUs on the node, job).
         self.on_node: dict[str, list[tuple[tuple, int, PlacedJob]]] = defaultdict(list)
@@ -873,7 +881,10 @@ class _Reachable:
         for job in reached:
             _count_gpus(change, job, cycle.pool, +1)
         self.reached[share] = reached
-        self.reached_keys[share] = (keys, given_up)
+        if keys:
+            self.reached_keys[share] = (keys, given_up)
+        else:
+            self.reached_keys.pop(share, None)
         before_ids = {job.id for job in before}
         after_ids = {job.id for job in reached}
         touched = set()

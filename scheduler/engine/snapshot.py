@@ -31,7 +31,7 @@ IN_SHARE = "in_share"
 UNLIMITED = -1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodeView:
     """A GPU node. Only READY nodes receive new jobs; jobs already on others keep their GPUs."""
 
@@ -41,7 +41,7 @@ class NodeView:
     state: str = READY
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ShareView:
     """A quota share as DESIGN §2 defines it."""
 
@@ -57,7 +57,7 @@ class ShareView:
     strict_fifo: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Allocation:
     """GPUs on one node: the indices that become CUDA_VISIBLE_DEVICES."""
 
@@ -65,7 +65,7 @@ class Allocation:
     gpu_indices: tuple[int, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PlacedJob:
     """A job holding GPUs: scheduled, starting, running, or still stopping (PREEMPTING)."""
 
@@ -86,7 +86,7 @@ class PlacedJob:
     borrowed: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RunnableJob:
     """A job waiting for GPUs: `gpus` of `gpu_type`, spread evenly over `nodes` distinct nodes."""
 
@@ -103,7 +103,7 @@ class RunnableJob:
     preempted_for: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     nodes: tuple[NodeView, ...]
     shares: tuple[ShareView, ...]
@@ -117,14 +117,14 @@ class Snapshot:
     held_gpus: Mapping[str, int] | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Placement:
     job_id: str
     allocations: tuple[Allocation, ...]
     borrowed: int  # GPUs of this job above its share's limit when it starts
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Preemption:
     job_id: str
     for_job_id: str
@@ -132,13 +132,13 @@ class Preemption:
     reason: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Rejection:
     job_id: str
     reason: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Plan:
     placements: tuple[Placement, ...] = ()
     preemptions: tuple[Preemption, ...] = ()

@@ -65,7 +65,7 @@ def advance(snapshot: Snapshot, outcome: Plan, now: float) -> Snapshot:
     placed = []
     for p in snapshot.placed:
         if p.id in preempted:
-            p = PlacedJob(**{**p.__dict__, "stopping": True, "preempted_for": preempted[p.id]})
+            p = replace(p, stopping=True, preempted_for=preempted[p.id])
         placed.append(p)
     for p in outcome.placements:
         j = runnable[p.job_id]
