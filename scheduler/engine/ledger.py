@@ -86,6 +86,11 @@ class Ledger:
     def limit(self, share: str) -> int:
         return self._limit[share]
 
+    @property
+    def limits(self) -> Mapping[str, int]:
+        """Every share's limit for this type, by name."""
+        return self._limit
+
     def usage(self, share: str) -> int:
         """The share's usage as planned: once the victims of this plan have stopped."""
         return self.planned.usage[share]

@@ -379,20 +379,26 @@ class _TypeCycle:
         are left out: they went first."""
         claimants = self.claimants
         shares = self.shares
-        fits_limit = self.ledger.fits_limit
+        # Ledger.fits_limit, without a call for every job of the queue.
+        limits = self.ledger.limits
+        planned = self.ledger.planned.usage
+        held = self.ledger.held.usage
         strict_deferred: set[str] = set()
         for job in self.jobs:
             if job.id in claimants:
                 continue
-            share = shares[job.share]
-            if share.strict_fifo and job.share in strict_deferred:
+            name = job.share
+            share = shares[name]
+            if share.strict_fifo and name in strict_deferred:
                 borrowers.append(job)  # strict FIFO: never ahead of an earlier job of its share
-            elif fits_limit(job.share, job.gpus):
+                continue
+            limit = limits[name]
+            if planned[name] + job.gpus <= limit and held[name] + job.gpus <= limit:
                 yield job
             else:
                 borrowers.append(job)
                 if share.strict_fifo:
-                    strict_deferred.add(job.share)
+                    strict_deferred.add(name)
 
     def _fair_order(self, borrowers: Sequence[RunnableJob]) -> Iterator[RunnableJob]:
         """Borrowers in turn of their share's borrowed/weight, lowest first, as it is when each
