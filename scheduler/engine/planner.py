@@ -55,6 +55,11 @@ TRY_BORROWERS = "borrowers"  # (1) victims only from borrowing shares; share wit
 TRY_OWN_SHARE = "own_share"  # (2) victims only from the job's own share (in-share preemption)
 TRY_BOTH = "both"  # (3) both together; share within its limit after
 
+# What scheduling one job came to.
+PLACED = "placed"
+WAITS = "waits"
+WAITS_ON_SHARE = "waits on its share"  # for a reason that only its share's usage can change
+
 
 def plan(snapshot: Snapshot, *, exhaustive: bool = False) -> Plan:
     """Decide one cycle: which runnable jobs start where, which placed jobs are preempted, which
@@ -342,6 +347,10 @@ class _TypeCycle:
         # long queue repeats a few shapes, and most of its jobs only wait).
         self._changes = 0
         self._last_wait: dict[tuple[str, int, int, int], tuple[int, str]] = {}
+        # The same for a reason that only the share's usage can change (WAITS_ON_SHARE): kept
+        # until the share's usage changes, counted by `_share_changes`.
+        self._share_changes: dict[str, int] = defaultdict(int)
+        self._last_share_wait: dict[tuple[str, int, int, int], tuple[int, str]] = {}
 
     @cached_property
     def candidates(self) -> dict[str, list[PlacedJob]]:
@@ -451,32 +460,46 @@ class _TypeCycle:
         waiting = self.waiting
         promised = self.promised
         last_wait = self._last_wait
+        last_share_wait = self._last_share_wait
+        share_changes = self._share_changes
         strict_blocked = self._strict_blocked
         shares = self.shares
         for job in jobs:
-            blocked = strict_blocked.get(job.share)
+            name = job.share
+            blocked = strict_blocked.get(name)
             if blocked is not None:
                 waiting[job.id] = blocked
                 continue
-            shape = (job.share, job.gpus, job.nodes, job.priority)
-            last = last_wait.get(shape)
-            if last is not None and last[0] == self._changes and job.id not in promised:
+            shape = (name, job.gpus, job.nodes, job.priority)
+            last = last_share_wait.get(shape)
+            if last is None or last[0] != share_changes[name] or job.id in promised:
+                last = last_wait.get(shape)
+                if last is not None and (last[0] != self._changes or job.id in promised):
+                    last = None
+            if last is not None:
                 waiting[job.id] = last[1]
             else:
                 before = self._changes
-                if self._schedule(job):
+                outcome = self._schedule(job)
+                if outcome is PLACED:
                     continue
-                if self._changes == before and not self.exhaustive and job.id not in promised:
-                    # It changed nothing: until something does, its shape waits for this reason.
-                    last_wait[shape] = (before, waiting[job.id])
-            if shares[job.share].strict_fifo:
-                strict_blocked[job.share] = reasons.strict_fifo(job.id)
+                if not self.exhaustive and job.id not in promised:
+                    if outcome is WAITS_ON_SHARE:
+                        # Until the share's usage changes, its shape waits for this reason.
+                        last_share_wait[shape] = (share_changes[name], waiting[job.id])
+                    elif self._changes == before:
+                        # It changed nothing: until something does, its shape waits for this
+                        # reason.
+                        last_wait[shape] = (before, waiting[job.id])
+            if shares[name].strict_fifo:
+                strict_blocked[name] = reasons.strict_fifo(job.id)
 
     # --- one job ---------------------------------------------------------------------------
 
-    def _schedule(self, job: RunnableJob) -> bool:
-        """Place the job, or reserve GPUs for it (waiting for releases or victims), or record
-        why it waits. True only when it is placed."""
+    def _schedule(self, job: RunnableJob) -> str:
+        """Place the job (PLACED), or reserve GPUs for it (waiting for releases or victims), or
+        record why it waits (WAITS; WAITS_ON_SHARE: for a reason only its share's usage can
+        change)."""
         share = self.shares[job.share]
         limit = self.ledger.limit(job.share)
         if job.gpus > limit and share.strategy != LEND_AND_BORROW:
@@ -484,10 +507,21 @@ class _TypeCycle:
             self.waiting[job.id] = reasons.larger_than_limit(
                 job.gpus, self.gpu_type, job.share, limit, share.strategy
             )
-            return False
+            return WAITS_ON_SHARE
         per_node = job.gpus // job.nodes
         reason = self.ledger.admission_reason(job.share, job.gpus)
         quota_allows = reason is None
+        if (
+            not quota_allows
+            and share.strategy != LEND_AND_BORROW
+            and not share.in_share_preemption
+            and self.ledger.usage(job.share) + job.gpus > limit
+            and job.id not in self.promised
+        ):
+            # Over its share's limit as planned, and no try may take victims for it: only the
+            # share's own usage decides.
+            self.waiting[job.id] = reason
+            return WAITS_ON_SHARE
         if quota_allows:
             used = self.ledger.held_usage(job.share)
             allocations = self.pool.take(per_node, job.nodes)
@@ -499,7 +533,7 @@ class _TypeCycle:
                 self._share_changed(job.share)
                 for allocation in allocations:
                     self._node_changed(allocation.node)
-                return True
+                return PLACED
             reason = reasons.no_node(per_node, job.nodes, self.gpu_type)
 
         # GPUs already stopping for this job are its own: count them as released, both on the
@@ -519,7 +553,7 @@ class _TypeCycle:
             capacity = self._capacity(per_node, promised)
             if capacity.nodes >= job.nodes:
                 self._commit(job, promised, [], deltas)
-                return False
+                return WAITS
             if not promised:
                 self._failed_release_waits[job.nodes] = min(
                     per_node, self._failed_release_waits.get(job.nodes, per_node)
@@ -531,13 +565,13 @@ class _TypeCycle:
             victims = self._search(job, attempt, promised, deltas)
             if victims is not None:
                 self._commit(job, promised, victims, deltas)
-                return False
+                return WAITS
             if not promised:
                 self._failed_searches[(job.share, attempt, job.nodes)].append(
                     (per_node, job.priority)
                 )
         self.waiting[job.id] = reason
-        return False
+        return WAITS
 
     def _may_wait_for_release(
         self, job: RunnableJob, per_node: int, promised: Sequence[PlacedJob]
@@ -750,6 +784,7 @@ class _TypeCycle:
 
     def _share_changed(self, name: str) -> None:
         """After the share's usage or victims changed."""
+        self._share_changes[name] += 1
         if self._room is not None:
             self._room.refresh_share(name)
         if self._heads is not None:
