@@ -916,31 +916,32 @@ class _Reachable:
         before = self.reached.get(share, [])
         if [job.id for job in before] == [job.id for job in reached]:
             return
-        change: dict[str, int] = defaultdict(int)
-        for job in before:
-            _count_gpus(change, job, cycle.pool, -1)
-        for job in reached:
-            _count_gpus(change, job, cycle.pool, +1)
         self.reached[share] = reached
         if keys:
             self.reached_keys[share] = (keys, given_up)
         else:
             self.reached_keys.pop(share, None)
+        # Only the jobs no longer reached, or newly reached, change the nodes' room.
         before_ids = {job.id for job in before}
         after_ids = {job.id for job in reached}
+        ready = cycle.pool.ready
+        change: dict[str, int] = defaultdict(int)
         touched = set()
         for job in before:
             if job.id not in after_ids:
                 for allocation in job.allocations:
-                    if allocation.node in cycle.pool.ready:
-                        entries = self.on_node[allocation.node]
+                    node = allocation.node
+                    if node in ready:
+                        change[node] -= len(allocation.gpu_indices)
+                        entries = self.on_node[node]
                         entries[:] = [entry for entry in entries if entry[2] is not job]
-                        touched.add(allocation.node)
+                        touched.add(node)
         for key, job in zip(keys, reached, strict=True):
             if job.id not in before_ids:
                 for allocation in job.allocations:
                     node = allocation.node
-                    if node in cycle.pool.ready:
+                    if node in ready:
+                        change[node] += len(allocation.gpu_indices)
                         insort(self.on_node[node], (key, len(allocation.gpu_indices), job))
                         touched.add(node)
         for node, gpus in change.items():
