@@ -259,8 +259,8 @@ class _Capacity:
 
 class _TypeCycle:
     """One cycle for one GPU type; results in `placements`, `preemptions` and `waiting` (a
-    dictionary shared by the plan's cycles). `preempted_for`: the job that each runnable job
-    of this type that is a victim back in the queue was preempted for."""
+    dictionary shared by the plan's cycles). `preempted_for`: for each runnable job of this
+    type that is a victim back in the queue, the job it was preempted for."""
 
     def __init__(
         self,

@@ -67,9 +67,6 @@ class NodePool:
     def names(self) -> list[str]:
         return self._names
 
-    def free_count(self, name: str) -> int:
-        return self._counts[self._ordinal[name]]
-
     def base_room(self, name: str) -> int:
         """Free GPUs plus GPUs being released for anyone: the node's room before any victim."""
         ordinal = self._ordinal[name]
