@@ -433,24 +433,28 @@ class _TypeCycle:
         heads = dict.fromkeys(queues, 0)
         heap = [(ratio(name), queue[0][0], name) for name, queue in queues.items()]
         heapq.heapify(heap)
-        while heap:
-            key, position, name = heapq.heappop(heap)
+        turn = heapq.heappop(heap) if heap else None
+        while turn is not None:
+            key, position, name = turn
             current = ratio(name)
             if current != key:  # the share's borrowing changed since it was queued
-                heapq.heappush(heap, (current, position, name))
+                turn = heapq.heappushpop(heap, (current, position, name))
                 continue
             queue = queues[name]
             head = heads[name]
+            turn = None
             while True:
                 yield queue[head][1]
                 head += 1
                 if head == len(queue):
                     break
                 entry = (ratio(name), queue[head][0], name)
-                if heap and heap[0] < entry:  # another share's turn
-                    heapq.heappush(heap, entry)
+                if heap and heap[0] < entry:  # another share's turn: one sift, not two
+                    turn = heapq.heapreplace(heap, entry)
                     break
             heads[name] = head
+            if turn is None and heap:
+                turn = heapq.heappop(heap)
 
     def _consider_each(self, jobs: Iterable[RunnableJob]) -> None:
         """Schedule each job in turn (the next one is drawn only once this one is decided), or
