@@ -46,6 +46,11 @@ def _alive(pid: int) -> bool:
         return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def _command(pid: int) -> str:
+    with open(f"/proc/{pid}/comm") as comm:
+        return comm.read().strip()
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 @pytest.mark.parametrize("launcher", ["with", "without"])
 def test_a_killed_agent_takes_its_jobs_with_it(tmp_path, launcher):
@@ -59,6 +64,12 @@ def test_a_killed_agent_takes_its_jobs_with_it(tmp_path, launcher):
     )
     try:
         job = int(agent.stdout.readline())
+        # Once the command runs (through setpriv: once setpriv has set PR_SET_PDEATHSIG and
+        # exec'd it; an agent killed in that millisecond leaves its job to the restarted
+        # agent's kill_leftovers).
+        deadline = time.monotonic() + 10
+        while _command(job) != "sleep" and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert _alive(job)
         agent.send_signal(signal.SIGKILL)
         agent.wait(10)
