@@ -22,9 +22,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import requests
-
 from scheduler.agent.gpus import Gpu
+from scheduler.agent.transport import PortalClient, PortalUnreachable
 
 logger = logging.getLogger("scheduler.agent")
 
@@ -110,11 +109,6 @@ class Process:
     last_log: float = field(default_factory=time.monotonic)
 
 
-def _short(error: Exception) -> str:
-    """'ConnectionError' rather than urllib3's paragraph."""
-    return type(error).__name__
-
-
 class Backoff:
     def __init__(self) -> None:
         self.delay = 0.0
@@ -164,7 +158,7 @@ class Agent:
         self.applied = threading.Event()
         self.stopping = threading.Event()
         self.report_backoff = Backoff()
-        self.http = requests.Session()
+        self.http = PortalClient(self.portal)
         self.pdeathsig_launcher = _pdeathsig_launcher()
         (work_dir / "logs").mkdir(parents=True, exist_ok=True)
         (work_dir / "running").mkdir(parents=True, exist_ok=True)
@@ -187,10 +181,9 @@ class Agent:
         }
         while not self.stopping.is_set():
             try:
-                response = self.http.post(f"{self.portal}/api/v1/agent/register/", json=body,
-                                          timeout=10)  # fmt: skip
-            except requests.RequestException as error:
-                logger.warning("portal unreachable (%s); retrying", _short(error))
+                response = self.http.post("/api/v1/agent/register/", json=body, timeout=10)
+            except PortalUnreachable as error:
+                logger.warning("portal unreachable (%s); retrying", error)
             else:
                 if response.status_code == 201:
                     self.token = response.json()["token"]
@@ -242,14 +235,14 @@ class Agent:
             events = self._take_events() if self.poll_events else []
             try:
                 response = self.http.post(
-                    f"{self.portal}/api/v1/agent/poll/",
+                    "/api/v1/agent/poll/",
                     json=self._poll_body(events),
                     headers=self._headers(),
                     timeout=self.poll_wait + 15,
                 )
-            except requests.RequestException as error:
+            except PortalUnreachable as error:
                 self._events_sent(events, delivered=False)
-                logger.warning("poll failed (%s); jobs keep running", _short(error))
+                logger.warning("poll failed (%s); jobs keep running", error)
                 backoff.failed()
                 self.stopping.wait(backoff.delay)
                 continue
@@ -288,13 +281,13 @@ class Agent:
         delivered = False
         try:
             response = self.http.post(
-                f"{self.portal}/api/v1/agent/report/",
+                "/api/v1/agent/report/",
                 json={"events": events},
                 headers=self._headers(),
                 timeout=10,
             )
-        except requests.RequestException as error:
-            logger.warning("report failed (%s); %d event(s) kept", _short(error), len(events))
+        except PortalUnreachable as error:
+            logger.warning("report failed (%s); %d event(s) kept", error, len(events))
             self.report_backoff.failed()
             return
         else:
