@@ -19,7 +19,7 @@ from django.utils import timezone
 from portal.sql import prepared_cursor
 from scheduler.bulk import rows_update
 from scheduler.models import ClusterSettings, GpuAssignment, Job, JobAttempt, Node
-from scheduler.services import JobChanges, jobs_transition, request_cycle
+from scheduler.services import JobChanges, request_cycle
 
 JOIN_TOKEN_INVALID = (
     "join_token: not this cluster's join token (see Cluster settings in the admin)."
@@ -280,18 +280,12 @@ def node_orders(*, node: Node) -> Orders:
     if scheduled:
         # One transaction for all of them; rows locked in id order, as the cycle locks them.
         with transaction.atomic():
-            delivered = (
-                Job.objects.select_for_update()
-                .filter(pk__in=scheduled, state=Job.State.SCHEDULED)
-                .order_by("pk")
-                .values_list("pk", flat=True)
-            )
             reason = STARTING_REASON.format(node=node)
-            jobs_transition(
-                to_state=Job.State.STARTING,
-                changes=[(job_id, Job.State.SCHEDULED, reason) for job_id in delivered],
-                job_reason=reason,
-            )
+            changes = JobChanges()
+            for job in _jobs_locked(_scheduled_lock_query(len(scheduled)),
+                                    [Job.State.SCHEDULED, *scheduled]):  # fmt: skip
+                changes.transition(job, to_state=Job.State.STARTING, reason=reason)
+            changes.save()
     return Orders(run=run, stop=stop)
 
 
@@ -324,17 +318,33 @@ def _placeholders(count: int) -> str:
     return ", ".join(["%s"] * count)
 
 
-@cache
-def _jobs_lock_query(count: int) -> tuple[str, tuple[models.Field, ...]]:
-    """The jobs of `count` attempts, locked in id order (as _JOB_FIELDS of a Job)."""
+def _job_lock_query(condition: str) -> tuple[str, tuple[models.Field, ...]]:
+    """The jobs that meet `condition` (SQL about `job`), locked in id order, as Jobs with
+    _JOB_FIELDS loaded."""
     fields = _in_model_order(_columns("job.id", *(f"job.{name}" for name in _JOB_FIELDS)))
     lock = " FOR UPDATE OF job" if connection.features.has_select_for_update_of else ""
-    template = (
-        "SELECT {columns} FROM {job} job WHERE job.id IN "
-        f"(SELECT job_id FROM {{attempt}} WHERE id IN ({_placeholders(count)})) "
-        f"ORDER BY job.id{lock}"
-    )
+    template = f"SELECT {{columns}} FROM {{job}} job WHERE {condition} ORDER BY job.id{lock}"
     return _sql(template, fields), fields
+
+
+def _jobs_locked(query: tuple[str, tuple[models.Field, ...]], params: Sequence) -> list[Job]:
+    sql, columns = query
+    names = [field.attname for field in columns]
+    return [Job.from_db(DEFAULT_DB_ALIAS, names, row) for row in _select(sql, params, columns)]
+
+
+@cache
+def _jobs_lock_query(count: int) -> tuple[str, tuple[models.Field, ...]]:
+    """The jobs of `count` attempts."""
+    return _job_lock_query(
+        f"job.id IN (SELECT job_id FROM {{attempt}} WHERE id IN ({_placeholders(count)}))"
+    )
+
+
+@cache
+def _scheduled_lock_query(count: int) -> tuple[str, tuple[models.Field, ...]]:
+    """`count` jobs, those still in a state (the first parameter)."""
+    return _job_lock_query(f"job.state = %s AND job.id IN ({_placeholders(count)})")
 
 
 @cache
@@ -452,12 +462,7 @@ def _apply_changes(node: Node, events: list[dict]) -> list[str]:
     # and GPUs. The attempts need no lock of their own: every other write to them or their
     # GPUs holds the job's lock too, except a cancel's stop order, which only fills in an
     # unset stop_requested_at.
-    sql, columns = _jobs_lock_query(len(ids))
-    names = [field.attname for field in columns]
-    jobs = {
-        job.pk: job
-        for job in (Job.from_db(DEFAULT_DB_ALIAS, names, row) for row in _select(sql, ids, columns))
-    }
+    jobs = {job.pk: job for job in _jobs_locked(_jobs_lock_query(len(ids)), ids)}
     # Then, read under those locks, the GPUs the attempts hold, with the attempts: an attempt
     # that holds none on this node has nothing to report here.
     holders: dict[int, set[int]] = defaultdict(set)
