@@ -349,11 +349,15 @@ def _scheduled_lock_query(count: int) -> tuple[str, tuple[models.Field, ...]]:
 
 @cache
 def _holders_query(count: int) -> tuple[str, tuple[models.Field, ...]]:
-    """The nodes where `count` attempts hold GPUs, with the attempts' _ATTEMPT_FIELDS."""
+    """The nodes where `count` attempts (given twice) hold GPUs, with their _ATTEMPT_FIELDS."""
     fields = _columns("gpu.node", "gpu.attempt", *(f"attempt.{name}" for name in _ATTEMPT_FIELDS))
     template = (
         "SELECT {columns} FROM {gpu} gpu JOIN {attempt} attempt ON attempt.id = gpu.attempt_id "
-        f"WHERE gpu.released = %s AND gpu.attempt_id IN ({_placeholders(count)})"
+        f"WHERE gpu.released = %s AND gpu.attempt_id IN ({_placeholders(count)}) "
+        # The same ids again, on the attempts' primary key: without it PostgreSQL may hash the
+        # GPUs' rows against a scan of every attempt ever run (seen without table statistics,
+        # a scan per report).
+        f"AND attempt.id IN ({_placeholders(count)})"
     )
     return _sql(template, fields), fields
 
@@ -468,7 +472,7 @@ def _apply_changes(node: Node, events: list[dict]) -> list[str]:
     holders: dict[int, set[int]] = defaultdict(set)
     attempts: dict[int, JobAttempt] = {}
     sql, columns = _holders_query(len(ids))
-    for node_id, attempt_id, *values in _select(sql, [False, *ids], columns):
+    for node_id, attempt_id, *values in _select(sql, [False, *ids, *ids], columns):
         holders[attempt_id].add(node_id)
         if attempt_id not in attempts:
             fields = dict(zip(_ATTEMPT_FIELDS, values, strict=True))
