@@ -73,23 +73,41 @@ def rows_insert(
             [model(**dict(zip(fields, row, strict=True))) for row in rows], batch_size=BATCH
         )
         return [tuple(getattr(obj, name) for name in returning) for obj in objects]
-    columns = [field.column for field in given]
-    selects, params = [], []
-    for index, field in enumerate(given):
+    sql, json_fields, defaults = _insert_plan(model, tuple(fields), tuple(returning))
+    params = []
+    for index, is_json in enumerate(json_fields):
         values = [row[index] for row in rows]
-        if isinstance(field, models.JSONField):
+        if is_json:
             values = [None if value is None else json.dumps(value) for value in values]
         params.append(values)
-        selects.append(f"%b::{field.db_type(connection)}[]")
     # Fields the caller leaves out get their model default, the same for every row.
     now = timezone.now()
+    default_values = [
+        field.get_db_prep_save(now if stamped else field.get_default(), connection)
+        for field, stamped in defaults
+    ]
+    with prepared_cursor() as cursor:
+        cursor.execute(sql, [*default_values, *params])
+        return [tuple(row) for row in cursor.fetchall()] if returning else []
+
+
+@cache
+def _insert_plan(
+    model: type[models.Model], fields: tuple[str, ...], returning: tuple[str, ...]
+) -> tuple[str, tuple[bool, ...], tuple[tuple[models.Field, bool], ...]]:
+    """rows_insert's statement on PostgreSQL, whether each of `fields` is a JSON field, and the
+    fields that get their default (with whether they are auto_now(_add) stamps)."""
+    meta = model._meta
+    given = [meta.get_field(name) for name in fields]
+    columns = [field.column for field in given]
+    selects = [f"%b::{field.db_type(connection)}[]" for field in given]
     defaults, default_selects = [], []
     for field in meta.concrete_fields:
         if field in given or field.primary_key:
             continue
         stamped = getattr(field, "auto_now", False) or getattr(field, "auto_now_add", False)
         columns.append(field.column)
-        defaults.append(field.get_db_prep_save(now if stamped else field.get_default(), connection))
+        defaults.append((field, stamped))
         default_selects.append(f", %s::{field.db_type(connection)}")
     quote = connection.ops.quote_name
     sql = (
@@ -98,9 +116,8 @@ def rows_insert(
     )
     if returning:
         sql += " RETURNING " + ", ".join(quote(meta.get_field(n).column) for n in returning)
-    with _binary_cursor() as cursor:
-        cursor.execute(sql, [*defaults, *params])
-        return [tuple(row) for row in cursor.fetchall()] if returning else []
+    json_fields = tuple(isinstance(field, models.JSONField) for field in given)
+    return sql, json_fields, tuple(defaults)
 
 
 def rows_update(model: type[models.Model], fields: Sequence[str], rows: Iterable[Sequence]) -> int:
@@ -112,8 +129,6 @@ def rows_update(model: type[models.Model], fields: Sequence[str], rows: Iterable
     rows = list(rows)
     if not rows:
         return 0
-    meta = model._meta
-    given = [meta.get_field(name) for name in fields]
     if not _postgresql():
         by_values: dict[tuple, list] = defaultdict(list)
         for pk, *values in rows:
@@ -125,25 +140,36 @@ def rows_update(model: type[models.Model], fields: Sequence[str], rows: Iterable
                     **dict(zip(fields, values, strict=True))
                 )
         return written
+    sql, json_fields = _update_plan(model, tuple(fields))
+    params: list[list] = [[row[0] for row in rows]]
+    for index, is_json in enumerate(json_fields, start=1):
+        values = [row[index] for row in rows]
+        if is_json:
+            values = [None if value is None else json.dumps(value) for value in values]
+        params.append(values)
+    with prepared_cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
+
+
+@cache
+def _update_plan(
+    model: type[models.Model], fields: tuple[str, ...]
+) -> tuple[str, tuple[bool, ...]]:
+    """rows_update's statement on PostgreSQL, and whether each of `fields` is a JSON field."""
+    meta = model._meta
+    given = [meta.get_field(name) for name in fields]
     quote = connection.ops.quote_name
     table = quote(meta.db_table)
     columns = [quote(field.column) for field in given]
     arrays = [f"%b::{meta.pk.db_type(connection)}[]"]
-    params: list[list] = [[row[0] for row in rows]]
-    for index, field in enumerate(given, start=1):
-        values = [row[index] for row in rows]
-        if isinstance(field, models.JSONField):
-            values = [None if value is None else json.dumps(value) for value in values]
-        params.append(values)
-        arrays.append(f"%b::{field.db_type(connection)}[]")
+    arrays += [f"%b::{field.db_type(connection)}[]" for field in given]
     sql = (
         f"UPDATE {table} SET {', '.join(f'{c} = v.{c}' for c in columns)} "
         f"FROM unnest({', '.join(arrays)}) AS v(pk, {', '.join(columns)}) "
         f"WHERE {table}.{quote(meta.pk.column)} = v.pk"
     )
-    with _binary_cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.rowcount
+    return sql, tuple(isinstance(field, models.JSONField) for field in given)
 
 
 def jobs_set_reasons(reasons: dict[int, str], *, state: str | None = None) -> int:

@@ -25,13 +25,15 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import cache
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, Expression, F, FloatField, Func, Max, Sum
+from django.db.models import Expression, F, FloatField, Func, Max
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from portal.sql import prepared_cursor
 from scheduler import engine
 from scheduler.bulk import id_batches, jobs_set_reasons, rows_insert
 from scheduler.models import GpuAssignment, Job, JobAttempt, JobEvent, Node
@@ -180,11 +182,10 @@ def nodes_mark_lost(*, now: datetime, result: CycleResult) -> None:
     as NODE_LOST, release their GPUs (on every node of a gang) and requeue their jobs."""
     timeout = settings.NODE_HEARTBEAT_TIMEOUT_SECONDS
     cutoff = now - timedelta(seconds=timeout)
-    silent = Node.objects.exclude(state=Node.State.DOWN).filter(last_heartbeat__lt=cutoff)
-    never = Node.objects.exclude(state=Node.State.DOWN).filter(
-        last_heartbeat__isnull=True, created_at__lt=cutoff
-    )
-    lost = {node.pk: node.name for node in (*silent, *never)}
+    with prepared_cursor() as cursor:
+        at = connection.ops.adapt_datetimefield_value(cutoff)
+        cursor.execute(_silent_nodes_sql(), [Node.State.DOWN, at, at])
+        lost = dict(cursor.fetchall())
     if not lost:
         return
     Node.objects.filter(pk__in=lost).update(state=Node.State.DOWN)
@@ -234,17 +235,26 @@ def nodes_mark_lost(*, now: datetime, result: CycleResult) -> None:
     jobs_transition(to_state=Job.State.CANCELLED, changes=cancel)
 
 
+@cache
+def _silent_nodes_sql() -> str:
+    """(id, name) of the nodes not DOWN (the first parameter) not heard from since a time (the
+    other two), or never heard from and created before it."""
+    return (
+        f"SELECT id, name FROM {connection.ops.quote_name(Node._meta.db_table)} "
+        "WHERE state <> %s AND (last_heartbeat < %s "
+        "OR (last_heartbeat IS NULL AND created_at < %s))"
+    )
+
+
 # --- Cancels of placed jobs -----------------------------------------------------------------
 
 
 def cancels_to_stop_orders(*, now: datetime, result: CycleResult) -> None:
     """A job cancelled while it held GPUs (PREEMPTING, cancel_requested) gets a stop order on
     its attempt; one with no attempt left ends CANCELLED."""
-    pending = dict(
-        Job.objects.filter(state=Job.State.PREEMPTING, cancel_requested=True).values_list(
-            "pk", "state"
-        )
-    )
+    with prepared_cursor() as cursor:
+        cursor.execute(_cancelled_sql(), [Job.State.PREEMPTING, True])
+        pending = dict(cursor.fetchall())
     if not pending:
         return
     open_attempts = dict(
@@ -274,6 +284,15 @@ def cancels_to_stop_orders(*, now: datetime, result: CycleResult) -> None:
         if job_id not in open_attempts
     ]
     jobs_transition(to_state=Job.State.CANCELLED, changes=orphans)
+
+
+@cache
+def _cancelled_sql() -> str:
+    """(id, state) of the jobs in a state (the first parameter) being cancelled (the second)."""
+    return (
+        f"SELECT id, state FROM {connection.ops.quote_name(Job._meta.db_table)} "
+        "WHERE state = %s AND cancel_requested = %s"
+    )
 
 
 # --- Snapshot -------------------------------------------------------------------------------
@@ -633,25 +652,51 @@ def _apply_waiting(waiting, context: SnapshotContext, *, result: CycleResult) ->
 # --- Idle cycles ----------------------------------------------------------------------------
 
 
+# The jobs a plan depends on: those waiting and those holding GPUs.
+_ACTIVE_STATES = (Job.State.RUNNABLE, *Job.PLACED_STATES)
+
+
 def _fingerprint(changes: int | None) -> str:
     """A digest of everything the plan depends on, and of the count of commits that asked for
     a cycle. Equal digests: the plan would be the same."""
-    active = Job.objects.filter(state__in=(Job.State.RUNNABLE, *Job.PLACED_STATES)).aggregate(
-        n=Count("pk"), t=Max("updated_at"), p=Sum("priority")
-    )
-    held = GpuAssignment.objects.filter(released=False).aggregate(n=Count("pk"), m=Max("pk"))
-    attempts = JobAttempt.objects.filter(ended_at__isnull=True).aggregate(
-        n=Count("pk"), s=Count("stop_requested_at")
-    )
-    nodes = list(Node.objects.order_by("pk").values_list("pk", "state", "gpus", "gpu_type"))
-    shares = QuotaShare.objects.aggregate(n=Count("pk"), t=Max("updated_at"))
-    share_changes = ShareChange.objects.aggregate(m=Max("pk"))
-    events = JobEvent.objects.aggregate(m=Max("pk"))
-    text = repr(
-        (active, held, attempts, nodes, shares, share_changes, events, changes,
-         settings.BORROW_ORDER)
-    )  # fmt: skip
+    with prepared_cursor() as cursor:
+        cursor.execute(_fingerprint_sql(), [*_ACTIVE_STATES, False])
+        totals = cursor.fetchone()
+        cursor.execute(_fingerprint_nodes_sql())
+        nodes = cursor.fetchall()
+    text = repr((totals, nodes, changes, settings.BORROW_ORDER))
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+@cache
+def _fingerprint_sql() -> str:
+    """One row: active jobs (count, last update, priorities), GPUs held (count, last id), open
+    attempts (count, stopping), shares (count, last update), last share change, last job
+    event. Every table's part is served by an index or a small table."""
+    table = {
+        model: connection.ops.quote_name(model._meta.db_table)
+        for model in (Job, GpuAssignment, JobAttempt, QuotaShare, ShareChange, JobEvent)
+    }
+    states = ", ".join(["%s"] * len(_ACTIVE_STATES))
+    return (
+        "SELECT * FROM "
+        f"(SELECT COUNT(id), MAX(updated_at), SUM(priority) FROM {table[Job]} "
+        f"WHERE state IN ({states})) AS jobs, "
+        f"(SELECT COUNT(id), MAX(id) FROM {table[GpuAssignment]} WHERE released = %s) AS held, "
+        f"(SELECT COUNT(id), COUNT(stop_requested_at) FROM {table[JobAttempt]} "
+        "WHERE ended_at IS NULL) AS attempts, "
+        f"(SELECT COUNT(id), MAX(updated_at) FROM {table[QuotaShare]}) AS shares, "
+        f"(SELECT MAX(id) FROM {table[ShareChange]}) AS share_changes, "
+        f"(SELECT MAX(id) FROM {table[JobEvent]}) AS events"
+    )
+
+
+@cache
+def _fingerprint_nodes_sql() -> str:
+    return (
+        f"SELECT id, state, gpus, gpu_type FROM {connection.ops.quote_name(Node._meta.db_table)} "
+        "ORDER BY id"
+    )
 
 
 def note_change() -> None:

@@ -8,15 +8,18 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models, transaction
 from django.utils import timezone
 
+from portal.sql import prepared_cursor
 from scheduler.bulk import rows_update
 from scheduler.models import ClusterSettings, GpuAssignment, Job, JobAttempt, Node
-from scheduler.services import JobChanges, jobs_transition, request_cycle
+from scheduler.services import JobChanges, request_cycle
 
 JOIN_TOKEN_INVALID = (
     "join_token: not this cluster's join token (see Cluster settings in the admin)."
@@ -51,15 +54,97 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+# --- Written-out reads of the agent requests -------------------------------------------------
+# Every poll and report reads its node and its orders; the ORM spent more CPU building those
+# queries than PostgreSQL spent running them. Here the SQL is written once per process and
+# prepared once per connection (portal.sql.prepared_cursor).
+
+
+def _columns(*names: str) -> tuple[models.Field, ...]:
+    """The fields named "model.field" (model: node, job, attempt, gpu, share), in order."""
+    from shares.models import QuotaShare
+
+    models_by_alias = {"node": Node, "job": Job, "attempt": JobAttempt, "gpu": GpuAssignment,
+                       "share": QuotaShare}  # fmt: skip
+    fields = []
+    for name in names:
+        alias, _, field = name.partition(".")
+        fields.append(models_by_alias[alias]._meta.get_field(field))
+    return tuple(fields)
+
+
+def _in_model_order(fields: tuple[models.Field, ...]) -> tuple[models.Field, ...]:
+    """`fields` of one model in the model's order, as Model.from_db() takes their values."""
+    return tuple(f for f in fields[0].model._meta.concrete_fields if f in fields)
+
+
+def _sql(template: str, fields: Sequence[models.Field]) -> str:
+    """`template` with {columns} (`fields` as alias.column) and {table} placeholders
+    ({job}, {attempt}, ... : the models' quoted table names) filled in."""
+    from shares.models import QuotaShare
+
+    quote = connection.ops.quote_name
+    alias = {Node: "node", Job: "job", JobAttempt: "attempt", GpuAssignment: "gpu",
+             QuotaShare: "share"}  # fmt: skip
+    columns = ", ".join(f"{alias[f.model]}.{quote(f.column)}" for f in fields)
+    tables = {name: quote(model._meta.db_table) for model, name in alias.items()}
+    return template.format(columns=columns, **tables)
+
+
+@cache
+def _converting(fields: tuple[models.Field, ...], vendor: str) -> tuple:
+    """(position, column, converters) of the `fields` whose values the backend or the field
+    converts when the ORM loads them (JSON fields everywhere; datetimes and booleans on
+    SQLite)."""
+    converting = []
+    for index, field in enumerate(fields):
+        column = field.get_col(field.model._meta.db_table)
+        converters = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+        if converters:
+            converting.append((index, column, tuple(converters)))
+    return tuple(converting)
+
+
+def _select(sql: str, params: Sequence, fields: tuple[models.Field, ...]) -> list[list]:
+    """The rows of a written-out SELECT of `fields`, with the values the ORM would load."""
+    db = connections[DEFAULT_DB_ALIAS]
+    with prepared_cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    converting = _converting(fields, db.vendor)
+    if not converting:
+        return rows
+    converted = []
+    for row in rows:
+        row = list(row)
+        for index, column, converters in converting:
+            for converter in converters:
+                row[index] = converter(row[index], column, db)
+        converted.append(row)
+    return converted
+
+
+# What an agent request needs of its node (not its gpu_details nor labels).
+_NODE_FIELDS = ("id", "name", "gpu_type", "gpus", "state", "last_heartbeat")
+
+
+@cache
+def _node_for_token_query() -> tuple[str, tuple[models.Field, ...]]:
+    fields = _in_model_order(_columns(*(f"node.{name}" for name in _NODE_FIELDS)))
+    template = (
+        "SELECT {columns} FROM {node} node WHERE node.token_hash = %s ORDER BY node.id LIMIT 1"
+    )
+    return _sql(template, fields), fields
+
+
 def node_for_token(token: str) -> Node | None:
     if not token:
         return None
-    # Not its gpu_details nor labels: an agent request needs neither.
-    return (
-        Node.objects.filter(token_hash=hash_token(token))
-        .only("pk", "name", "gpu_type", "gpus", "state", "last_heartbeat")
-        .first()
-    )
+    sql, fields = _node_for_token_query()
+    rows = _select(sql, [hash_token(token)], fields)
+    if not rows:
+        return None
+    return Node.from_db(DEFAULT_DB_ALIAS, [f.attname for f in fields], rows[0])
 
 
 @transaction.atomic
@@ -97,13 +182,21 @@ def heartbeat_write_seconds() -> float:
     return settings.NODE_HEARTBEAT_TIMEOUT_SECONDS / 10
 
 
+@cache
+def _heartbeat_sql() -> str:
+    return _sql("UPDATE {node} SET last_heartbeat = %s WHERE id = %s", ())
+
+
 def node_heartbeat(*, node: Node) -> None:
     """The agent is alive. A node marked DOWN for missing heartbeats is READY again. `node` is
     as loaded for this request (its `last_heartbeat` decides whether to write)."""
     now = timezone.now()
     last = node.last_heartbeat
     if last is None or (now - last).total_seconds() >= heartbeat_write_seconds():
-        Node.objects.filter(pk=node.pk).update(last_heartbeat=now)
+        with prepared_cursor() as cursor:
+            cursor.execute(
+                _heartbeat_sql(), [connection.ops.adapt_datetimefield_value(now), node.pk]
+            )
         node.last_heartbeat = now
     if node.state == Node.State.DOWN:
         with transaction.atomic():
@@ -123,29 +216,32 @@ class Orders:
         return {"run": self.run, "stop": self.stop}
 
 
+@cache
+def _orders_query() -> tuple[str, tuple[models.Field, ...]]:
+    fields = _columns(
+        "gpu.gpu_index", "attempt.id", "attempt.number", "attempt.started_at",
+        "attempt.stop_requested_at", "job.id", "job.state", "job.command", "job.env",
+        "job.timeout_seconds", "share.grace_seconds",
+    )  # fmt: skip
+    template = (
+        "SELECT {columns} FROM {gpu} gpu "
+        "JOIN {attempt} attempt ON attempt.id = gpu.attempt_id "
+        "JOIN {job} job ON job.id = attempt.job_id "
+        "JOIN {share} share ON share.id = job.share_id "
+        "WHERE gpu.node_id = %s AND gpu.released = %s AND attempt.ended_at IS NULL "
+        "ORDER BY gpu.attempt_id, gpu.gpu_index"
+    )
+    return _sql(template, fields), fields
+
+
 def node_orders(*, node: Node) -> Orders:
     """What the node should be doing: every attempt holding GPUs on it, to run or to stop.
     Orders are declarative; the agent reconciles them with what it runs (and kills what is
     in neither list, see `orphan_stops`). Delivering a run order moves its job from SCHEDULED to
     STARTING. One query while there is nothing to deliver (most polls)."""
     # One row per GPU held here, with what the order needs of its attempt and job.
-    held = (
-        GpuAssignment.objects.filter(node=node, released=False, attempt__ended_at__isnull=True)
-        .order_by("attempt_id", "gpu_index")
-        .values_list(
-            "gpu_index",
-            "attempt_id",
-            "attempt__number",
-            "attempt__started_at",
-            "attempt__stop_requested_at",
-            "attempt__job_id",
-            "attempt__job__state",
-            "attempt__job__command",
-            "attempt__job__env",
-            "attempt__job__timeout_seconds",
-            "attempt__job__share__grace_seconds",
-        )
-    )
+    sql, fields = _orders_query()
+    held = _select(sql, [node.pk, False], fields)
     run: list[dict] = []
     stop: list[dict] = []
     scheduled = []
@@ -184,18 +280,12 @@ def node_orders(*, node: Node) -> Orders:
     if scheduled:
         # One transaction for all of them; rows locked in id order, as the cycle locks them.
         with transaction.atomic():
-            delivered = (
-                Job.objects.select_for_update()
-                .filter(pk__in=scheduled, state=Job.State.SCHEDULED)
-                .order_by("pk")
-                .values_list("pk", flat=True)
-            )
             reason = STARTING_REASON.format(node=node)
-            jobs_transition(
-                to_state=Job.State.STARTING,
-                changes=[(job_id, Job.State.SCHEDULED, reason) for job_id in delivered],
-                job_reason=reason,
-            )
+            changes = JobChanges()
+            for job in _jobs_locked(_scheduled_lock_query(len(scheduled)),
+                                    [Job.State.SCHEDULED, *scheduled]):  # fmt: skip
+                changes.transition(job, to_state=Job.State.STARTING, reason=reason)
+            changes.save()
     return Orders(run=run, stop=stop)
 
 
@@ -222,6 +312,64 @@ _ATTEMPT_FIELDS = (
 _JOB_FIELDS = (
     *JobChanges.FIELDS, "max_preemptions", "retry_attempts", "cancel_requested", "timeout_seconds",
 )  # fmt: skip
+
+
+def _placeholders(count: int) -> str:
+    return ", ".join(["%s"] * count)
+
+
+def _job_lock_query(condition: str) -> tuple[str, tuple[models.Field, ...]]:
+    """The jobs that meet `condition` (SQL about `job`), locked in id order, as Jobs with
+    _JOB_FIELDS loaded."""
+    fields = _in_model_order(_columns("job.id", *(f"job.{name}" for name in _JOB_FIELDS)))
+    lock = " FOR UPDATE OF job" if connection.features.has_select_for_update_of else ""
+    template = f"SELECT {{columns}} FROM {{job}} job WHERE {condition} ORDER BY job.id{lock}"
+    return _sql(template, fields), fields
+
+
+def _jobs_locked(query: tuple[str, tuple[models.Field, ...]], params: Sequence) -> list[Job]:
+    sql, columns = query
+    names = [field.attname for field in columns]
+    return [Job.from_db(DEFAULT_DB_ALIAS, names, row) for row in _select(sql, params, columns)]
+
+
+@cache
+def _jobs_lock_query(count: int) -> tuple[str, tuple[models.Field, ...]]:
+    """The jobs of `count` attempts."""
+    return _job_lock_query(
+        f"job.id IN (SELECT job_id FROM {{attempt}} WHERE id IN ({_placeholders(count)}))"
+    )
+
+
+@cache
+def _scheduled_lock_query(count: int) -> tuple[str, tuple[models.Field, ...]]:
+    """`count` jobs, those still in a state (the first parameter)."""
+    return _job_lock_query(f"job.state = %s AND job.id IN ({_placeholders(count)})")
+
+
+@cache
+def _holders_query(count: int) -> tuple[str, tuple[models.Field, ...]]:
+    """The nodes where `count` attempts (given twice) hold GPUs, with their _ATTEMPT_FIELDS."""
+    fields = _columns("gpu.node", "gpu.attempt", *(f"attempt.{name}" for name in _ATTEMPT_FIELDS))
+    template = (
+        "SELECT {columns} FROM {gpu} gpu JOIN {attempt} attempt ON attempt.id = gpu.attempt_id "
+        f"WHERE gpu.released = %s AND gpu.attempt_id IN ({_placeholders(count)}) "
+        # The same ids again, on the attempts' primary key: without it PostgreSQL may hash the
+        # GPUs' rows against a scan of every attempt ever run (seen without table statistics,
+        # a scan per report).
+        f"AND attempt.id IN ({_placeholders(count)})"
+    )
+    return _sql(template, fields), fields
+
+
+@cache
+def _release_sql(count: int) -> str:
+    """Release the GPUs `count` attempts hold on a node."""
+    return _sql(
+        "UPDATE {gpu} SET released = %s WHERE node_id = %s AND released = %s "
+        f"AND attempt_id IN ({_placeholders(count)})",
+        (),
+    )
 
 
 def attempt_started(*, node: Node, attempt_id: int) -> str:
@@ -318,20 +466,13 @@ def _apply_changes(node: Node, events: list[dict]) -> list[str]:
     # and GPUs. The attempts need no lock of their own: every other write to them or their
     # GPUs holds the job's lock too, except a cancel's stop order, which only fills in an
     # unset stop_requested_at.
-    jobs = {
-        job.pk: job
-        for job in Job.objects.select_for_update(of=("self",))
-        .filter(pk__in=JobAttempt.objects.filter(pk__in=ids).values("job_id"))
-        .order_by("pk")
-        .only(*_JOB_FIELDS)
-    }
+    jobs = {job.pk: job for job in _jobs_locked(_jobs_lock_query(len(ids)), ids)}
     # Then, read under those locks, the GPUs the attempts hold, with the attempts: an attempt
     # that holds none on this node has nothing to report here.
     holders: dict[int, set[int]] = defaultdict(set)
     attempts: dict[int, JobAttempt] = {}
-    for node_id, attempt_id, *values in GpuAssignment.objects.filter(
-        attempt_id__in=ids, released=False
-    ).values_list("node_id", "attempt_id", *(f"attempt__{name}" for name in _ATTEMPT_FIELDS)):
+    sql, columns = _holders_query(len(ids))
+    for node_id, attempt_id, *values in _select(sql, [False, *ids, *ids], columns):
         holders[attempt_id].add(node_id)
         if attempt_id not in attempts:
             fields = dict(zip(_ATTEMPT_FIELDS, values, strict=True))
@@ -344,9 +485,8 @@ def _apply_changes(node: Node, events: list[dict]) -> list[str]:
         if event["type"] == EVENT_EXITED and node.pk in holders[event["attempt"]]
     ]
     if exits_here:
-        GpuAssignment.objects.filter(node=node, attempt_id__in=exits_here, released=False).update(
-            released=True
-        )
+        with prepared_cursor() as cursor:
+            cursor.execute(_release_sql(len(exits_here)), [True, node.pk, False, *exits_here])
     now = timezone.now()
     changes = JobChanges()
     written: dict[int, set[str]] = defaultdict(set)  # attempt id → the fields events changed

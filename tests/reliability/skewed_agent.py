@@ -9,22 +9,22 @@ import os
 import sys
 import time
 
-import requests
+from scheduler.agent.transport import PortalClient
 
 SKEW = float(os.environ.get("AGENT_CLOCK_SKEW_SECONDS", "0"))
 _real_time, _real_time_ns = time.time, time.time_ns
 time.time = lambda: _real_time() + SKEW
 time.time_ns = lambda: _real_time_ns() + int(SKEW * 1e9)
-_request = requests.Session.request
+_post = PortalClient.post
 
 
-def _request_with_date(self, method, url, **kwargs):
+def _post_with_date(self, path, **kwargs):
     headers = dict(kwargs.pop("headers", None) or {})
     headers["Date"] = email.utils.formatdate(time.time(), usegmt=True)
-    return _request(self, method, url, headers=headers, **kwargs)
+    return _post(self, path, headers=headers, **kwargs)
 
 
-requests.Session.request = _request_with_date
+PortalClient.post = _post_with_date
 
 if __name__ == "__main__":
     from scheduler.agent.__main__ import main

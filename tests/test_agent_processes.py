@@ -1,0 +1,95 @@
+"""How the agent starts job processes: a dead agent leaves no job behind (PR_SET_PDEATHSIG,
+through setpriv or set in the child), and a command exec cannot find never starts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from scheduler.agent.core import Agent, _pdeathsig_launcher
+from scheduler.agent.gpus import fake_gpus
+
+# An agent in a process of its own starts `sleep 60` and prints its pid, then waits to be killed.
+AGENT = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from scheduler.agent.core import Agent
+    from scheduler.agent.gpus import fake_gpus
+
+    work = Path(sys.argv[1])
+    agent = Agent(portal="http://127.0.0.1:9", join_token="x", name="n", gpu_type="h100",
+                  gpus=fake_gpus(1, "h100"), work_dir=work, checkpoint_root=work / "checkpoints")
+    if sys.argv[2] == "without":
+        agent.pdeathsig_launcher = None
+    agent.start({"attempt": 1, "job": 1, "number": 1, "command": "sleep 60", "env": {},
+                 "gpu_indices": [0], "timeout_seconds": None, "grace_seconds": 0})
+    print(agent.processes[1].popen.pid, flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead: its parent (the killed agent) is gone, and init reaps it soon.
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _command(pid: int) -> str:
+    with open(f"/proc/{pid}/comm") as comm:
+        return comm.read().strip()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("launcher", ["with", "without"])
+def test_a_killed_agent_takes_its_jobs_with_it(tmp_path, launcher):
+    if launcher == "with" and _pdeathsig_launcher() is None:
+        pytest.skip("no setpriv with --pdeathsig here")
+    agent = subprocess.Popen(
+        [sys.executable, "-c", AGENT, str(tmp_path), launcher],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.getcwd(),
+    )
+    try:
+        job = int(agent.stdout.readline())
+        # Once the command runs (through setpriv: once setpriv has set PR_SET_PDEATHSIG and
+        # exec'd it; an agent killed in that millisecond leaves its job to the restarted
+        # agent's kill_leftovers).
+        deadline = time.monotonic() + 10
+        while _command(job) != "sleep" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _alive(job)
+        agent.send_signal(signal.SIGKILL)
+        agent.wait(10)
+        deadline = time.monotonic() + 10
+        while _alive(job) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(job)
+    finally:
+        agent.kill()
+
+
+def test_a_command_that_cannot_be_found_never_starts(tmp_path):
+    """Reported as never started, with the error, whether or not a launcher is in between."""
+    agent = Agent(portal="http://127.0.0.1:9", join_token="x", name="n", gpu_type="h100",
+                  gpus=fake_gpus(1, "h100"), work_dir=tmp_path,
+                  checkpoint_root=tmp_path / "checkpoints")  # fmt: skip
+    order = {"attempt": 1, "job": 1, "number": 1, "command": "no-such-program --now", "env": {},
+             "gpu_indices": [0], "timeout_seconds": None, "grace_seconds": 0}  # fmt: skip
+    agent.start(order)
+    (event,) = agent.outbox
+    assert (event["type"], event["end"]) == ("exited", "never_started")
+    assert "No such file or directory" in event["detail"]
+    assert not agent.processes
