@@ -8,6 +8,7 @@ run through `prepared_cursor`: parsed and planned once per connection, not once 
 
 from __future__ import annotations
 
+import select
 from collections.abc import Sequence
 from functools import cache
 
@@ -24,6 +25,13 @@ def prepared_cursor():
     if db.vendor != "postgresql":
         return db.cursor()
     # As db.cursor() does, with our cursor class.
+    if (
+        db.health_check_enabled
+        and not db.health_check_done
+        and db.connection is not None
+        and _nothing_received(db)
+    ):
+        db.health_check_done = True
     db.close_if_health_check_failed()
     db.ensure_connection()
     if not (db.queries_logged or db.execute_wrappers):
@@ -31,6 +39,20 @@ def prepared_cursor():
     with db.wrap_database_errors:
         cursor_class = _prepared_cursor_classes()[db.queries_logged]
         return db._prepare_cursor(cursor_class(db.connection))
+
+
+def _nothing_received(db) -> bool:
+    """Whether the server has sent nothing to the idle connection since its last statement:
+    then it is still there, and Django's per-request health check (CONN_HEALTH_CHECKS: a
+    `SELECT 1` round trip, 3% of a submit's CPU) can be skipped. A server that restarted or
+    dropped the connection has sent its goodbye, or closed the socket: the socket is readable,
+    and Django's check runs, reconnects, or the request gets a 503 while the server is down."""
+    try:
+        poll = select.poll()
+        poll.register(db.connection.fileno(), select.POLLIN)
+        return not poll.poll(0)
+    except Exception:  # noqa: BLE001 — no socket (closed): Django's check decides
+        return False
 
 
 class _StatementCursor:
