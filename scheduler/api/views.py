@@ -139,7 +139,11 @@ class JobListCreateView(generics.GenericAPIView):
         share_name = data.pop("share")
         try:
             job, created = job_services.job_submit(
-                user=request.user, share_name=share_name, members_only=True, **data
+                user=request.user,
+                share_name=share_name,
+                members_only=True,
+                fields_validated=True,
+                **data,
             )
         except job_services.ShareNotVisible:
             message = (SHARE_NOT_FOUND if is_admin(request.user) else SHARE_NOT_YOURS).format(
