@@ -36,7 +36,7 @@ class _AuthorizationHeader:
     __slots__ = ("headers",)
 
     def __init__(self, request) -> None:
-        authorization = request._request.META.get("HTTP_AUTHORIZATION")
+        authorization = request.META.get("HTTP_AUTHORIZATION")
         self.headers = {} if authorization is None else {"authorization": authorization}
 
 
