@@ -151,7 +151,7 @@ class JobListCreateView(generics.GenericAPIView):
             )
             return Response({"share": [message]}, status=status.HTTP_404_NOT_FOUND)
         return Response(
-            s.JobSerializer(job).data,
+            s.job_data(job),
             status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
             headers={"Location": f"/api/v1/jobs/{job.pk}/"},
         )
