@@ -20,7 +20,9 @@ def prepared_cursor():
     prepared on the server the first time a connection runs them, and then only executed:
     PostgreSQL skips parsing and planning, which was most of its work for a token lookup.
     Parameters are bound on the server (`%s` placeholders, as Django's). Elsewhere, or with
-    DATABASE_PREPARED_STATEMENTS off, a plain cursor."""
+    DATABASE_PREPARED_STATEMENTS off, a plain cursor. On PostgreSQL the cursors of one
+    connection may be one reused cursor (_StatementCursor): fetch a statement's rows before
+    the next prepared_cursor() statement runs."""
     db = connections[DEFAULT_DB_ALIAS]  # once: each use of the `connection` proxy looks it up
     if db.vendor != "postgresql":
         return db.cursor()
