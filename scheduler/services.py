@@ -341,6 +341,7 @@ def job_submit(
     max_preemptions: int | None = None,
     retry_attempts: int = 0,
     members_only: bool = False,
+    fields_validated: bool = False,
 ) -> tuple[Job, bool]:
     """Accept a job into its share's queue; returns (job, created).
 
@@ -348,7 +349,9 @@ def job_submit(
     same request returns the first job (created False); with a different request it raises
     ClientTokenConflict. A DISABLED share refuses new jobs. With `members_only` (the API), a
     share the user may not see (not on its team, not an admin) raises ShareNotVisible, like
-    one that does not exist, before anything else is looked at."""
+    one that does not exist, before anything else is looked at. `fields_validated`: the caller
+    has already checked every field of the request against the rules of the model's fields (the
+    API's JobSubmitSerializer does, with its own messages), so they are not checked twice."""
     from django.core.exceptions import ValidationError
     from django.db import IntegrityError
 
@@ -393,10 +396,12 @@ def job_submit(
     if not (command or "").strip():
         raise ValidationError({"command": COMMAND_EMPTY})
     job = Job(share=share, submitted_by=user, client_token=client_token, **request)
-    # Field validators and Job.clean() check every rule the check constraints hold, with the
-    # messages users read; validating the constraints again would cost one query each (five
-    # per submit), and the database enforces them anyway (the client_token race included).
-    job.full_clean(exclude=["share", "submitted_by"], validate_constraints=False)
+    if not fields_validated:
+        # Field validators and Job.clean() check every rule the check constraints hold, with
+        # the messages users read; validating the constraints again would cost one query each
+        # (five per submit), and the database enforces them anyway (the client_token race
+        # included).
+        job.full_clean(exclude=["share", "submitted_by"], validate_constraints=False)
     validate_fits_nodes(
         gpu_type=gpu_type,
         gpus=gpus,

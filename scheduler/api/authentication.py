@@ -27,8 +27,24 @@ def _user_by_token_sql() -> str:
     )
 
 
+class _AuthorizationHeader:
+    """A request as DRF's TokenAuthentication.authenticate reads it (through
+    get_authorization_header): `headers`, here only the Authorization header, taken from META.
+    Django's request.headers maps every header of the request the first time it is read,
+    which cost a submit 2.5% of its CPU for the one header it needs."""
+
+    __slots__ = ("headers",)
+
+    def __init__(self, request) -> None:
+        authorization = request.META.get("HTTP_AUTHORIZATION")
+        self.headers = {} if authorization is None else {"authorization": authorization}
+
+
 class ApiTokenAuthentication(TokenAuthentication):
     """`Authorization: Token <key>`, answering exactly as DRF's TokenAuthentication does."""
+
+    def authenticate(self, request):
+        return super().authenticate(_AuthorizationHeader(request))
 
     def authenticate_credentials(self, key: str):
         with prepared_cursor() as cursor:

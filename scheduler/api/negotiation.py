@@ -12,12 +12,16 @@ class ApiContentNegotiation(DefaultContentNegotiation):
     header and matching it against every renderer cost a submit 4% of its CPU)."""
 
     def select_renderer(self, request, renderers, format_suffix=None):
-        accept = request.META.get("HTTP_ACCEPT", "*/*")
+        meta = request.META
         if (
             renderers
-            and accept == "*/*"
+            and meta.get("HTTP_ACCEPT", "*/*") == "*/*"
             and not format_suffix
-            and self.settings.URL_FORMAT_OVERRIDE not in request.query_params
+            # Without a query string, no ?format= (and no QueryDict to build to find out).
+            and (
+                not meta.get("QUERY_STRING")
+                or self.settings.URL_FORMAT_OVERRIDE not in request.query_params
+            )
         ):
             return renderers[0], renderers[0].media_type
         return super().select_renderer(request, renderers, format_suffix)

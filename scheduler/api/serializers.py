@@ -4,6 +4,7 @@ DESIGN §2 stay in the services, whose ValidationErrors come back as 400s (see e
 from __future__ import annotations
 
 import re
+from functools import cache
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -190,6 +191,19 @@ class JobSerializer(PlainValuesMixin, serializers.ModelSerializer):
             "updated_at",
         ]
         read_only_fields = fields
+
+
+def job_data(job: Job) -> dict:
+    """JobSerializer(job).data, without a serializer per job: JobSerializer's fields are shared
+    by the class and read no context (SharedFieldsMixin), so one instance shows every job.
+    Making the instance (and the ReturnDict copy of `.data`) was a quarter of the CPU a
+    submit spent on its job's JSON."""
+    return _job_serializer().to_representation(job)
+
+
+@cache
+def _job_serializer() -> JobSerializer:
+    return JobSerializer()
 
 
 class AllocationSerializer(serializers.Serializer):

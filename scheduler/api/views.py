@@ -139,7 +139,11 @@ class JobListCreateView(generics.GenericAPIView):
         share_name = data.pop("share")
         try:
             job, created = job_services.job_submit(
-                user=request.user, share_name=share_name, members_only=True, **data
+                user=request.user,
+                share_name=share_name,
+                members_only=True,
+                fields_validated=True,
+                **data,
             )
         except job_services.ShareNotVisible:
             message = (SHARE_NOT_FOUND if is_admin(request.user) else SHARE_NOT_YOURS).format(
@@ -147,7 +151,7 @@ class JobListCreateView(generics.GenericAPIView):
             )
             return Response({"share": [message]}, status=status.HTTP_404_NOT_FOUND)
         return Response(
-            s.JobSerializer(job).data,
+            s.job_data(job),
             status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
             headers={"Location": f"/api/v1/jobs/{job.pk}/"},
         )

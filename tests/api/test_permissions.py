@@ -223,3 +223,26 @@ def test_session_login_works_like_a_token(world):
     assert client.login(username="bob", password="pw")
     assert client.get("/api/v1/shares/research/").status_code == 200
     assert client.get("/api/v1/shares/vision/").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("authorization", "detail"),
+    [
+        (None, "Authentication credentials were not provided."),
+        ("Token", "Invalid token header. No credentials provided."),
+        ("Token a b", "Invalid token header. Token string should not contain spaces."),
+        ("token not-a-token", "Invalid token."),
+        ("Bearer whatever", "Authentication credentials were not provided."),
+    ],
+)
+def test_token_header_problems_are_401_with_drfs_messages(world, authorization, detail):
+    """A missing, malformed or unknown token gets DRF's own 401 answer, and no job."""
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    if authorization is not None:
+        client.credentials(HTTP_AUTHORIZATION=authorization)
+    response = client.post("/api/v1/jobs/", job_request(), format="json")
+    assert (response.status_code, response.json()["detail"]) == (401, detail)
+    assert response["WWW-Authenticate"] == "Token"
+    assert not Job.objects.exists()

@@ -6,11 +6,20 @@ import json
 
 import pytest
 from django.contrib.staticfiles import finders
+from hypothesis import HealthCheck, assume, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from scheduler import services
 from scheduler.api import serializers as s
 from scheduler.api import views
-from scheduler.models import GPUS_DIVISIBLE_BY_NODES, PRIORITY_RANGE, TIMEOUT_RANGE, Job
+from scheduler.models import (
+    GPUS_DIVISIBLE_BY_NODES,
+    MAX_TIMEOUT_SECONDS,
+    PRIORITY_RANGE,
+    TIMEOUT_RANGE,
+    Job,
+)
 from shares.models import BORROW_LIMIT_ONLY_WITH_LEND_AND_BORROW, QuotaShare
 from shares.services import share_update
 from tests.api.conftest import job_request
@@ -318,3 +327,37 @@ def test_swagger_ui_assets_are_served_from_our_static_files(world):
     assert "/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js" in page
     assert "cdn" not in page.lower()
     assert finders.find("drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js")
+
+
+_whole_numbers = st.one_of(
+    st.none(),
+    st.integers(min_value=-3, max_value=2**40),
+    st.sampled_from([0, 1, 2, 8, 1000, 9999, 10000, 20, 21, MAX_TIMEOUT_SECONDS, 2**31]),
+)
+
+
+@hypothesis_settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    gpu_type=st.one_of(st.from_regex(r"[a-z0-9][a-z0-9-]{0,40}", fullmatch=True), st.text()),
+    gpus=_whole_numbers,
+    nodes=_whole_numbers,
+    priority=_whole_numbers,
+    timeout_seconds=_whole_numbers,
+    max_preemptions=_whole_numbers,
+    retry_attempts=_whole_numbers,
+    name=st.text(max_size=210),
+    client_token=st.text(max_size=70),
+    command=st.text(min_size=1, max_size=50),
+    env=st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3),
+)
+def test_what_the_submit_serializer_accepts_the_job_model_accepts(**fields):
+    """The API submits with fields_validated: a request JobSubmitSerializer accepts breaks none
+    of the rules of the Job model's fields (job_submit checks an empty command and GPUs that do
+    not divide among the nodes itself, with or without it)."""
+    request = {"share": "research", **{k: v for k, v in fields.items() if v is not None}}
+    serializer = s.JobSubmitSerializer(data=request)
+    assume(serializer.is_valid())
+    data = dict(serializer.validated_data)
+    del data["share"]
+    assume(data["command"].strip() and data["gpus"] % data["nodes"] == 0)
+    Job(**data).full_clean(exclude=["share", "submitted_by"], validate_constraints=False)
