@@ -430,6 +430,7 @@ class _TypeCycle:
             borrowed = usage[name] - limits[name]
             return borrowed / weight if borrowed > 0 else 0.0
 
+        share_changes = self._share_changes
         heads = dict.fromkeys(queues, 0)
         heap = [(ratio(name), queue[0][0], name) for name, queue in queues.items()]
         heapq.heapify(heap)
@@ -443,15 +444,24 @@ class _TypeCycle:
             queue = queues[name]
             head = heads[name]
             turn = None
+            seen = share_changes[name]
             while True:
                 yield queue[head][1]
                 head += 1
                 if head == len(queue):
                     break
-                entry = (ratio(name), queue[head][0], name)
-                if heap and heap[0] < entry:  # another share's turn: one sift, not two
-                    turn = heapq.heapreplace(heap, entry)
-                    break
+                if share_changes[name] != seen:  # its usage changed: so may its ratio
+                    seen = share_changes[name]
+                    current = ratio(name)
+                position = queue[head][0]
+                if heap:
+                    # Whether (current, position, name) comes after the first of the others;
+                    # positions differ, so names never decide.
+                    top_ratio, top_position, _ = heap[0]
+                    if top_ratio < current or (top_ratio == current and top_position < position):
+                        # Another share's turn: one sift, not two.
+                        turn = heapq.heapreplace(heap, (current, position, name))
+                        break
             heads[name] = head
             if turn is None and heap:
                 turn = heapq.heappop(heap)
