@@ -97,6 +97,10 @@ class _StatementCursor:
         with self.db.wrap_database_errors:
             return self.cursor.fetchall()
 
+    @property
+    def rowcount(self) -> int:
+        return self.cursor.rowcount
+
 
 @cache
 def _prepared_cursor_classes() -> dict[bool, type]:

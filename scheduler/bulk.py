@@ -130,11 +130,16 @@ def rows_update(model: type[models.Model], fields: Sequence[str], rows: Iterable
     if not rows:
         return 0
     if not _postgresql():
-        by_values: dict[tuple, list] = defaultdict(list)
+        # Rows with equal values share an UPDATE; JSON values are compared by their text.
+        by_values: dict[tuple, tuple[list, list]] = {}
         for pk, *values in rows:
-            by_values[tuple(values)].append(pk)
+            key = tuple(
+                json.dumps(value, sort_keys=True) if isinstance(value, dict | list) else value
+                for value in values
+            )
+            by_values.setdefault(key, (values, []))[1].append(pk)
         written = 0
-        for values, ids in by_values.items():
+        for values, ids in by_values.values():
             for start in range(0, len(ids), BATCH):
                 written += model.objects.filter(pk__in=ids[start : start + BATCH]).update(
                     **dict(zip(fields, values, strict=True))

@@ -9,7 +9,7 @@ import pytest
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from scheduler.bulk import job_insert, jobs_set_reasons, rows_insert
+from scheduler.bulk import job_insert, jobs_set_reasons, rows_insert, rows_update
 from scheduler.models import GpuAssignment, Job, JobAttempt, JobEvent
 from scheduler.services import job_submit
 from tests.conftest import make_node
@@ -88,6 +88,25 @@ def test_reasons_are_written_only_to_jobs_still_in_the_state(personas):
     events = JobEvent.objects.count()
     assert jobs_set_reasons({gone.pk: "any"}) == 1
     assert JobEvent.objects.count() == events  # not a state change: no event
+
+
+def test_updated_rows_get_their_own_values_and_the_count_is_returned(personas):
+    """Each row gets its own values of the named fields, JSON included; other fields and other
+    rows keep theirs; the number of rows written comes back."""
+    make_node("node-0")
+    jobs = [submit(personas.bruno, "research") for _ in range(3)]
+    untouched = submit(personas.bruno, "research")
+    written = rows_update(
+        Job,
+        ("priority", "env"),
+        [(job.pk, 10 + index, {"RUN": str(index)}) for index, job in enumerate(jobs)],
+    )
+    assert written == 3
+    for index, job in enumerate(jobs):
+        row = Job.objects.get(pk=job.pk)
+        assert (row.priority, row.env, row.reason) == (10 + index, {"RUN": str(index)}, job.reason)
+    assert Job.objects.get(pk=untouched.pk).priority == untouched.priority
+    assert rows_update(Job, ("priority",), []) == 0
 
 
 def new_job(user, share, **fields) -> tuple[Job, list[JobEvent]]:
