@@ -3,7 +3,8 @@
 `Model.objects.raw()` maps the query's column names to the model's fields each time it runs,
 which costs a token lookup as much CPU as running the query. Here the SQL selects the model's
 columns in the model's order (`model_columns`), and `instance_from_row` makes each row an
-instance as the ORM does (`from_db`, with the backend's value converters). On PostgreSQL they
+instance as the ORM does (`from_db`, with the backend's value converters); `select_rows` gives
+the converted rows of a SELECT of chosen fields. On PostgreSQL they
 run through `prepared_cursor`: parsed and planned once per connection, not once per request."""
 
 from __future__ import annotations
@@ -132,30 +133,46 @@ def model_columns(model: type[models.Model], alias: str) -> str:
 
 
 @cache
-def _converted_fields(model: type[models.Model], vendor: str) -> tuple[int, ...]:
-    """Positions of the fields whose values the `vendor` backend converts (on SQLite booleans
-    and datetimes; on PostgreSQL, for most models, none)."""
-    return tuple(
-        index
-        for index, field in enumerate(model._meta.concrete_fields)
-        if _converters(field.get_col(model._meta.db_table))
-    )
+def _converting(fields: tuple[models.Field, ...], vendor: str) -> tuple:
+    """(position, column, converters) of the `fields` whose values the `vendor` backend or the
+    field converts when the ORM loads them (JSON fields everywhere; on SQLite booleans and
+    datetimes too)."""
+    converting = []
+    for index, field in enumerate(fields):
+        column = field.get_col(field.model._meta.db_table)
+        converters = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+        if converters:
+            converting.append((index, column, tuple(converters)))
+    return tuple(converting)
 
 
-def _converters(column) -> list:
-    return connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+def _convert(values: list, converting: tuple, db) -> list:
+    """`values` (a row of the fields `converting` was made for) as the ORM loads them."""
+    for index, column, converters in converting:
+        for converter in converters:
+            values[index] = converter(values[index], column, db)
+    return values
+
+
+def select_rows(sql: str, params: Sequence, fields: tuple[models.Field, ...]) -> list:
+    """The rows of a written-out SELECT of `fields` (in that order), through
+    `prepared_cursor`, with the values the ORM would load."""
+    db = connections[DEFAULT_DB_ALIAS]
+    with prepared_cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    converting = _converting(fields, db.vendor)
+    if not converting:
+        return rows
+    return [_convert(list(row), converting, db) for row in rows]
 
 
 def instance_from_row(model: type[models.Model], row: Sequence):
     """An instance of `model` from the first values of `row`, selected by `model_columns`
     (values after them are the caller's)."""
     db = connections[DEFAULT_DB_ALIAS]  # once: each use of the `connection` proxy looks it up
-    fields = model._meta.concrete_fields
-    values = list(row[: len(fields)])
-    for index in _converted_fields(model, db.vendor):
-        column = fields[index].get_col(model._meta.db_table)
-        for converter in _converters(column):
-            values[index] = converter(values[index], column, db)
+    fields = tuple(model._meta.concrete_fields)
+    values = _convert(list(row[: len(fields)]), _converting(fields, db.vendor), db)
     return model.from_db(db.alias, _attnames(model), values)
 
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from functools import cache
 
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connection, connections, models, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, models, transaction
 from django.utils import timezone
 
-from portal.sql import prepared_cursor
+from portal.sql import prepared_cursor, select_rows
 from scheduler.bulk import rows_update
 from scheduler.models import ClusterSettings, GpuAssignment, Job, JobAttempt, Node
 from scheduler.services import JobChanges, request_cycle
@@ -91,39 +91,6 @@ def _sql(template: str, fields: Sequence[models.Field]) -> str:
     return template.format(columns=columns, **tables)
 
 
-@cache
-def _converting(fields: tuple[models.Field, ...], vendor: str) -> tuple:
-    """(position, column, converters) of the `fields` whose values the backend or the field
-    converts when the ORM loads them (JSON fields everywhere; datetimes and booleans on
-    SQLite)."""
-    converting = []
-    for index, field in enumerate(fields):
-        column = field.get_col(field.model._meta.db_table)
-        converters = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
-        if converters:
-            converting.append((index, column, tuple(converters)))
-    return tuple(converting)
-
-
-def _select(sql: str, params: Sequence, fields: tuple[models.Field, ...]) -> list[list]:
-    """The rows of a written-out SELECT of `fields`, with the values the ORM would load."""
-    db = connections[DEFAULT_DB_ALIAS]
-    with prepared_cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
-    converting = _converting(fields, db.vendor)
-    if not converting:
-        return rows
-    converted = []
-    for row in rows:
-        row = list(row)
-        for index, column, converters in converting:
-            for converter in converters:
-                row[index] = converter(row[index], column, db)
-        converted.append(row)
-    return converted
-
-
 # What an agent request needs of its node (not its gpu_details nor labels).
 _NODE_FIELDS = ("id", "name", "gpu_type", "gpus", "state", "last_heartbeat")
 
@@ -141,7 +108,7 @@ def node_for_token(token: str) -> Node | None:
     if not token:
         return None
     sql, fields = _node_for_token_query()
-    rows = _select(sql, [hash_token(token)], fields)
+    rows = select_rows(sql, [hash_token(token)], fields)
     if not rows:
         return None
     return Node.from_db(DEFAULT_DB_ALIAS, [f.attname for f in fields], rows[0])
@@ -241,7 +208,7 @@ def node_orders(*, node: Node) -> Orders:
     STARTING. One query while there is nothing to deliver (most polls)."""
     # One row per GPU held here, with what the order needs of its attempt and job.
     sql, fields = _orders_query()
-    held = _select(sql, [node.pk, False], fields)
+    held = select_rows(sql, [node.pk, False], fields)
     run: list[dict] = []
     stop: list[dict] = []
     scheduled = []
@@ -330,7 +297,7 @@ def _job_lock_query(condition: str) -> tuple[str, tuple[models.Field, ...]]:
 def _jobs_locked(query: tuple[str, tuple[models.Field, ...]], params: Sequence) -> list[Job]:
     sql, columns = query
     names = [field.attname for field in columns]
-    return [Job.from_db(DEFAULT_DB_ALIAS, names, row) for row in _select(sql, params, columns)]
+    return [Job.from_db(DEFAULT_DB_ALIAS, names, row) for row in select_rows(sql, params, columns)]
 
 
 @cache
@@ -472,7 +439,7 @@ def _apply_changes(node: Node, events: list[dict]) -> list[str]:
     holders: dict[int, set[int]] = defaultdict(set)
     attempts: dict[int, JobAttempt] = {}
     sql, columns = _holders_query(len(ids))
-    for node_id, attempt_id, *values in _select(sql, [False, *ids, *ids], columns):
+    for node_id, attempt_id, *values in select_rows(sql, [False, *ids, *ids], columns):
         holders[attempt_id].add(node_id)
         if attempt_id not in attempts:
             fields = dict(zip(_ATTEMPT_FIELDS, values, strict=True))
