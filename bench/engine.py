@@ -1,11 +1,18 @@
 """How long one `plan()` takes, and how that grows with the cluster.
 
-Run: python bench/engine.py [--runs 5] [--seed 1]
+Run: python bench/engine.py [--runs 5] [--seeds 5]
 
-Builds a synthetic cluster (base size: 1,000 nodes of 8 GPUs in two GPU types, 50 shares of mixed
-strategies, 5,000 placed and 20,000 runnable jobs), then the same at 0.5x, 2x and 4x, and prints
-the median time of one plan() at each size, its ratio to the base size, and that ratio divided by
-the n·log n growth between the two sizes (<= 1: no worse than n·log n).
+Builds synthetic clusters (base size: 1,000 nodes of 8 GPUs in two GPU types, 50 shares of mixed
+strategies, 5,000 placed and 20,000 runnable jobs), then the same at 0.5x, 2x and 4x, each from
+--seeds random seeds, and prints for each size the mean over the seeds of the median time of one
+plan(), its ratio to the base size, and that ratio divided by the n·log n growth between the two
+sizes (<= 1: no worse than n·log n).
+
+Several clusters per size, not one: what a plan has to do is not only a matter of size. One
+seed's cluster at 4x may need a quarter more preemptions than four times its base cluster, and
+another's a quarter fewer (the outcome column shows it), which would move one cluster's growth
+figure by as much, up or down. The mean over the seeds measures the size; the growth of each seed
+alone is printed after the table.
 """
 
 from __future__ import annotations
@@ -138,48 +145,72 @@ def synthetic_snapshot(scale: float, seed: int, borrow_order: str = FIFO) -> Sna
     return Snapshot(nodes, tuple(shares), tuple(placed), tuple(runnable), borrow_order)
 
 
-def median_plan_seconds(snapshots: dict[float, Snapshot], runs: int) -> dict[float, float]:
-    """The median time of one plan() of each snapshot. Runs go round the sizes in turn, so a
+def median_plan_seconds(
+    snapshots: dict[tuple[int, float], Snapshot], runs: int
+) -> dict[tuple[int, float], float]:
+    """The median time of one plan() of each snapshot. Runs go round the snapshots in turn, so a
     machine that is slower for a while slows every size alike and the ratios stay fair."""
-    times: dict[float, list[float]] = {scale: [] for scale in snapshots}
+    times: dict[tuple[int, float], list[float]] = {key: [] for key in snapshots}
     for _ in range(runs):
-        for scale, snapshot in snapshots.items():
+        for key, snapshot in snapshots.items():
             start = time.perf_counter()
             plan(snapshot)
-            times[scale].append(time.perf_counter() - start)
-    return {scale: statistics.median(seconds) for scale, seconds in times.items()}
+            times[key].append(time.perf_counter() - start)
+    return {key: statistics.median(seconds) for key, seconds in times.items()}
+
+
+def nlogn_growth(snapshot: Snapshot, base: Snapshot) -> float:
+    n, base_n = _size(snapshot), _size(base)
+    return (n * math.log(n)) / (base_n * math.log(base_n))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seeds", type=int, default=5, help="random clusters of each size")
+    parser.add_argument("--seed", type=int, default=1, help="the first seed")
     args = parser.parse_args()
+    seeds = range(args.seed, args.seed + args.seeds)
+    scales = sorted(SCALES, key=lambda s: s != 1.0)
 
     for borrow_order in (FIFO, FAIR):
-        print(f"borrow_order={borrow_order}, median of {args.runs} runs per size")
         print(
-            f"{'scale':>5} {'nodes':>6} {'placed':>7} {'runnable':>8} {'median ms':>10} "
-            f"{'x base':>7} {'/ nlogn':>8}  placed/preempted/waiting"
+            f"borrow_order={borrow_order}, seeds {seeds.start}-{seeds.stop - 1}: the mean over "
+            f"the seeds of the median of {args.runs} runs"
+        )
+        print(
+            f"{'scale':>5} {'nodes':>6} {'placed':>7} {'runnable':>8} {'mean ms':>8} "
+            f"{'x base':>7} {'/ nlogn':>8}  placed/preempted/waiting (all seeds)"
         )
         snapshots = {
-            scale: synthetic_snapshot(scale, args.seed, borrow_order)
-            for scale in sorted(SCALES, key=lambda s: s != 1.0)
+            (seed, scale): synthetic_snapshot(scale, seed, borrow_order)
+            for seed in seeds
+            for scale in scales
         }
         medians = median_plan_seconds(snapshots, args.runs)
-        base_seconds = medians[1.0]
-        base_n = _size(snapshots[1.0])
-        for scale, snapshot in snapshots.items():
-            seconds = medians[scale]
-            outcome = plan(snapshot)
-            n = _size(snapshot)
-            ratio = seconds / base_seconds
-            nlogn = (n * math.log(n)) / (base_n * math.log(base_n))
+        mean = {scale: statistics.mean(medians[seed, scale] for seed in seeds) for scale in scales}
+        for scale in scales:
+            ratio = mean[scale] / mean[1.0]
+            nlogn = nlogn_growth(snapshots[seeds.start, scale], snapshots[seeds.start, 1.0])
+            outcomes = [plan(snapshots[seed, scale]) for seed in seeds]
+            snapshot = snapshots[seeds.start, scale]
             print(
                 f"{scale:>5} {len(snapshot.nodes):>6} {len(snapshot.placed):>7} "
-                f"{len(snapshot.runnable):>8} {seconds * 1000:>10.1f} {ratio:>7.2f} "
-                f"{ratio / nlogn:>8.2f}  {len(outcome.placements)}/"
-                f"{len(outcome.preemptions)}/{len(outcome.waiting)}"
+                f"{len(snapshot.runnable):>8} {mean[scale] * 1000:>8.1f} {ratio:>7.2f} "
+                f"{ratio / nlogn:>8.2f}  {sum(len(o.placements) for o in outcomes)}/"
+                f"{sum(len(o.preemptions) for o in outcomes)}/"
+                f"{sum(len(o.waiting) for o in outcomes)}"
+            )
+        top = max(scales)
+        print(f"each seed alone, {top}x against 1x:")
+        for seed in seeds:
+            base, large = snapshots[seed, 1.0], snapshots[seed, top]
+            ratio = medians[seed, top] / medians[seed, 1.0]
+            preempted = len(plan(large).preemptions) / max(1, len(plan(base).preemptions))
+            print(
+                f"  seed {seed}: {medians[seed, 1.0] * 1000:.1f} ms -> "
+                f"{medians[seed, top] * 1000:.1f} ms, x {ratio:.2f}, / nlogn "
+                f"{ratio / nlogn_growth(large, base):.2f}; preemptions x {preempted:.2f}"
             )
         print()
 
