@@ -23,6 +23,7 @@ import random
 import statistics
 import sys
 import time
+from operator import itemgetter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -95,12 +96,12 @@ def synthetic_snapshot(scale: float, seed: int, borrow_order: str = FIFO) -> Sna
         )
 
     runnable_count = int(BASE_RUNNABLE * scale)
-    runnable = []
+    drawn = []
     for i in range(runnable_count):
         share = rng.choice(shares)
         gpus, gang = rng.choice(((1, 1), (1, 1), (2, 1), (4, 1), (8, 1), (16, 2)))
-        runnable.append(
-            RunnableJob(
+        drawn.append(
+            dict(
                 id=f"r{i}",
                 share=share.name,
                 gpu_type=rng.choice(GPU_TYPES),
@@ -110,6 +111,11 @@ def synthetic_snapshot(scale: float, seed: int, borrow_order: str = FIFO) -> Sna
                 submitted=float(rng.randrange(100_000)),
             )
         )
+    # The snapshot lists runnable jobs in submission order (as the cycle loads them, and as
+    # they were created), so they are made in that order; ties keep the order drawn.
+    runnable = [RunnableJob(**job) for job in sorted(drawn, key=itemgetter("submitted"))]
+    by_id = {job.id: job for job in runnable}
+    drawn_order = [by_id[job["id"]] for job in drawn]
 
     placed = []
     free = {n.name: list(range(n.gpus)) for n in nodes}
@@ -138,7 +144,7 @@ def synthetic_snapshot(scale: float, seed: int, borrow_order: str = FIFO) -> Sna
                 allocations=(Allocation(node.name, indices),),
                 stopping=stopping,
                 preempted_for=(
-                    rng.choice(runnable).id if stopping and rng.random() < 0.5 else None
+                    rng.choice(drawn_order).id if stopping and rng.random() < 0.5 else None
                 ),
             )
         )

@@ -25,7 +25,7 @@ import itertools
 import threading
 from bisect import bisect_left, bisect_right, insort
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import cached_property
 from itertools import accumulate
 from operator import attrgetter
@@ -1104,12 +1104,6 @@ class _NodeFirstSearch:
             return _UNDECIDED
         stop = best[0]
 
-        given_up: dict[str, int] = {}
-        for name, (keys, totals) in room.reached_keys.items():
-            if name != share:
-                count = bisect_right(keys, stop)
-                if count:
-                    given_up[name] = totals[count - 1]
         own_needed = cycle._own_victims_needed(job, True, job.gpus)
         own_taken = sum(candidate.gpus for key, candidate in own if key <= stop)
         kept_own: list[PlacedJob] | None = []
@@ -1118,8 +1112,16 @@ class _NodeFirstSearch:
             kept_own = _fewest_own_victims(later, own_taken, own_needed)
             if kept_own is None:
                 return _UNDECIDED
-        given_up[share] = own_taken + sum(victim.gpus for victim in kept_own)
-        if not self._quota_holds(given_up):
+
+        def given_up_by_others() -> Iterator[tuple[str, int]]:
+            for name, (keys, totals) in room.reached_keys.items():
+                if name != share:
+                    count = bisect_right(keys, stop)
+                    if count:
+                        yield name, totals[count - 1]
+
+        own_given_up = own_taken + sum(victim.gpus for victim in kept_own)
+        if not self._quota_holds(own_given_up, given_up_by_others):
             return _UNDECIDED
 
         # The prune, over the victims that change room on the nodes that can reach it or the
@@ -1168,14 +1170,24 @@ class _NodeFirstSearch:
         freed: dict[str, int] = defaultdict(int)
         for victim in victims:
             freed[victim.share] += victim.gpus
-        return victims if self._quota_holds(freed) else _UNDECIDED
+        own_freed = freed.pop(share, 0)
+        return victims if self._quota_holds(own_freed, freed.items) else _UNDECIDED
 
-    def _quota_holds(self, given_up: Mapping[str, int]) -> bool:
-        """Whether the job may start, within its share's limit, once the shares have given up
-        these GPUs."""
+    def _quota_holds(
+        self, own_given_up: int, others: Callable[[], Iterable[tuple[str, int]]]
+    ) -> bool:
+        """Whether the job may start, within its share's limit, once its share has given up
+        `own_given_up` GPUs and the other shares the GPUs `others()` yields (share, GPUs).
+
+        The other shares are looked at only when the job's share alone does not pass: giving up
+        GPUs never raises a share's part of the borrowing rule (borrowed minus lendable grows
+        with usage), and the rules of the job's share do not depend on the others. That check
+        would otherwise cost every search a step for every share above its limit."""
         trial = self.cycle.ledger.trial(self.job.share, True)
-        trial.change(self.job.share, self.job.gpus)
-        for name, gpus in given_up.items():
+        trial.change(self.job.share, self.job.gpus - own_given_up)
+        if trial.reason() is None:
+            return True
+        for name, gpus in others():
             trial.change(name, -gpus)
         return trial.reason() is None
 
@@ -1385,9 +1397,16 @@ class _Walk:
         own = _so_far(self.share_steps.get(job.share), count) + extra_shares.get(job.share, 0)
         if own < self.own_needed:
             return False
+        # The job's share first: when it passes alone, the other shares' victims can only help
+        # (see _NodeFirstSearch._quota_holds).
         trial = self._trial()
+        trial.change(job.share, -own)
+        if trial.reason() is None:
+            return True
         for name in self.share_steps.keys() | extra_shares.keys():
-            trial.change(name, -(_so_far(self.share_steps.get(name), count) + extra_shares[name]))
+            if name != job.share:
+                given_up = _so_far(self.share_steps.get(name), count) + extra_shares[name]
+                trial.change(name, -given_up)
         return trial.reason() is None
 
 
