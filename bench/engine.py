@@ -111,8 +111,9 @@ def synthetic_snapshot(scale: float, seed: int, borrow_order: str = FIFO) -> Sna
                 submitted=float(rng.randrange(100_000)),
             )
         )
-    # The snapshot lists runnable jobs in submission order (as the cycle loads them, and as
-    # they were created), so they are made in that order; ties keep the order drawn.
+    # Issue #3 defines the snapshot's runnable jobs as in submission order, the order a live
+    # queue's jobs were created in: they are made in that order here too (ties keep the order
+    # drawn, so the plans are those of the jobs in drawn order).
     runnable = [RunnableJob(**job) for job in sorted(drawn, key=itemgetter("submitted"))]
     by_id = {job.id: job for job in runnable}
     drawn_order = [by_id[job["id"]] for job in drawn]
