@@ -8,6 +8,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.db import connections
 from django.utils import timezone
 
 from dashboards.services import history_rollup, history_sample
@@ -96,6 +97,10 @@ def browser_page(monkeypatch):
         )
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         yield page
+        # While Playwright's loop runs, this thread's ORM calls (the scenario's) get database
+        # connections of their own, which nothing else closes: one left open kept the test
+        # database from being dropped at the end of the run.
+        connections.close_all()
         browser.close()
 
 
