@@ -10,7 +10,7 @@ sizes (<= 1: no worse than n·log n).
 
 Several clusters per size, not one: what a plan has to do is not only a matter of size. One
 seed's cluster at 4x may need a quarter more preemptions than four times its base cluster, and
-another's a quarter fewer (the outcome column shows it), which would move one cluster's growth
+another's a quarter fewer (each seed's line shows it), which would move one cluster's growth
 figure by as much, up or down. The mean over the seeds measures the size; the growth of each seed
 alone is printed after the table.
 """
@@ -196,24 +196,27 @@ def main() -> None:
         }
         medians = median_plan_seconds(snapshots, args.runs)
         mean = {scale: statistics.mean(medians[seed, scale] for seed in seeds) for scale in scales}
+        outcomes = {key: plan(snapshot) for key, snapshot in snapshots.items()}
         for scale in scales:
             ratio = mean[scale] / mean[1.0]
             nlogn = nlogn_growth(snapshots[seeds.start, scale], snapshots[seeds.start, 1.0])
-            outcomes = [plan(snapshots[seed, scale]) for seed in seeds]
+            planned = [outcomes[seed, scale] for seed in seeds]
             snapshot = snapshots[seeds.start, scale]
             print(
                 f"{scale:>5} {len(snapshot.nodes):>6} {len(snapshot.placed):>7} "
                 f"{len(snapshot.runnable):>8} {mean[scale] * 1000:>8.1f} {ratio:>7.2f} "
-                f"{ratio / nlogn:>8.2f}  {sum(len(o.placements) for o in outcomes)}/"
-                f"{sum(len(o.preemptions) for o in outcomes)}/"
-                f"{sum(len(o.waiting) for o in outcomes)}"
+                f"{ratio / nlogn:>8.2f}  {sum(len(o.placements) for o in planned)}/"
+                f"{sum(len(o.preemptions) for o in planned)}/"
+                f"{sum(len(o.waiting) for o in planned)}"
             )
         top = max(scales)
         print(f"each seed alone, {top}x against 1x:")
         for seed in seeds:
             base, large = snapshots[seed, 1.0], snapshots[seed, top]
             ratio = medians[seed, top] / medians[seed, 1.0]
-            preempted = len(plan(large).preemptions) / max(1, len(plan(base).preemptions))
+            preempted = len(outcomes[seed, top].preemptions) / max(
+                1, len(outcomes[seed, 1.0].preemptions)
+            )
             print(
                 f"  seed {seed}: {medians[seed, 1.0] * 1000:.1f} ms -> "
                 f"{medians[seed, top] * 1000:.1f} ms, x {ratio:.2f}, / nlogn "
