@@ -288,26 +288,39 @@ class _TypeCycle:
         # plain numbers, much cheaper than one sort on tuples.
         self.jobs = sorted(jobs, key=attrgetter("submitted"))
         self.jobs.sort(key=attrgetter("priority"), reverse=True)
-        # Each runnable job's place in the snapshot, by id (the queue order's last tie break).
         self._snapshot_jobs = jobs
-        self._place = dict(zip(map(attrgetter("id"), jobs), itertools.count()))
+        stopping: list[PlacedJob] = []
+        candidates: dict[str, list[PlacedJob]] = defaultdict(list)
+        for job in placed:
+            if job.stopping:
+                stopping.append(job)
+            elif job.share in shares:
+                candidates[job.share].append(job)
+        self._unsorted_candidates = candidates
+        # The runnable jobs of this type that victims were preempted for, with their places in
+        # the snapshot (the queue order's last tie break): one pass over the queue finds the
+        # few asked for, and none is made when no job is asked for.
+        asked_for = {job.preempted_for for job in stopping}.union(preempted_for)
+        asked_for.discard(None)
+        self._claimant_places: dict[str, int] = {}
+        if asked_for:
+            ids = list(map(attrgetter("id"), jobs))
+            self._claimant_places = {
+                ids[place]: place
+                for place in itertools.compress(itertools.count(), map(asked_for.__contains__, ids))
+            }
         # GPUs being released: promised to the runnable job they were preempted for, or free
         # for any job's reclaim to count on once they are released.
         self.promised: dict[str, list[PlacedJob]] = defaultdict(list)
         releasing: dict[str, list[int]] = defaultdict(list)
-        candidates: dict[str, list[PlacedJob]] = defaultdict(list)
         ready = nodes.ordinal
-        for job in placed:
-            if job.stopping:
-                if job.preempted_for in self._place:
-                    self.promised[job.preempted_for].append(job)
-                else:
-                    for allocation in job.allocations:
-                        if allocation.node in ready:
-                            releasing[allocation.node].extend(allocation.gpu_indices)
-            elif job.share in shares:
-                candidates[job.share].append(job)
-        self._unsorted_candidates = candidates
+        for job in stopping:
+            if job.preempted_for in self._claimant_places:
+                self.promised[job.preempted_for].append(job)
+            else:
+                for allocation in job.allocations:
+                    if allocation.node in ready:
+                        releasing[allocation.node].extend(allocation.gpu_indices)
         # Of each share's candidates in victim order: their priorities, and their GPUs so far.
         self._priorities: dict[str, list[int]] = {}
         self._gpus_so_far: dict[str, list[int]] = {}
@@ -321,8 +334,7 @@ class _TypeCycle:
         self._head_of: dict[str, tuple[tuple, str, int]] = {}
         # Jobs promised GPUs: victims stopping for them, or victims already stopped and back in
         # the queue (the GPUs they released stay promised until the job starts).
-        self.claimants = set(self.promised)
-        self.claimants.update(name for name in preempted_for if name in self._place)
+        self.claimants = set(self._claimant_places)
         self.releasing = {name: sorted(indices) for name, indices in releasing.items()}
         self.pool = NodePool(
             nodes, held, {name: len(indices) for name, indices in self.releasing.items()}
@@ -371,7 +383,7 @@ class _TypeCycle:
         # Jobs promised GPUs go first, in queue order; they are few, so they are found by id.
         jobs = self._snapshot_jobs
         places = sorted(
-            (self._place[name] for name in self.claimants),
+            (self._claimant_places[name] for name in self.claimants),
             key=lambda place: (-jobs[place].priority, jobs[place].submitted, place),
         )
         self._consider_each(jobs[place] for place in places)
