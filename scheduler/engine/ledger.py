@@ -80,7 +80,7 @@ class Ledger:
         # Capacity not covered by any share's limit, DISABLED shares included: their quota still
         # exists and is still lent per their strategy.
         self.free_pool = max(0, capacity - sum(self._limit.values()))
-        self.planned = _State(self, used_by, (borrowed, lendable))
+        self.planned = _State(used_by, borrowed, lendable)
         self.held = self.planned.copy()
 
     def limit(self, share: str) -> int:
@@ -176,34 +176,26 @@ class Ledger:
 
     def admit(self, deltas: Mapping[str, int]) -> None:
         """Record a placement: its GPUs are held now and stay held."""
-        self.held.apply(deltas)
-        self.planned.apply(deltas)
+        self.held.apply(deltas, self)
+        self.planned.apply(deltas, self)
 
     def promise(self, deltas: Mapping[str, int]) -> None:
         """Record a committed wait: the job and its victims' release, once the victims stop."""
-        self.planned.apply(deltas)
+        self.planned.apply(deltas, self)
 
 
 class _State:
     """Usage per share and the borrowed and lendable totals, in one of the ledger's states."""
 
-    def __init__(
-        self, ledger: Ledger, usage: dict[str, int], totals: tuple[int, int] | None = None
-    ) -> None:
-        self.ledger = ledger
+    def __init__(self, usage: dict[str, int], borrowed_total: int, lendable_total: int) -> None:
         self.usage = usage
-        if totals is None:
-            totals = (
-                sum(ledger._borrowed(name, u) for name, u in usage.items()),
-                sum(ledger._lendable(name, u) for name, u in usage.items()),
-            )
-        self.borrowed_total, self.lendable_total = totals
+        self.borrowed_total = borrowed_total
+        self.lendable_total = lendable_total
 
     def copy(self) -> _State:
-        return _State(self.ledger, dict(self.usage), (self.borrowed_total, self.lendable_total))
+        return _State(dict(self.usage), self.borrowed_total, self.lendable_total)
 
-    def apply(self, deltas: Mapping[str, int]) -> None:
-        ledger = self.ledger
+    def apply(self, deltas: Mapping[str, int], ledger: Ledger) -> None:
         for name, delta in deltas.items():
             if delta and name in self.usage:
                 old = self.usage[name]

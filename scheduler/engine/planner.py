@@ -393,6 +393,10 @@ class _TypeCycle:
             self._consider_each(self._fair_order(borrowers))
         else:
             self._consider_each(borrowers)
+        # The victim searches' structures refer back to this cycle. Dropped, the cycle's are
+        # freed as soon as its plan is made, not at the first collection after the plan (which
+        # runs with the cycle collector off), so the next GPU type's cycle reuses their memory.
+        self._room = None
 
     def _within_limit_first(self, borrowers: list[RunnableJob]) -> Iterator[RunnableJob]:
         """The queue's jobs that fit their share's limit when their turn comes, in queue order;
