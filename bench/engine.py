@@ -97,26 +97,32 @@ def synthetic_snapshot(scale: float, seed: int, borrow_order: str = FIFO) -> Sna
 
     runnable_count = int(BASE_RUNNABLE * scale)
     drawn = []
-    for i in range(runnable_count):
+    for number in range(runnable_count):
         share = rng.choice(shares)
         gpus, gang = rng.choice(((1, 1), (1, 1), (2, 1), (4, 1), (8, 1), (16, 2)))
-        drawn.append(
-            dict(
-                id=f"r{i}",
-                share=share.name,
-                gpu_type=rng.choice(GPU_TYPES),
-                gpus=gpus,
-                nodes=gang,
-                priority=rng.choice((0, 0, 0, 10, 100)),
-                submitted=float(rng.randrange(100_000)),
-            )
-        )
+        gpu_type = rng.choice(GPU_TYPES)
+        priority = rng.choice((0, 0, 0, 10, 100))
+        drawn.append((rng.randrange(100_000), number, share.name, gpu_type, gpus, gang, priority))
     # Issue #3 defines the snapshot's runnable jobs as in submission order, the order a live
-    # queue's jobs were created in: they are made in that order here too (ties keep the order
-    # drawn, so the plans are those of the jobs in drawn order).
-    runnable = [RunnableJob(**job) for job in sorted(drawn, key=itemgetter("submitted"))]
-    by_id = {job.id: job for job in runnable}
-    drawn_order = [by_id[job["id"]] for job in drawn]
+    # queue's rows come back in. They are made in that order here, each with its own id and
+    # submission time, as the cycle makes them from those rows (ties keep the order drawn, so
+    # the plans are those of the jobs in drawn order).
+    runnable = []
+    drawn_order: list[RunnableJob] = [None] * runnable_count  # type: ignore[list-item]
+    for submitted, number, share_name, gpu_type, gpus, gang, priority in sorted(
+        drawn, key=itemgetter(0)
+    ):
+        job = RunnableJob(
+            id=f"r{number}",
+            share=share_name,
+            gpu_type=gpu_type,
+            gpus=gpus,
+            nodes=gang,
+            priority=priority,
+            submitted=float(submitted),
+        )
+        runnable.append(job)
+        drawn_order[number] = job
 
     placed = []
     free = {n.name: list(range(n.gpus)) for n in nodes}
