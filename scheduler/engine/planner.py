@@ -284,10 +284,6 @@ class _TypeCycle:
             usage[job.share] += job.gpus
         self.ledger = Ledger(gpu_type, shares, usage, nodes.capacity)
 
-        # Priority (higher first), then submission, then snapshot order: two stable sorts on
-        # plain numbers, much cheaper than one sort on tuples.
-        self.jobs = sorted(jobs, key=attrgetter("submitted"))
-        self.jobs.sort(key=attrgetter("priority"), reverse=True)
         self._snapshot_jobs = jobs
         stopping: list[PlacedJob] = []
         candidates: dict[str, list[PlacedJob]] = defaultdict(list)
@@ -335,6 +331,18 @@ class _TypeCycle:
         # Jobs promised GPUs: victims stopping for them, or victims already stopped and back in
         # the queue (the GPUs they released stay promised until the job starts).
         self.claimants = set(self._claimant_places)
+        # The queue without them (they go first, see `run`), in priority (higher first), then
+        # submission, then snapshot order: two stable sorts on plain numbers, much cheaper
+        # than one sort on tuples. Left out by place, not by id, so the pass over the queue
+        # reads no job's id.
+        queue = jobs
+        if self._claimant_places:
+            kept = bytearray(b"\x01") * len(jobs)
+            for place in self._claimant_places.values():
+                kept[place] = 0
+            queue = list(itertools.compress(jobs, kept))
+        self.jobs = sorted(queue, key=attrgetter("submitted"))
+        self.jobs.sort(key=attrgetter("priority"), reverse=True)
         self.releasing = {name: sorted(indices) for name, indices in releasing.items()}
         self.pool = NodePool(
             nodes, held, {name: len(indices) for name, indices in self.releasing.items()}
@@ -400,9 +408,7 @@ class _TypeCycle:
 
     def _within_limit_first(self, borrowers: list[RunnableJob]) -> Iterator[RunnableJob]:
         """The queue's jobs that fit their share's limit when their turn comes, in queue order;
-        the others, the borrowers, are appended to `borrowers` for later. Jobs promised GPUs
-        are left out: they went first."""
-        claimants = self.claimants
+        the others, the borrowers, are appended to `borrowers` for later."""
         shares = self.shares
         # Ledger.fits_limit, without a call for every job of the queue.
         limits = self.ledger.limits
@@ -410,8 +416,6 @@ class _TypeCycle:
         held = self.ledger.held.usage
         strict_deferred: set[str] = set()
         for job in self.jobs:
-            if job.id in claimants:
-                continue
             name = job.share
             share = shares[name]
             if share.strict_fifo and name in strict_deferred:
