@@ -1,6 +1,6 @@
 """How long one `plan()` takes, and how that grows with the cluster.
 
-Run: python bench/engine.py [--runs 5] [--seeds 5]
+Run: python bench/engine.py [--runs 3] [--seeds 20]
 
 Builds synthetic clusters (base size: 1,000 nodes of 8 GPUs in two GPU types, 50 shares of mixed
 strategies, 5,000 placed and 20,000 runnable jobs), then the same at 0.5x, 2x and 4x, each from
@@ -8,11 +8,12 @@ strategies, 5,000 placed and 20,000 runnable jobs), then the same at 0.5x, 2x an
 plan(), its ratio to the base size, and that ratio divided by the n·log n growth between the two
 sizes (<= 1: no worse than n·log n).
 
-Several clusters per size, not one: what a plan has to do is not only a matter of size. One
-seed's cluster at 4x may need a quarter more preemptions than four times its base cluster, and
-another's a quarter fewer (each seed's line shows it), which would move one cluster's growth
-figure by as much, up or down. The mean over the seeds measures the size; the growth of each seed
-alone is printed after the table.
+Many clusters per size, not one: what a plan has to do is not only a matter of size. From one
+seed to the next, the 4x cluster needs from about twice to six times the preemptions of its base
+cluster (each seed's line shows it), and a plan's time follows its preemptions. A mean over a
+handful of seeds is moved by which few were drawn, up or down, by more than the margin the growth
+figure is judged on; twenty seeds by default make it a measure of the size, not of the draw. The
+preemptions of all seeds together, and each seed's own growth, are printed after the table.
 """
 
 from __future__ import annotations
@@ -179,8 +180,8 @@ def nlogn_growth(snapshot: Snapshot, base: Snapshot) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--seeds", type=int, default=5, help="random clusters of each size")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=20, help="random clusters of each size")
     parser.add_argument("--seed", type=int, default=1, help="the first seed")
     args = parser.parse_args()
     seeds = range(args.seed, args.seed + args.seeds)
@@ -216,6 +217,13 @@ def main() -> None:
                 f"{sum(len(o.waiting) for o in planned)}"
             )
         top = max(scales)
+        preempted = {
+            scale: sum(len(outcomes[seed, scale].preemptions) for seed in seeds) for scale in scales
+        }
+        print(
+            f"preemptions, all seeds: {top}x against 1x, x {preempted[top] / preempted[1.0]:.2f} "
+            f"for a cluster {top:g} times as large"
+        )
         print(f"each seed alone, {top}x against 1x:")
         for seed in seeds:
             base, large = snapshots[seed, 1.0], snapshots[seed, top]
