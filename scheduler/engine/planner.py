@@ -293,15 +293,17 @@ class _TypeCycle:
             elif job.share in shares:
                 candidates[job.share].append(job)
         self._unsorted_candidates = candidates
-        # The runnable jobs of this type that victims were preempted for, with their places in
-        # the snapshot (the queue order's last tie break): one pass over the queue finds the
-        # few asked for, and none is made when no job is asked for.
+        # Jobs promised GPUs: the runnable jobs of this type that victims were preempted for,
+        # stopping or already stopped and back in the queue (the GPUs they released stay
+        # promised until the job starts). By id, with their places in the snapshot (the queue
+        # order's last tie break): one pass over the queue finds the few asked for, and none is
+        # made when no job is asked for.
         asked_for = {job.preempted_for for job in stopping}.union(preempted_for)
         asked_for.discard(None)
-        self._claimant_places: dict[str, int] = {}
+        self.claimants: dict[str, int] = {}
         if asked_for:
             ids = list(map(attrgetter("id"), jobs))
-            self._claimant_places = {
+            self.claimants = {
                 ids[place]: place
                 for place in itertools.compress(itertools.count(), map(asked_for.__contains__, ids))
             }
@@ -311,7 +313,7 @@ class _TypeCycle:
         releasing: dict[str, list[int]] = defaultdict(list)
         ready = nodes.ordinal
         for job in stopping:
-            if job.preempted_for in self._claimant_places:
+            if job.preempted_for in self.claimants:
                 self.promised[job.preempted_for].append(job)
             else:
                 for allocation in job.allocations:
@@ -328,17 +330,14 @@ class _TypeCycle:
         # of tries 1 and 3 start. Built by the first such search, then kept current.
         self._heads: list[tuple[tuple, str, int]] | None = None
         self._head_of: dict[str, tuple[tuple, str, int]] = {}
-        # Jobs promised GPUs: victims stopping for them, or victims already stopped and back in
-        # the queue (the GPUs they released stay promised until the job starts).
-        self.claimants = set(self._claimant_places)
-        # The queue without them (they go first, see `run`), in priority (higher first), then
-        # submission, then snapshot order: two stable sorts on plain numbers, much cheaper
-        # than one sort on tuples. Left out by place, not by id, so the pass over the queue
-        # reads no job's id.
+        # The queue without the jobs promised GPUs (they go first, see `run`), in priority
+        # (higher first), then submission, then snapshot order: two stable sorts on plain
+        # numbers, much cheaper than one sort on tuples. They are left out by place, not by id,
+        # so the pass over the queue reads no job's id.
         queue = jobs
-        if self._claimant_places:
+        if self.claimants:
             kept = bytearray(b"\x01") * len(jobs)
-            for place in self._claimant_places.values():
+            for place in self.claimants.values():
                 kept[place] = 0
             queue = list(itertools.compress(jobs, kept))
         self.jobs = sorted(queue, key=attrgetter("submitted"))
@@ -388,10 +387,10 @@ class _TypeCycle:
     # --- the passes ----------------------------------------------------------------------
 
     def run(self) -> None:
-        # Jobs promised GPUs go first, in queue order; they are few, so they are found by id.
+        # Jobs promised GPUs go first, in queue order; they are few, so they are taken by place.
         jobs = self._snapshot_jobs
         places = sorted(
-            (self._claimant_places[name] for name in self.claimants),
+            self.claimants.values(),
             key=lambda place: (-jobs[place].priority, jobs[place].submitted, place),
         )
         self._consider_each(jobs[place] for place in places)

@@ -19,5 +19,5 @@ from scheduler.engine.tests.test_properties import busy_clusters
 @given(cluster=busy_clusters())
 def test_a_plan_leaves_nothing_for_the_cycle_collector(cluster: Snapshot):
     gc.collect()
-    outcome = plan(cluster)
+    plan(cluster)
     assert gc.collect() == 0
