@@ -331,26 +331,7 @@ def cycle_snapshot() -> tuple[engine.Snapshot, SnapshotContext]:
     share_names: dict[int, str] = {}
     for share in QuotaShare.objects.prefetch_related("capacity_limits"):
         share_names[share.pk] = share.name
-        limits = share.capacity_limits.all()
-        share_views.append(
-            engine.ShareView(
-                name=share.name,
-                capacity_limits={limit.gpu_type: limit.max_gpus for limit in limits},
-                strategy=share.strategy,
-                borrow_limit=share.borrow_limit,
-                lend_limit={
-                    limit.gpu_type: limit.lend_limit
-                    for limit in limits
-                    if limit.lend_limit is not None
-                }
-                or None,
-                in_share_preemption=share.in_share_preemption,
-                grace_seconds=share.grace_seconds,
-                state=share.state,
-                weight=share.weight,
-                strict_fifo=share.strict_fifo,
-            )
-        )
+        share_views.append(share.engine_view())
     (submitted_column, started_column), to_epoch = _epoch_columns(
         "job__submitted_at", Coalesce("started_at", "scheduled_at")
     )

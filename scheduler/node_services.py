@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from portal.sql import prepared_cursor, select_rows
 from scheduler.bulk import rows_update
+from scheduler.engine import outcomes
 from scheduler.models import ClusterSettings, GpuAssignment, Job, JobAttempt, Node
 from scheduler.services import JobChanges, request_cycle
 
@@ -27,15 +28,6 @@ JOIN_TOKEN_INVALID = (
 
 STARTING_REASON = "order delivered to {node}; starting"
 RUNNING_REASON = "running on {where}"
-SUCCEEDED_REASON = "exited with code 0"
-FAILED_FINAL_REASON = "exited with code {code}; no retries left ({retries} allowed)"
-FAILED_RETRY_REASON = "exited with code {code}; retry {retry} of {retries}"
-NEVER_STARTED_FAILED = "{node} could not start the command: {detail}"
-TIMEOUT_REASON = "timed out after {seconds} s (timeout_seconds); stopped"
-PREEMPTED_REQUEUE_REASON = "preempted ({count} so far); requeued, resumes from its checkpoint"
-PREEMPTED_FINAL_REASON = "preempted {count} times; max_preemptions is {limit}"
-CANCELLED_REASON = "cancelled; stopped on {node}"
-LOST_REASON = "the agent on {node} no longer has the job (agent restarted); requeued"
 
 EVENT_STARTED = "started"
 EVENT_EXITED = "exited"
@@ -591,44 +583,28 @@ def _outcome(attempt: JobAttempt, *, end: str, exit_code: int | None, signalled:
 def _job_after(
     job: Job, attempt: JobAttempt, outcome: str, changes: JobChanges, *, node: Node, detail: str
 ) -> str:
-    """Move the job on after its attempt ended; returns the reason, for the attempt too."""
+    """Move the job on after its attempt ended (`outcomes.after_attempt`); returns the reason,
+    for the attempt too."""
     if job.state not in Job.PLACED_STATES:
         return f"attempt ended ({outcome}) while the job was {job.state}"
-    code = attempt.exit_code
-    if outcome == JobAttempt.Outcome.CANCELLED:
-        reason = CANCELLED_REASON.format(node=node.name)
-        changes.transition(job, to_state=Job.State.CANCELLED, reason=reason)
-    elif outcome == JobAttempt.Outcome.SUCCEEDED:
-        changes.transition(job, to_state=Job.State.SUCCEEDED, reason=SUCCEEDED_REASON)
-        reason = SUCCEEDED_REASON
-    elif outcome == JobAttempt.Outcome.PREEMPTED:
-        count = job.preemption_count + 1
-        if job.max_preemptions is not None and count > job.max_preemptions:
-            reason = PREEMPTED_FINAL_REASON.format(count=count, limit=job.max_preemptions)
-            to_state = Job.State.FAILED
-        else:
-            reason = PREEMPTED_REQUEUE_REASON.format(count=count)
-            to_state = Job.State.RUNNABLE
-        changes.transition(job, to_state=to_state, reason=reason, preemption_count=count)
-    elif outcome == JobAttempt.Outcome.NODE_LOST:
-        reason = LOST_REASON.format(node=node.name)
-        changes.transition(job, to_state=Job.State.RUNNABLE, reason=reason)
-    elif outcome == JobAttempt.Outcome.TIMEOUT:
-        reason = TIMEOUT_REASON.format(seconds=job.timeout_seconds)
-        changes.transition(job, to_state=Job.State.FAILED, reason=reason)
-    else:
-        failures = job.failure_count + 1
-        if code is None and detail:
-            reason = NEVER_STARTED_FAILED.format(node=node.name, detail=detail)
-        elif failures <= job.retry_attempts:
-            reason = FAILED_RETRY_REASON.format(
-                code=code, retry=failures, retries=job.retry_attempts
-            )
-        else:
-            reason = FAILED_FINAL_REASON.format(code=code, retries=job.retry_attempts)
-        to_state = Job.State.RUNNABLE if failures <= job.retry_attempts else Job.State.FAILED
-        changes.transition(job, to_state=to_state, reason=reason, failure_count=failures)
-    return reason
+    step = outcomes.after_attempt(
+        outcome,
+        preemptions=job.preemption_count,
+        failures=job.failure_count,
+        max_preemptions=job.max_preemptions,
+        retry_attempts=job.retry_attempts,
+        exit_code=attempt.exit_code,
+        timeout_seconds=job.timeout_seconds,
+        node=node.name,
+        detail=detail,
+    )
+    counts = {}
+    if step.preemptions != job.preemption_count:
+        counts["preemption_count"] = step.preemptions
+    if step.failures != job.failure_count:
+        counts["failure_count"] = step.failures
+    changes.transition(job, to_state=step.state, reason=step.reason, **counts)
+    return step.reason
 
 
 def poll_wait_seconds(requested: float | None) -> float:

@@ -11,6 +11,8 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import F, Q
 
+from scheduler.engine.snapshot import ShareView
+
 MAX_GPU_TYPES_PER_SHARE = 5
 MAX_GRACE_SECONDS = 86400
 
@@ -157,6 +159,25 @@ class QuotaShare(models.Model):
             for limit in self.capacity_limits.all()
             if limit.lend_limit is not None
         }
+
+    def engine_view(self) -> ShareView:
+        """The share as the engine sees it (load it with its capacity_limits prefetched)."""
+        limits = self.capacity_limits.all()
+        return ShareView(
+            name=self.name,
+            capacity_limits={limit.gpu_type: limit.max_gpus for limit in limits},
+            strategy=self.strategy,
+            borrow_limit=self.borrow_limit,
+            lend_limit={
+                limit.gpu_type: limit.lend_limit for limit in limits if limit.lend_limit is not None
+            }
+            or None,
+            in_share_preemption=self.in_share_preemption,
+            grace_seconds=self.grace_seconds,
+            state=self.state,
+            weight=self.weight,
+            strict_fifo=self.strict_fifo,
+        )
 
 
 def validate_gpu_type(value: str) -> None:

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 
 from django.db.models import QuerySet, Sum
 
+from scheduler.engine import accounting
 from shares.models import CapacityLimit, Membership, QuotaShare
 
 OVERPROMISED = "GPU type {gpu_type}: shares promise {promised} GPUs, READY nodes have {capacity}."
@@ -112,21 +113,6 @@ class UsageReport:
     pool: dict[str, PoolUsage]
 
 
-def _split_in_proportion(amount: int, weights: dict[str, int]) -> dict[str, int]:
-    """Split `amount` (≤ sum of weights) in whole GPUs in proportion to `weights`, by the largest
-    remainder, never giving anyone more than its weight."""
-    total = sum(weights.values())
-    amount = min(amount, total)
-    if amount <= 0 or total <= 0:
-        return dict.fromkeys(weights, 0)
-    exact = {name: amount * weight / total for name, weight in weights.items()}
-    shares = {name: int(value) for name, value in exact.items()}
-    left = amount - sum(shares.values())
-    for name in sorted(exact, key=lambda n: (shares[n] - exact[n], n))[:left]:
-        shares[name] += 1
-    return shares
-
-
 def share_usage() -> UsageReport:
     """Live usage of every share per GPU type (DESIGN §2 "Precise rules").
 
@@ -150,6 +136,7 @@ def share_usage() -> UsageReport:
         .values_list("gpu_type", "total")
     )
     gpu_types = set(capacity) | {gpu_type for _, gpu_type in used}
+    views = [share.engine_view() for share in shares]
     limits_by_share = {share.pk: share.limits for share in shares}
     lend_limits_by_share = {share.pk: share.lend_limits for share in shares}
     for limits in limits_by_share.values():
@@ -159,40 +146,37 @@ def share_usage() -> UsageReport:
     pool: dict[str, PoolUsage] = {}
     for gpu_type in sorted(gpu_types):
         rows = []
-        for share in shares:
+        for share, view in zip(shares, views, strict=True):
             limit = limits_by_share[share.pk].get(gpu_type, 0)
             use = used.get((share.pk, gpu_type), 0)
             if not limit and not use:
                 continue
-            lend_limit = lend_limits_by_share[share.pk].get(gpu_type)
-            idle = max(0, limit - use)
-            if share.strategy == QuotaShare.Strategy.RESERVE:
-                lendable = 0
-            else:
-                lendable = idle if lend_limit is None else min(idle, lend_limit)
-            rows.append((share, limit, lend_limit, use, lendable))
+            lendable = accounting.lendable(limit, use, accounting.lend_cap(view, gpu_type))
+            rows.append((share, limit, lend_limits_by_share[share.pk].get(gpu_type), use, lendable))
         borrowed_total = sum(max(0, use - limit) for _, limit, _, use, _ in rows)
         covered = sum(limit for _, limit, _, _, _ in rows)
         free_pool = max(0, capacity.get(gpu_type, 0) - covered)
-        from_pool = min(borrowed_total, free_pool)
-        lent = _split_in_proportion(
-            borrowed_total - from_pool, {share.name: lendable for share, *_, lendable in rows}
+        lent = accounting.in_whole_gpus(
+            accounting.split_lent(
+                borrowed_total, free_pool, {share.name: lendable for share, *_, lendable in rows}
+            )
         )
         for share, limit, lend_limit, use, lendable in rows:
+            share_lent = lent.get(share.name, 0)
             report[share.name][gpu_type] = TypeUsage(
                 limit=limit,
                 lend_limit=lend_limit,
                 used=use,
                 own=min(use, limit),
                 borrowed=max(0, use - limit),
-                lent=lent[share.name],
-                lendable=lendable - lent[share.name],
+                lent=share_lent,
+                lendable=lendable - share_lent,
             )
         pool[gpu_type] = PoolUsage(
             capacity=capacity.get(gpu_type, 0),
             covered_by_limits=covered,
             free_pool=free_pool,
-            borrowed_from_pool=from_pool,
+            borrowed_from_pool=min(borrowed_total, free_pool),
             used=sum(use for _, _, _, use, _ in rows),
         )
     return UsageReport(shares=report, pool=pool)

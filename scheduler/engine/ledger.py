@@ -1,4 +1,5 @@
-"""Quota accounting for one GPU type: usage, borrowing, lending and the free pool, by counts.
+"""What may be admitted, for one GPU type: usage, borrowing, lending and the free pool, by counts
+(the rules of each are in `accounting`).
 
 DESIGN §2, precise rules: at every admission the GPUs borrowed by all shares must not exceed the
 free pool plus what lenders can lend. The ledger keeps both totals up to date so that checking an
@@ -9,28 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from scheduler.engine import reasons
-from scheduler.engine.snapshot import LEND_AND_BORROW, RESERVE, UNLIMITED, ShareView
-
-
-def lend_limit_for(share: ShareView, gpu_type: str) -> int | None:
-    """The share's lend_limit for this type; None: every idle GPU may be lent."""
-    lend_limit = share.lend_limit
-    if lend_limit is None:
-        return None
-    if isinstance(lend_limit, int):  # a plain number means the same for every type
-        return lend_limit
-    return lend_limit.get(gpu_type)
-
-
-def borrow_cap_for(share: ShareView, gpu_type: str) -> int | None:
-    """Extra GPUs the share may borrow on top of its limit; None: no cap beyond the cluster."""
-    if share.strategy != LEND_AND_BORROW:
-        return 0
-    if share.borrow_limit == UNLIMITED:
-        return None
-    # DESIGN §2: borrow_limit GPUs are rounded down.
-    return share.capacity_limits.get(gpu_type, 0) * share.borrow_limit // 100
+from scheduler.engine import accounting, reasons
+from scheduler.engine.snapshot import LEND_AND_BORROW, ShareView
 
 
 class Ledger:
@@ -67,16 +48,13 @@ class Ledger:
         borrowed = lendable = 0
         for name, share in shares.items():
             limit = self._limit[name] = share.capacity_limits.get(gpu_type, 0)
-            self._borrow_cap[name] = borrow_cap_for(share, gpu_type)
-            lend_limit = lend_limit_for(share, gpu_type)
-            cap = self._lend_cap[name] = (
-                0 if share.strategy == RESERVE else limit if lend_limit is None else lend_limit
-            )
+            self._borrow_cap[name] = accounting.borrow_cap_for(share, gpu_type)
+            cap = self._lend_cap[name] = accounting.lend_cap(share, gpu_type)
             used = used_by[name] = usage.get(name, 0)
             if used > limit:
                 borrowed += used - limit
-            elif used < limit:
-                lendable += min(limit - used, cap)
+            else:
+                lendable += accounting.lendable(limit, used, cap)
         # Capacity not covered by any share's limit, DISABLED shares included: their quota still
         # exists and is still lent per their strategy.
         self.free_pool = max(0, capacity - sum(self._limit.values()))
@@ -123,11 +101,7 @@ class Ledger:
         return max(0, usage - self._limit[share])
 
     def _lendable(self, share: str, usage: int) -> int:
-        idle = self._limit[share] - usage
-        if idle <= 0:
-            return 0
-        cap = self._lend_cap[share]
-        return idle if idle < cap else cap
+        return accounting.lendable(self._limit[share], usage, self._lend_cap[share])
 
     def check(self, share: str, deltas: Mapping[str, int], within_limit: bool) -> str | None:
         """None if `share` may admit a job when usage changes by `deltas` (the job's GPUs for
@@ -158,6 +132,8 @@ class Ledger:
                     return reasons.borrow_limit_reached(
                         self._borrowed(share, used), borrow_cap, self.gpu_type
                     )
+            # Borrowed minus lendable, with accounting.lendable inlined (this runs for every
+            # runnable job of every plan).
             excess = (
                 state.borrowed_total
                 - state.lendable_total

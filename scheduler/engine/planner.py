@@ -21,16 +21,14 @@ from __future__ import annotations
 
 import gc
 import heapq
-import itertools
 import threading
 from bisect import bisect_left, bisect_right, insort
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import cached_property
 from itertools import accumulate
-from operator import attrgetter
 
-from scheduler.engine import reasons
+from scheduler.engine import order, reasons
 from scheduler.engine.ledger import Ledger, Trial
 from scheduler.engine.pool import NodeLayout, NodePool
 from scheduler.engine.snapshot import (
@@ -298,15 +296,9 @@ class _TypeCycle:
         # promised until the job starts). By id, with their places in the snapshot (the queue
         # order's last tie break): one pass over the queue finds the few asked for, and none is
         # made when no job is asked for.
-        asked_for = {job.preempted_for for job in stopping}.union(preempted_for)
-        asked_for.discard(None)
-        self.claimants: dict[str, int] = {}
-        if asked_for:
-            ids = list(map(attrgetter("id"), jobs))
-            self.claimants = {
-                ids[place]: place
-                for place in itertools.compress(itertools.count(), map(asked_for.__contains__, ids))
-            }
+        self.claimants = order.claimants(
+            jobs, {job.preempted_for for job in stopping}.union(preempted_for)
+        )
         # GPUs being released: promised to the runnable job they were preempted for, or free
         # for any job's reclaim to count on once they are released.
         self.promised: dict[str, list[PlacedJob]] = defaultdict(list)
@@ -330,18 +322,8 @@ class _TypeCycle:
         # of tries 1 and 3 start. Built by the first such search, then kept current.
         self._heads: list[tuple[tuple, str, int]] | None = None
         self._head_of: dict[str, tuple[tuple, str, int]] = {}
-        # The queue without the jobs promised GPUs (they go first, see `run`), in priority
-        # (higher first), then submission, then snapshot order: two stable sorts on plain
-        # numbers, much cheaper than one sort on tuples. They are left out by place, not by id,
-        # so the pass over the queue reads no job's id.
-        queue = jobs
-        if self.claimants:
-            kept = bytearray(b"\x01") * len(jobs)
-            for place in self.claimants.values():
-                kept[place] = 0
-            queue = list(itertools.compress(jobs, kept))
-        self.jobs = sorted(queue, key=attrgetter("submitted"))
-        self.jobs.sort(key=attrgetter("priority"), reverse=True)
+        # The queue without the jobs promised GPUs (they go first, see `run`).
+        self.jobs = order.by_priority(jobs, self.claimants)
         self.releasing = {name: sorted(indices) for name, indices in releasing.items()}
         self.pool = NodePool(
             nodes, held, {name: len(indices) for name, indices in self.releasing.items()}
@@ -387,103 +369,30 @@ class _TypeCycle:
     # --- the passes ----------------------------------------------------------------------
 
     def run(self) -> None:
-        # Jobs promised GPUs go first, in queue order; they are few, so they are taken by place.
-        jobs = self._snapshot_jobs
-        places = sorted(
-            self.claimants.values(),
-            key=lambda place: (-jobs[place].priority, jobs[place].submitted, place),
-        )
-        self._consider_each(jobs[place] for place in places)
+        """The three passes of `order`, each job decided before the next is drawn, so the
+        passes see the usage as planned so far."""
+        self._consider_each(order.promised_first(self._snapshot_jobs, self.claimants))
+        ledger = self.ledger
         borrowers: list[RunnableJob] = []
-        self._consider_each(self._within_limit_first(borrowers))
+        self._consider_each(
+            order.within_limit_first(
+                self.jobs, self.shares, ledger.limits, ledger.planned.usage, ledger.held.usage,
+                borrowers,
+            )
+        )  # fmt: skip
         if self.borrow_order == FAIR:
-            self._consider_each(self._fair_order(borrowers))
+            self._consider_each(
+                order.fair_order(
+                    borrowers, self.shares, ledger.limits, ledger.planned.usage,
+                    self._share_changes,
+                )
+            )  # fmt: skip
         else:
             self._consider_each(borrowers)
         # The victim searches' structures refer back to this cycle. Dropped, the cycle's are
         # freed as soon as its plan is made, not at the first collection after the plan (which
         # runs with the cycle collector off), so the next GPU type's cycle reuses their memory.
         self._room = None
-
-    def _within_limit_first(self, borrowers: list[RunnableJob]) -> Iterator[RunnableJob]:
-        """The queue's jobs that fit their share's limit when their turn comes, in queue order;
-        the others, the borrowers, are appended to `borrowers` for later."""
-        shares = self.shares
-        # Ledger.fits_limit, without a call for every job of the queue.
-        limits = self.ledger.limits
-        planned = self.ledger.planned.usage
-        held = self.ledger.held.usage
-        strict_deferred: set[str] = set()
-        for job in self.jobs:
-            name = job.share
-            share = shares[name]
-            if share.strict_fifo and name in strict_deferred:
-                borrowers.append(job)  # strict FIFO: never ahead of an earlier job of its share
-                continue
-            limit = limits[name]
-            if planned[name] + job.gpus <= limit and held[name] + job.gpus <= limit:
-                yield job
-            else:
-                borrowers.append(job)
-                if share.strict_fifo:
-                    strict_deferred.add(name)
-
-    def _fair_order(self, borrowers: Sequence[RunnableJob]) -> Iterator[RunnableJob]:
-        """Borrowers in turn of their share's borrowed/weight, lowest first, as it is when each
-        turn comes; ties by priority then submission, which is the order `borrowers` already
-        has."""
-        queues: dict[str, list[tuple[int, RunnableJob]]] = defaultdict(list)
-        for position, job in enumerate(borrowers):
-            queues[job.share].append((position, job))
-        # borrowed/weight = max(0, usage − limit)/weight, without the ledger's calls: it is
-        # asked twice for every borrower.
-        usage = self.ledger.planned.usage
-        limits = {name: self.ledger.limit(name) for name in queues}
-        weights = {name: self.shares[name].weight for name in queues}
-        infinite = float("inf")
-
-        def ratio(name: str) -> float:
-            weight = weights[name]
-            if weight <= 0:
-                return infinite
-            borrowed = usage[name] - limits[name]
-            return borrowed / weight if borrowed > 0 else 0.0
-
-        share_changes = self._share_changes
-        heads = dict.fromkeys(queues, 0)
-        heap = [(ratio(name), queue[0][0], name) for name, queue in queues.items()]
-        heapq.heapify(heap)
-        turn = heapq.heappop(heap) if heap else None
-        while turn is not None:
-            key, position, name = turn
-            current = ratio(name)
-            if current != key:  # the share's borrowing changed since it was queued
-                turn = heapq.heappushpop(heap, (current, position, name))
-                continue
-            queue = queues[name]
-            head = heads[name]
-            turn = None
-            seen = share_changes[name]
-            while True:
-                yield queue[head][1]
-                head += 1
-                if head == len(queue):
-                    break
-                if share_changes[name] != seen:  # its usage changed: so may its ratio
-                    seen = share_changes[name]
-                    current = ratio(name)
-                position = queue[head][0]
-                if heap:
-                    # Whether (current, position, name) comes after the first of the others;
-                    # positions differ, so names never decide.
-                    top_ratio, top_position, _ = heap[0]
-                    if top_ratio < current or (top_ratio == current and top_position < position):
-                        # Another share's turn: one sift, not two.
-                        turn = heapq.heapreplace(heap, (current, position, name))
-                        break
-            heads[name] = head
-            if turn is None and heap:
-                turn = heapq.heappop(heap)
 
     def _consider_each(self, jobs: Iterable[RunnableJob]) -> None:
         """Schedule each job in turn (the next one is drawn only once this one is decided), or

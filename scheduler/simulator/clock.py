@@ -28,13 +28,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from scheduler.engine import accounting, outcomes
 from scheduler.engine.ledger import Ledger
 from scheduler.engine.planner import NodeSizes, rejection_reason
 from scheduler.engine.snapshot import (
     DISABLED,
     FAIR,
-    LEND,
-    LEND_AND_BORROW,
     READY,
     NodeView,
     PlacedJob,
@@ -64,7 +63,6 @@ MAX_CYCLES_PER_INSTANT = 1000
 
 SHARE_DISABLED = "share {share} is DISABLED: it accepts no new jobs"
 NOT_DIVISIBLE = "{gpus} GPUs cannot be spread evenly over {nodes} nodes"
-TOO_MANY_PREEMPTIONS = "preempted {count} times; max_preemptions is {limit}"
 
 Engine = Callable[[Snapshot], Plan]
 
@@ -642,13 +640,14 @@ class Simulation:
         job.attempt += 1  # its pending finish is void: it cannot finish during its grace period
         self.moves[spec.gpu_type] += 1
         job.state = PREEMPTING
-        job.preemptions += 1
+        step = outcomes.after_preemption(
+            preemptions=job.preemptions, max_preemptions=spec.max_preemptions
+        )
+        job.preemptions = step.preemptions
         self._share_preemptions[self.share_index[spec.share]] += 1
-        if spec.max_preemptions is not None and job.preemptions > spec.max_preemptions:
+        if step.state == FAILED:
             job.fail_on_release = True
-            job.reason = TOO_MANY_PREEMPTIONS.format(
-                count=job.preemptions, limit=spec.max_preemptions
-            )
+            job.reason = step.reason
         self._count_running(placed, -1)
         self.placed[job_id] = self.placed_by_type[spec.gpu_type][job_id] = PlacedJob(
             id=placed.id,
@@ -717,7 +716,7 @@ class Simulation:
         for gpu_type in self.gpu_types:
             covered = 0
             borrowed_total = 0
-            lendable: list[tuple[int, int]] = []
+            can_lend: dict[int, int] = {}
             for i, share in enumerate(self._share_views):
                 limit = share.capacity_limits.get(gpu_type, 0)
                 covered += limit
@@ -726,18 +725,13 @@ class Simulation:
                 if held > limit:
                     borrowed[i] += held - limit
                     borrowed_total += held - limit
-                elif share.strategy in (LEND, LEND_AND_BORROW) and held < limit:
-                    idle = limit - held
-                    if share.lend_limit is not None and gpu_type in share.lend_limit:
-                        idle = min(idle, share.lend_limit[gpu_type])
-                    if idle:
-                        lendable.append((i, idle))
-            from_lenders = borrowed_total - max(0, self.cluster_gpus[gpu_type] - covered)
-            if from_lenders > 0 and lendable:
-                can_lend = sum(idle for _, idle in lendable)
-                taken = min(from_lenders, can_lend)
-                for i, idle in lendable:
-                    lent[i] += taken * idle / can_lend
+                else:
+                    can_lend[i] = accounting.lendable(
+                        limit, held, accounting.lend_cap(share, gpu_type)
+                    )
+            free_pool = max(0, self.cluster_gpus[gpu_type] - covered)
+            for i, gpus in accounting.split_lent(borrowed_total, free_pool, can_lend).items():
+                lent[i] += gpus
         self._used_rate, self._borrowed_rate, self._lent_rate = used, borrowed, lent
         self._rates_stale = False
         if self.record_series:

@@ -1,0 +1,96 @@
+"""What follows the end of a job's attempt (DESIGN §2 "Job states"): the job's next state and
+the reason a person reads.
+
+One place for the rules that the live system (`scheduler.nodes.attempts`, when an agent
+reports an exit) and the simulator (when a preempted job's grace period ends) both follow:
+
+- SUCCEEDED ends the job; CANCELLED ends it;
+- PREEMPTED requeues it and counts a preemption; past `max_preemptions` it fails instead
+  (`max_preemptions = N`: requeued after its first N preemptions, failed at the next one);
+- NODE_LOST requeues it and counts nothing;
+- TIMEOUT fails it (timeouts are not retried);
+- FAILED requeues it while retries are left (`retry_attempts`), and counts a failure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# An attempt's outcome.
+SUCCEEDED = "SUCCEEDED"
+FAILED = "FAILED"
+PREEMPTED = "PREEMPTED"
+NODE_LOST = "NODE_LOST"
+TIMEOUT = "TIMEOUT"
+CANCELLED = "CANCELLED"
+OUTCOMES = (SUCCEEDED, FAILED, PREEMPTED, NODE_LOST, TIMEOUT, CANCELLED)
+
+# The job's next state (the values of scheduler.models.Job.State).
+RUNNABLE = "RUNNABLE"
+
+SUCCEEDED_REASON = "exited with code 0"
+FAILED_FINAL_REASON = "exited with code {code}; no retries left ({retries} allowed)"
+FAILED_RETRY_REASON = "exited with code {code}; retry {retry} of {retries}"
+NEVER_STARTED_FAILED = "{node} could not start the command: {detail}"
+TIMEOUT_REASON = "timed out after {seconds} s (timeout_seconds); stopped"
+PREEMPTED_REQUEUE_REASON = "preempted ({count} so far); requeued, resumes from its checkpoint"
+PREEMPTED_FINAL_REASON = "preempted {count} times; max_preemptions is {limit}"
+CANCELLED_REASON = "cancelled; stopped on {node}"
+LOST_REASON = "the agent on {node} no longer has the job (agent restarted); requeued"
+
+
+@dataclass(frozen=True, slots=True)
+class NextStep:
+    """The job after its attempt: its state, why, and its counts of preemptions and failures."""
+
+    state: str
+    reason: str
+    preemptions: int
+    failures: int
+
+
+def after_preemption(*, preemptions: int, max_preemptions: int | None) -> NextStep:
+    """A preempted attempt (`preemptions`: the job's count before this one)."""
+    count = preemptions + 1
+    if max_preemptions is not None and count > max_preemptions:
+        reason = PREEMPTED_FINAL_REASON.format(count=count, limit=max_preemptions)
+        return NextStep(FAILED, reason, count, 0)
+    return NextStep(RUNNABLE, PREEMPTED_REQUEUE_REASON.format(count=count), count, 0)
+
+
+def after_attempt(
+    outcome: str,
+    *,
+    preemptions: int,
+    failures: int,
+    max_preemptions: int | None,
+    retry_attempts: int,
+    exit_code: int | None,
+    timeout_seconds: int | None,
+    node: str,
+    detail: str = "",
+) -> NextStep:
+    """The job's next step after an attempt that ended with `outcome` on `node` (the last node
+    of a gang to report), given its counts so far and its settings. `detail`: why the command
+    could not start, when it never did."""
+    if outcome == PREEMPTED:
+        step = after_preemption(preemptions=preemptions, max_preemptions=max_preemptions)
+        return NextStep(step.state, step.reason, step.preemptions, failures)
+    if outcome == CANCELLED:
+        return NextStep(CANCELLED, CANCELLED_REASON.format(node=node), preemptions, failures)
+    if outcome == SUCCEEDED:
+        return NextStep(SUCCEEDED, SUCCEEDED_REASON, preemptions, failures)
+    if outcome == NODE_LOST:
+        return NextStep(RUNNABLE, LOST_REASON.format(node=node), preemptions, failures)
+    if outcome == TIMEOUT:
+        reason = TIMEOUT_REASON.format(seconds=timeout_seconds)
+        return NextStep(FAILED, reason, preemptions, failures)
+    count = failures + 1
+    retry = count <= retry_attempts
+    if exit_code is None and detail:
+        reason = NEVER_STARTED_FAILED.format(node=node, detail=detail)
+    elif retry:
+        reason = FAILED_RETRY_REASON.format(code=exit_code, retry=count, retries=retry_attempts)
+    else:
+        reason = FAILED_FINAL_REASON.format(code=exit_code, retries=retry_attempts)
+    return NextStep(RUNNABLE if retry else FAILED, reason, preemptions, count)
