@@ -122,7 +122,8 @@ def main() -> int:
         from django.core.management import call_command
 
         from scheduler import engine
-        from scheduler.cycle import cycle_run, cycle_snapshot
+        from scheduler.cycle.run import cycle_run
+        from scheduler.cycle.snapshot import cycle_snapshot
 
         call_command("migrate", verbosity=0)
         populate(args.nodes, args.jobs)

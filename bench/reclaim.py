@@ -47,8 +47,8 @@ def main() -> int:
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
 
+    from scheduler.jobs.services import job_submit
     from scheduler.models import Job, JobAttempt
-    from scheduler.services import job_submit
     from shares.models import QuotaShare, Team
     from shares.services import share_create
     from tests.live import LiveSystem, job_command, wait_for

@@ -49,8 +49,8 @@ class PortalCollector(Collector):
         yield from self._cycle()
 
     def _quota(self):
-        from scheduler.usage import current_usage
         from shares.models import CapacityLimit, QuotaShare
+        from shares.selectors import current_usage
 
         labels = ["cluster_queue", "resource"]
         limits = {

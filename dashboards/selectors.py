@@ -14,8 +14,8 @@ from django.utils import timezone
 
 from dashboards.models import ClusterSample, Resolution, UsageSample
 from dashboards.services import STEP, retention
-from scheduler.usage import ShareUsage, current_usage
 from shares.models import CapacityLimit, Membership, QuotaShare, ShareChange, Team
+from shares.selectors import ShareUsage, current_usage
 
 # --- Who may see what ---------------------------------------------------------------------
 

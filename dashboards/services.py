@@ -1,6 +1,6 @@
 """Writes of the utilization history and of the cycle's metrics.
 
-`history_sample` records what `scheduler.usage.current_usage()` reports, at most once per
+`history_sample` records what `shares.selectors.current_usage()` reports, at most once per
 HISTORY_SAMPLE_SECONDS; `history_rollup` averages raw samples into minutes and minutes into
 hours; `history_prune` drops what is older than each resolution's retention; `cycle_record` is
 the hook the scheduling cycle calls after each run."""
@@ -47,7 +47,7 @@ def history_sample(now: datetime | None = None) -> bool:
     only when the last one is at least HISTORY_SAMPLE_SECONDS old, and of two concurrent callers
     only one wins (conditional update of a watermark). Returns whether it sampled."""
     from scheduler.models import Node
-    from scheduler.usage import current_usage
+    from shares.selectors import current_usage
 
     now = now or timezone.now()
     interval = timedelta(seconds=settings.HISTORY_SAMPLE_SECONDS)

@@ -16,7 +16,7 @@ from django.views.decorators.http import require_GET
 
 from dashboards import figures, selectors
 from dashboards.metrics import metrics_allowed, metrics_text
-from scheduler.usage import current_usage
+from shares.selectors import current_usage
 
 NOT_A_LEAD = "The dashboards are for team leads and admins."
 METRICS_FORBIDDEN = (

@@ -123,7 +123,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env.boo
     "DATABASE_PREPARED_STATEMENTS", default=True
 ):
     # The statements every submit runs (token lookup, submit target, insert) are prepared once
-    # per connection (portal.sql.prepared_cursor asks psycopg to). The threshold, which psycopg
+    # per connection (portal.db.sql.prepared_cursor asks psycopg to). The threshold, which psycopg
     # counts for every other server-bound statement, is out of reach: nothing else is prepared.
     # Off behind a pooler that cannot keep prepared statements (PgBouncer in transaction mode
     # before 1.21).
@@ -205,15 +205,6 @@ AGENT_POLL_MAX_WAIT_SECONDS = min(
 )
 # A full cycle runs at least this often even when nothing changed (idle cycles are skipped).
 CYCLE_FULL_EVERY_SECONDS = env.float("CYCLE_FULL_EVERY_SECONDS", default=60.0)
-# Test-only hooks of the cycle (tests/reliability); never set them in production.
-# CYCLE_TEST_TRACE_FILE: each cycle appends "cycle pid locked_ns done_ns" (CLOCK_MONOTONIC,
-# taken while the cycle lock is held), so a test can check that cycles never overlap.
-CYCLE_TEST_TRACE_FILE = env.str("CYCLE_TEST_TRACE_FILE", default="")
-# CYCLE_TEST_PAUSE_BEFORE_COMMIT_SECONDS: a cycle that applied a plan sleeps this long inside
-# its transaction, before the commit, so a test can kill the worker mid-cycle.
-CYCLE_TEST_PAUSE_BEFORE_COMMIT_SECONDS = env.float(
-    "CYCLE_TEST_PAUSE_BEFORE_COMMIT_SECONDS", default=0.0
-)
 
 # Utilization history, retention and /metrics access (docs/dashboards.md).
 from dashboards.conf import *  # noqa: E402, F403

@@ -22,7 +22,7 @@ urlpatterns = [
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
     path("admin/", admin.site.urls),
     path("health/", health, name="health"),
-    path("api/v1/agent/", include("scheduler.agent_urls")),
+    path("api/v1/agent/", include("scheduler.nodes.urls")),
     path("api/v1/", include("scheduler.api.urls")),
     # The schema and its Swagger UI are public (they describe, they hold no data); the UI's
     # assets come from drf-spectacular-sidecar through our static files, so it works offline.

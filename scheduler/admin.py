@@ -3,8 +3,9 @@ from __future__ import annotations
 from django.contrib import admin
 from django.http import HttpRequest
 
+from scheduler.jobs.services import job_cancel
 from scheduler.models import ClusterSettings, Job, JobAttempt, JobEvent, Node
-from scheduler.services import job_cancel, node_set_state
+from scheduler.nodes.services import node_set_state
 
 
 @admin.register(Node)

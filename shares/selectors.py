@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from django.db.models import QuerySet, Sum
 
 from scheduler.engine import accounting
+from scheduler.models import Job, Node
 from shares.models import CapacityLimit, Membership, QuotaShare
 
 OVERPROMISED = "GPU type {gpu_type}: shares promise {promised} GPUs, READY nodes have {capacity}."
@@ -19,8 +20,6 @@ NO_NODES = (
 def capacity_warnings() -> list[str]:
     """One line per GPU type whose enabled shares' limits add up to more than its READY nodes
     have, or that has no READY node at all."""
-    from scheduler.models import Node
-
     promised: dict[str, int] = defaultdict(int)
     rows = (
         CapacityLimit.objects.filter(share__state=QuotaShare.State.ENABLED)
@@ -120,8 +119,6 @@ def share_usage() -> UsageReport:
     borrowed = max(0, usage − limit). What borrowers use is drawn first from the free pool
     (READY capacity not covered by any share's limit), then from lenders in proportion to what
     each can lend: its idle quota, within its lend_limit; a RESERVE share lends nothing."""
-    from scheduler.models import Job, Node
-
     shares = list(QuotaShare.objects.prefetch_related("capacity_limits"))
     used: dict[tuple[int, str], int] = {
         (row["share_id"], row["gpu_type"]): row["total"]
@@ -180,3 +177,52 @@ def share_usage() -> UsageReport:
             used=sum(use for _, _, _, use, _ in rows),
         )
     return UsageReport(shares=report, pool=pool)
+
+
+# --- Rows for history and metrics -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShareUsage:
+    """One share's GPUs of one type: `own` (used within its limit), `borrowed` (used above it),
+    `lent` (its idle GPUs that borrowers use), `idle` (neither used nor lent), and `demand`
+    (GPUs its runnable jobs ask for)."""
+
+    share: str
+    gpu_type: str
+    limit: int
+    own: int
+    borrowed: int
+    lent: int
+    idle: int
+    demand: int = 0
+
+    @property
+    def usage(self) -> int:
+        return self.own + self.borrowed
+
+
+def current_usage() -> list[ShareUsage]:
+    """Usage of every share and GPU type now, sorted by GPU type then share."""
+    demand = {
+        (share, gpu_type): total
+        for share, gpu_type, total in Job.objects.filter(state=Job.State.RUNNABLE)
+        .values_list("share__name", "gpu_type")
+        .annotate(total=Sum("gpus"))
+        .order_by()
+    }
+    rows = [
+        ShareUsage(
+            share=share,
+            gpu_type=gpu_type,
+            limit=row.limit,
+            own=row.own,
+            borrowed=row.borrowed,
+            lent=row.lent,
+            idle=max(0, row.limit - row.used - row.lent),
+            demand=demand.get((share, gpu_type), 0),
+        )
+        for share, types in share_usage().shares.items()
+        for gpu_type, row in types.items()
+    ]
+    return sorted(rows, key=lambda row: (row.gpu_type, row.share))

@@ -9,6 +9,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from scheduler.cycle.trigger import request_cycle
 from shares.models import (
     CAPACITY_LIMITS_COUNT,
     MAX_GPU_TYPES_PER_SHARE,
@@ -80,8 +81,6 @@ def share_record_changes(
     ]
     ShareChange.objects.bulk_create(changes)
     if changes:
-        from scheduler.services import request_cycle
-
         # A share change can let queued jobs run (or make running ones reclaimable) now.
         request_cycle()
     return changes

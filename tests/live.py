@@ -106,11 +106,12 @@ class LiveSystem:
 
     def start_worker(self, name: str = "worker", **env: str) -> None:
         """A Celery worker with its embedded beat (a child process); several may run, each
-        with its own name and beat schedule file. `env` overrides the system's environment."""
+        with its own name and beat schedule file. `env` overrides the system's environment.
+        The worker is the portal's, with the test hooks of tests/live_worker.py."""
         process = self._spawn(
             name,
-            [sys.executable, "-m", "celery", "-A", "portal", "worker", "-B", "--pool", "solo",
-             "-n", f"{name}@%h", "-l", "info",
+            [sys.executable, "-m", "celery", "-A", "tests.live_worker", "worker", "-B",
+             "--pool", "solo", "-n", f"{name}@%h", "-l", "info",
              "-s", str(self.tmp / "var" / f"{name}-beat-schedule")],
             **env,
         )  # fmt: skip

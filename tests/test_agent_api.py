@@ -8,10 +8,10 @@ from django.test import Client
 from rest_framework.authtoken.models import Token
 
 from scheduler.agent.gpus import gpu_type_for_model
-from scheduler.cycle import cycle_run
+from scheduler.cycle.run import cycle_run
+from scheduler.jobs.services import job_submit
 from scheduler.models import ClusterSettings, Job, Node
-from scheduler.node_services import hash_token
-from scheduler.services import job_submit
+from scheduler.nodes.services import hash_token
 
 pytestmark = pytest.mark.django_db
 

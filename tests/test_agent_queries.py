@@ -9,9 +9,9 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from scheduler.cycle import cycle_run
+from scheduler.cycle.run import cycle_run
+from scheduler.jobs.services import job_submit
 from scheduler.models import ClusterSettings, Job, JobAttempt
-from scheduler.services import job_submit
 
 pytestmark = pytest.mark.django_db
 

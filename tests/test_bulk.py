@@ -1,5 +1,6 @@
-"""The bulk writes (scheduler.bulk) of the cycle and of a submit give the same rows as the ORM,
-on every database: one statement on PostgreSQL, batched ORM elsewhere."""
+"""The bulk writes (portal.db.bulk, scheduler.transitions) of the cycle and of a submit give
+the same rows as the ORM, on every database: one statement on PostgreSQL, batched ORM
+elsewhere."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import pytest
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from scheduler.bulk import job_insert, jobs_set_reasons, rows_insert, rows_update
+from portal.db.bulk import rows_insert, rows_update
+from scheduler.jobs.services import job_submit
 from scheduler.models import GpuAssignment, Job, JobAttempt, JobEvent
-from scheduler.services import job_submit
+from scheduler.transitions import job_insert, jobs_set_reasons
 from tests.conftest import make_node
 
 pytestmark = pytest.mark.django_db

@@ -10,17 +10,21 @@ import pytest
 from django.utils import timezone
 
 from scheduler import engine
-from scheduler.cycle import CycleResult, cycle_apply, cycle_run, cycle_snapshot, note_change
+from scheduler.cycle.apply import cycle_apply
+from scheduler.cycle.idle import note_change
+from scheduler.cycle.result import CycleResult
+from scheduler.cycle.run import cycle_run
+from scheduler.cycle.snapshot import cycle_snapshot
+from scheduler.jobs.services import job_cancel, job_submit
 from scheduler.models import GpuAssignment, Job, JobAttempt, Node
-from scheduler.node_services import (
+from scheduler.nodes.attempts import (
     END_EXIT,
     END_NEVER_STARTED,
     END_TIMEOUT,
     attempt_exited,
     attempt_started,
-    node_orders,
 )
-from scheduler.services import job_cancel, job_submit, node_set_state
+from scheduler.nodes.services import node_orders, node_set_state
 from shares.services import share_update
 from tests.conftest import make_node
 
@@ -370,7 +374,7 @@ def test_gang_member_lost_requeues_the_job_instead_of_failing_it(personas, two_n
     """A 2-node gang: the agent on one node restarts and no longer has the process (lost); the
     other node is told to stop and its process exits from the SIGTERM. The attempt ends as
     NODE_LOST and the job is requeued, not FAILED for the signal's exit code."""
-    from scheduler.node_services import END_LOST
+    from scheduler.nodes.attempts import END_LOST
 
     job = submit(personas.bruno, "research", gpus=8, nodes=2)
     cycle_run(force=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dashboards.models import CycleStats, UsageSample
-from scheduler.tasks import cycle
+from scheduler.cycle.tasks import cycle
 
 
 @pytest.mark.django_db

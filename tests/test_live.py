@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from scheduler.jobs.services import job_cancel, job_submit
 from scheduler.models import Job, JobAttempt, Node
-from scheduler.services import job_cancel, job_submit
 from tests.live import job_command, wait_for
 from tests.reliability.invariants import check_invariants
 

@@ -1,11 +1,11 @@
-"""Long polls wait on the web process's one Redis subscription (scheduler.notify): a node's
+"""Long polls wait on the web process's one Redis subscription (scheduler.cycle.wake): a node's
 notification wakes every poll of that node, and no other node's."""
 
 from __future__ import annotations
 
 import threading
 
-from scheduler.notify import OrderWaiter, notify_nodes
+from scheduler.cycle.wake import OrderWaiter, notify_nodes
 
 # Node ids no live system in the same Redis database uses.
 NODE, OTHER = 10**9 + 7, 10**9 + 8

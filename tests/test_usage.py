@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.models import Job, Node
-from scheduler.usage import current_usage
+from shares.selectors import current_usage
 
 
 @pytest.mark.django_db

@@ -11,7 +11,7 @@ from rest_framework import exceptions
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.authtoken.models import Token
 
-from portal.sql import instance_from_row, model_columns, prepared_cursor
+from portal.db.sql import instance_from_row, model_columns, prepared_cursor
 
 
 @cache

@@ -11,7 +11,7 @@ from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
-from scheduler.services import ClientTokenConflict
+from scheduler.jobs.services import ClientTokenConflict
 
 BODY_TOO_LARGE = (
     "request body is {size} bytes; the limit is {limit} bytes (command and env are capped too: "

@@ -14,8 +14,8 @@ from __future__ import annotations
 from rest_framework import permissions
 from rest_framework.exceptions import PermissionDenied
 
+from scheduler.jobs.selectors import user_role_for_share
 from scheduler.models import Job
-from scheduler.selectors import user_role_for_share
 from shares.models import Membership
 from shares.selectors import is_admin
 

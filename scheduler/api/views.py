@@ -13,7 +13,6 @@ from rest_framework.pagination import PageNumberPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from scheduler import services as job_services
 from scheduler.api import serializers as s
 from scheduler.api.permissions import (
     IsAdmin,
@@ -21,8 +20,11 @@ from scheduler.api.permissions import (
     require_can_cancel_job,
     require_can_update_job,
 )
+from scheduler.jobs import services as job_services
+from scheduler.jobs.selectors import job_detail, job_list, queue_snapshot
 from scheduler.models import Job, Node
-from scheduler.selectors import job_detail, job_list, node_list, queue_snapshot
+from scheduler.nodes import services as node_services
+from scheduler.nodes.selectors import node_list
 from shares import services as share_services
 from shares.models import QuotaShare, ShareChange, Team
 from shares.selectors import is_admin, share_usage, shares_visible_to
@@ -204,7 +206,6 @@ class JobCancelView(APIView):
                 status=status.HTTP_409_CONFLICT,
             )
         job_services.job_cancel(job=job, user=request.user)
-        job_services.request_cycle()
         return Response(s.JobDetailSerializer(visible_job(request, job_id)).data)
 
 
@@ -256,7 +257,6 @@ class ShareListCreateView(generics.GenericAPIView):
             actor=request.user,
             source=ShareChange.Source.API,
         )
-        job_services.request_cycle()
         share = shares_visible_to(request.user).get(pk=share.pk)
         return Response(
             s.ShareSerializer(share, context={"usage": share_usage()}).data,
@@ -291,7 +291,6 @@ class ShareDetailView(APIView):
             source=ShareChange.Source.API,
             **_share_settings(serializer.validated_data),
         )
-        job_services.request_cycle()
         share = visible_share(request, name)
         return Response(s.ShareSerializer(share, context={"usage": share_usage()}).data)
 
@@ -306,7 +305,6 @@ class ShareStateView(APIView):
         share_services.share_set_state(
             share=share, state=self.state, actor=request.user, source=ShareChange.Source.API
         )
-        job_services.request_cycle()
         share = visible_share(request, name)
         return Response(s.ShareSerializer(share, context={"usage": share_usage()}).data)
 
@@ -447,8 +445,7 @@ class NodeStateView(APIView):
     @extend_schema(request=None, responses={200: s.NodeSerializer, **errors(403, 404)})
     def post(self, request, name: str):
         node = _node(name)
-        job_services.node_set_state(node=node, state=self.state)
-        job_services.request_cycle()
+        node_services.node_set_state(node=node, state=self.state)
         return Response(s.NodeSerializer(_node(name), context=_node_context(request)).data)
 
 

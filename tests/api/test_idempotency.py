@@ -7,8 +7,8 @@ import threading
 import pytest
 from django.db import connection, connections
 
+from scheduler.jobs.services import CLIENT_TOKEN_CONFLICT
 from scheduler.models import Job
-from scheduler.services import CLIENT_TOKEN_CONFLICT
 from tests.api.conftest import build_world, job_request
 
 JOBS = "/api/v1/jobs/"

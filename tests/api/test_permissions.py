@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from scheduler.jobs.services import job_submit
 from scheduler.models import Job
-from scheduler.services import job_submit
 from tests.api.conftest import job_request
 
 ANON = None

@@ -16,8 +16,8 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from portal.wsgi import application
+from scheduler.jobs.services import job_submit
 from scheduler.models import Job
-from scheduler.services import job_submit
 
 EXAMPLES_PER_OPERATION = 12
 

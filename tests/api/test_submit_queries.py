@@ -43,7 +43,7 @@ def test_shared_fields_write_a_job_as_drf_builds_them_per_instance(world):
     from rest_framework import serializers
 
     from scheduler.api.serializers import JobDetailSerializer, JobSerializer
-    from scheduler.selectors import job_detail
+    from scheduler.jobs.selectors import job_detail
 
     class PerInstance(serializers.ModelSerializer):
         share = serializers.SlugRelatedField(slug_field="name", read_only=True)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from scheduler.jobs.selectors import BORROWING, WITHIN_LIMIT, queue_snapshot
+from scheduler.jobs.services import job_submit
 from scheduler.models import Job, Node
-from scheduler.selectors import BORROWING, WITHIN_LIMIT, queue_snapshot
-from scheduler.services import job_submit
 from shares.selectors import share_usage
 from shares.services import share_update
 from tests.api.helpers import place

@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, assume, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from scheduler import services
 from scheduler.api import serializers as s
 from scheduler.api import views
+from scheduler.jobs import services
 from scheduler.models import (
     GPUS_DIVISIBLE_BY_NODES,
     MAX_TIMEOUT_SECONDS,

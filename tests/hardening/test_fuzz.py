@@ -17,10 +17,10 @@ from django.test import Client
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from scheduler.cycle import cycle_run
+from scheduler.agent.protocol import END_REASONS, EVENT_TYPES
+from scheduler.cycle.run import cycle_run
+from scheduler.jobs.services import job_submit
 from scheduler.models import ClusterSettings, GpuAssignment, Job, JobAttempt, JobEvent, Node
-from scheduler.node_services import END_REASONS, EVENT_TYPES
-from scheduler.services import job_submit
 from scheduler.simulator.scenario import Scenario, ScenarioError, load_scenario, parse_scenario
 
 JOIN = "fuzz-join-token"

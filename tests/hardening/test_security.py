@@ -16,9 +16,9 @@ from django.test import Client
 from django.urls import reverse
 from rest_framework.test import APIClient
 
-from scheduler.cycle import cycle_run
+from scheduler.cycle.run import cycle_run
+from scheduler.jobs.services import job_submit
 from scheduler.models import ClusterSettings, Job, JobAttempt
-from scheduler.services import job_submit
 from tests.api.conftest import build_world, job_request
 
 JOIN = "join-token-that-must-stay-secret-4242"

@@ -33,7 +33,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from scheduler.cycle import _fingerprint_key, cycle_run
+from portal.redis import redis_client
+from scheduler.cycle.idle import _fingerprint_key
+from scheduler.cycle.run import cycle_run
+from scheduler.jobs.services import job_cancel, job_set_priority, job_submit
 from scheduler.models import (
     MAX_PRIORITY,
     MAX_TIMEOUT_SECONDS,
@@ -44,19 +47,15 @@ from scheduler.models import (
     JobEvent,
     Node,
 )
-from scheduler.node_services import (
+from scheduler.nodes.attempts import (
     END_EXIT,
     END_LOST,
     END_NEVER_STARTED,
     END_TIMEOUT,
     attempt_exited,
     attempt_started,
-    node_heartbeat,
-    node_orders,
-    node_register,
 )
-from scheduler.notify import redis_client
-from scheduler.services import job_cancel, job_set_priority, job_submit, node_set_state
+from scheduler.nodes.services import node_heartbeat, node_orders, node_register, node_set_state
 from shares.models import CapacityLimit, Membership, QuotaShare, ShareChange, Team
 from shares.selectors import share_usage
 from shares.services import share_create, share_set_state, share_update
@@ -351,7 +350,7 @@ class PortalMachine(RuleBasedStateMachine):
             assert set(error.message_dict) & violated, (error.message_dict, violated)
             return
         except Exception as error:  # noqa: BLE001
-            from scheduler.services import ClientTokenConflict
+            from scheduler.jobs.services import ClientTokenConflict
 
             assert isinstance(error, ClientTokenConflict), repr(error)
             assert token_key in self.tokens_used
@@ -652,7 +651,7 @@ class PortalMachine(RuleBasedStateMachine):
 def cycle_not_enqueued(monkeypatch):
     """Services ask Celery for a cycle after each commit; here the machine runs cycles itself,
     so nothing goes to the broker."""
-    from scheduler import tasks
+    from scheduler.cycle import tasks
 
     monkeypatch.setattr(tasks.cycle, "delay", lambda *args, **kwargs: None)
 

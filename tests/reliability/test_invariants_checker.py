@@ -9,8 +9,8 @@ import pytest
 from django.db import OperationalError
 from rest_framework.authtoken.models import Token
 
+from scheduler.jobs.services import job_submit
 from scheduler.models import Job, JobAttempt
-from scheduler.services import job_submit
 from tests.conftest import make_node
 from tests.reliability.invariants import check_invariants
 
@@ -35,7 +35,7 @@ def test_consistent_database_passes_and_a_broken_one_is_named(personas):
 
 def test_database_error_in_a_view_is_a_503_with_retry_after(client, personas):
     token = Token.objects.create(user=personas.bruno)
-    with mock.patch("scheduler.services.job_submit", side_effect=OperationalError("down")):
+    with mock.patch("scheduler.jobs.services.job_submit", side_effect=OperationalError("down")):
         response = client.post(
             "/api/v1/jobs/",
             {"share": "research", "gpu_type": "h100", "gpus": 1, "command": "true"},

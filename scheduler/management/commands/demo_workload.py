@@ -13,8 +13,8 @@ from pathlib import Path
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
+from scheduler.jobs.services import job_submit
 from scheduler.models import Node
-from scheduler.services import job_submit
 
 JOB_SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "demo_job.py"
 

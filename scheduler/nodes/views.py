@@ -11,25 +11,14 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
+from scheduler.agent.protocol import END_REASONS, EVENT_EXITED, EVENT_TYPES
 from scheduler.models import MAX_GPUS_PER_NODE, Node
-from scheduler.node_services import (
-    END_REASONS,
-    EVENT_EXITED,
-    EVENT_TYPES,
-    node_for_token,
-    node_heartbeat,
-    node_orders,
-    node_register,
-    node_report,
-    orphan_stops,
-    poll_wait_seconds,
-)
-from scheduler.notify import OrderWaiter
+from scheduler.nodes.attempts import node_report
+from scheduler.nodes.services import node_for_token, node_heartbeat, node_poll, node_register
 
 AUTH_SCHEME = "Node"
 NOT_AUTHENTICATED = (
@@ -180,40 +169,8 @@ def poll(request: HttpRequest, node: Node, data: dict) -> JsonResponse:
     if wait is not None and (isinstance(wait, bool) or not isinstance(wait, int | float)):
         raise BadRequest("wait", "wait: must be a number of seconds.")
     events = _events(data, required=False)
-    node_heartbeat(node=node)
-    results = node_report(node=node, events=events)
-    waiter = OrderWaiter(node.pk)
-    try:
-        orders = _orders(node, running)
-        if not _news(orders, running, stopping):
-            # Give the database connection back while waiting: the web server has a thread
-            # per waiting agent, not a connection per waiting agent (DATABASE_POOL_SIZE).
-            _release_database_connection()
-            if waiter.wait(poll_wait_seconds(wait)):
-                orders = _orders(node, running)
-    finally:
-        waiter.close()
-    return JsonResponse({**orders, "results": results})
-
-
-def _release_database_connection() -> None:
-    """With a connection pool, hand this thread's connection back (unless a transaction needs
-    it); the next query takes one again. Without one, closing would only make the next query
-    open a new connection, which costs more than keeping it."""
-    if getattr(connection, "pool", None) is not None and not connection.in_atomic_block:
-        connection.close()
-
-
-def _orders(node: Node, running: set[int]) -> dict[str, Any]:
-    orders = node_orders(node=node)
-    stop = orders.stop + orphan_stops(node=node, running=running, orders=orders)
-    return {"run": orders.run, "stop": stop}
-
-
-def _news(orders: dict, running: set[int], stopping: set[int]) -> bool:
-    to_run = {o["attempt"] for o in orders["run"]}
-    to_stop = {o["attempt"] for o in orders["stop"]}
-    return bool(to_run - running) or bool(to_stop - stopping)
+    orders = node_poll(node=node, running=running, stopping=stopping, wait=wait, events=events)
+    return JsonResponse(orders)
 
 
 @agent_view()

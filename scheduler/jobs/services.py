@@ -1,34 +1,20 @@
-"""Writes to nodes and jobs. Every state change of a job is recorded with its reason."""
+"""Writes of a job's submitter: submit, cancel, change priority. States change through
+`scheduler.transitions`; every write that the cycle should act on asks for one."""
 
 from __future__ import annotations
 
-import time
-from collections import defaultdict
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
 
-from django.conf import settings
-from django.db import transaction
-from django.utils import timezone
-
-from scheduler.bulk import id_batches, job_insert, jobs_set_reasons, rows_insert, rows_update
-from scheduler.models import Job, JobEvent, Node
+from scheduler.cycle.trigger import request_cycle
+from scheduler.jobs.selectors import submit_target
+from scheduler.models import GPUS_DIVISIBLE_BY_NODES, Job, JobEvent
+from scheduler.transitions import job_insert, job_transition
+from shares.models import QuotaShare
 
 CANCELLED_BY_USER = "cancelled by {user}"
 CANCEL_STOPPING = "cancel requested by {user}: stopping with the share's grace period"
 ALREADY_FINAL = "job {job} already ended ({state}); nothing to cancel"
-
-
-def job_transition(*, job: Job, to_state: str, reason: str, **fields) -> Job:
-    """Move a job to `to_state`, set `fields`, and record the change with its reason."""
-    from_state = job.state
-    job.state = to_state
-    job.reason = reason
-    for name, value in fields.items():
-        setattr(job, name, value)
-    if to_state in Job.FINAL_STATES and job.finished_at is None:
-        job.finished_at = timezone.now()
-    job.save()
-    JobEvent.objects.create(job=job, from_state=from_state, to_state=to_state, reason=reason)
-    return job
 
 
 @transaction.atomic
@@ -39,86 +25,21 @@ def job_cancel(*, job: Job, user) -> Job:
     if job.is_final:
         return job
     if job.state in (Job.State.SUBMITTED, Job.State.RUNNABLE):
+        # A strict-FIFO share's next job may now go ahead.
+        request_cycle()
         return job_transition(
             job=job, to_state=Job.State.CANCELLED, reason=CANCELLED_BY_USER.format(user=user)
         )
     if job.cancel_requested:
         return job
-    job.cancel_requested = True
     # The cycle turns this into a stop order for the job's node(s).
     request_cycle()
     return job_transition(
         job=job,
         to_state=Job.State.PREEMPTING,
         reason=CANCEL_STOPPING.format(user=user),
+        cancel_requested=True,
     )
-
-
-def jobs_transition(
-    *, to_state: str, changes: list[tuple[int, str, str]], job_reason: str | None = None, **fields
-) -> int:
-    """Move many jobs to `to_state` at once, as `job_transition` does one: `changes` is
-    [(job id, from state, reason)], `fields` are set on every job. Each job's event gets its own
-    reason; the jobs' `reason` is `job_reason` when given (one UPDATE for all), else their own.
-    The caller has locked the rows and checked their state (conditional update). Returns the
-    number of jobs moved."""
-    if not changes:
-        return 0
-    now = timezone.now()
-    values = {"state": to_state, "updated_at": now, **fields}
-    if to_state in Job.FINAL_STATES:
-        values["finished_at"] = now
-    if job_reason is not None:
-        values["reason"] = job_reason
-    ids = [job_id for job_id, _from_state, _reason in changes]
-    for batch in id_batches(ids):
-        Job.objects.filter(pk__in=batch).update(**values)
-    if job_reason is None:
-        jobs_set_reasons({job_id: reason for job_id, _from_state, reason in changes})
-    rows_insert(
-        JobEvent,
-        ("job_id", "from_state", "to_state", "reason"),
-        [(job_id, from_state, to_state, reason) for job_id, from_state, reason in changes],
-    )
-    return len(changes)
-
-
-class JobChanges:
-    """State changes of jobs the caller has locked and loaded, written together by `save()`:
-    the fields that changed (one UPDATE on PostgreSQL) and the jobs' events (one INSERT),
-    however many jobs there are. Each `transition` is what `job_transition` does to one job;
-    a job may change more than once (its events keep their order)."""
-
-    # What a transition reads of a job: load these with it.
-    FIELDS = ("state", "started_at", "finished_at", "preemption_count", "failure_count")
-
-    def __init__(self) -> None:
-        self.jobs: dict[int, Job] = {}
-        self.changed: dict[int, set[str]] = defaultdict(set)
-        self.events: list[tuple[int, str, str, str]] = []
-
-    def transition(self, job: Job, *, to_state: str, reason: str, **fields) -> None:
-        self.events.append((job.pk, job.state, to_state, reason))
-        job.state = to_state
-        job.reason = reason
-        for name, value in fields.items():
-            setattr(job, name, value)
-        self.changed[job.pk].update(("state", "reason", *fields))
-        if to_state in Job.FINAL_STATES and job.finished_at is None:
-            job.finished_at = timezone.now()
-            self.changed[job.pk].add("finished_at")
-        self.jobs[job.pk] = job
-
-    def save(self) -> None:
-        now = timezone.now()
-        by_fields: dict[tuple[str, ...], list[Job]] = defaultdict(list)
-        for job_id, names in self.changed.items():
-            self.jobs[job_id].updated_at = now
-            by_fields[tuple(sorted({*names, "updated_at"}))].append(self.jobs[job_id])
-        for names, jobs in by_fields.items():
-            rows_update(Job, names, [(job.pk, *(getattr(job, n) for n in names)) for job in jobs])
-        rows_insert(JobEvent, ("job_id", "from_state", "to_state", "reason"), self.events)
-        self.jobs, self.changed, self.events = {}, defaultdict(set), []
 
 
 PRIORITY_OF_ENDED_JOB = (
@@ -131,8 +52,6 @@ def job_set_priority(*, job: Job, priority: int) -> Job:
     """Change a job's priority (AWS UpdateServiceJob). A queued job moves in its share's queue at
     the next cycle; a placed job keeps its GPUs but ranks by the new priority as a victim.
     Raises ValidationError for a job that already ended."""
-    from django.core.exceptions import ValidationError
-
     job = Job.objects.select_for_update().get(pk=job.pk)
     if job.is_final:
         raise ValidationError(
@@ -144,14 +63,6 @@ def job_set_priority(*, job: Job, priority: int) -> Job:
         job.save(update_fields=["priority", "updated_at"])
         request_cycle()
     return job
-
-
-def node_set_state(*, node: Node, state: str) -> Node:
-    """Drain (finish running jobs, take no new ones), undrain, or mark a node down."""
-    Node.objects.filter(pk=node.pk).update(state=state)
-    node.state = state
-    request_cycle()
-    return node
 
 
 # --- Submission -------------------------------------------------------------------------------
@@ -211,97 +122,13 @@ IDEMPOTENT_FIELDS = (
 )
 
 
-# Two keys per database: a request that finds neither publishes a cycle now and sets the first;
-# one that finds the first publishes a cycle for the end of the window and sets the second; one
-# that finds both publishes nothing (see _cycle_publish_delay).
-CYCLE_REQUESTED_KEY = "portal:cycle:requested:{db}"
-CYCLE_TRAILING_KEY = "portal:cycle:trailing:{db}"
-# KEYS: requested, trailing; ARGV: the window in ms. Returns [0, 0]: publish now; [1, window]:
-# publish for the end of the window; [2, ms left]: the cycle published for the end of the window
-# covers this request. The second value: how long the trailing key still stands, in ms.
-_CYCLE_COALESCE_SCRIPT = """
-if redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then return {0, 0} end
-if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[1]) then return {1, tonumber(ARGV[1])} end
-return {2, redis.call('PTTL', KEYS[2])}
-"""
-# Per process and database: until when (time.monotonic()) a cycle published for the end of the
-# window is known to start later. Until then a request is covered without asking Redis: at a
-# burst of submits, a process asks once or twice per window, not once per submit.
-_trailing_cycle_until: dict[str, float] = {}
-
-
-def _cycle_publish_delay() -> float | None:
-    """Seconds to delay the cycle this request asks for, or None when no cycle need be
-    published: one published earlier starts after this request's commit anyway.
-
-    At most two cycles are published per CYCLE_REQUEST_WINDOW_SECONDS: the first request of a
-    window gets one now; the next gets one at the end of the window, and it covers every
-    request until then, since each of those committed before that cycle starts (and a cycle
-    runs every runnable job). So no request is left waiting for beat, whichever comes last.
-    The trailing key expires no later than that cycle's start, so while it stands (as this
-    process last saw it) a request need not ask."""
-    from django.db import connection
-
-    from scheduler.notify import redis_client
-
-    window = settings.CYCLE_REQUEST_WINDOW_SECONDS
-    if window <= 0:
-        return 0.0
-    db = connection.settings_dict["NAME"]
-    asked_at = time.monotonic()  # before Redis sets or reads the key: its TTL runs from later
-    if asked_at < _trailing_cycle_until.get(db, 0.0):
-        return None
-    keys = [CYCLE_REQUESTED_KEY.format(db=db), CYCLE_TRAILING_KEY.format(db=db)]
-    try:
-        outcome, trailing_ms = redis_client().eval(
-            _CYCLE_COALESCE_SCRIPT, 2, *keys, int(window * 1000)
-        )
-    except Exception:  # noqa: BLE001 — without the keys, publish as if the window were empty
-        return 0.0
-    if outcome:
-        _trailing_cycle_until[db] = asked_at + int(trailing_ms) / 1000
-    return {0: 0.0, 1: window}.get(int(outcome))
-
-
-def request_cycle() -> None:
-    """Ask for a scheduling cycle that starts after the current transaction commits.
-    Requests close together share one (see _cycle_publish_delay); beat runs the cycle anyway
-    every CYCLE_INTERVAL_SECONDS."""
-
-    def enqueue() -> None:
-        from scheduler.cycle import note_change
-        from scheduler.tasks import cycle
-
-        note_change()
-        try:
-            delay = _cycle_publish_delay()
-            if delay is None:
-                return
-            if delay:
-                cycle.apply_async(countdown=delay)
-            else:
-                cycle.delay()
-        except Exception:  # noqa: BLE001 — the broker being down must not fail a submit
-            import logging
-
-            logging.getLogger(__name__).warning(
-                "could not enqueue a cycle; beat will run it", exc_info=True
-            )
-
-    transaction.on_commit(enqueue)
-
-
 def validate_fits_nodes(
     *, gpu_type: str, gpus: int, nodes: int, largest_node: int | None, nodes_that_fit: int
 ) -> None:
     """Refuse a job that no set of registered nodes could ever hold (all-or-nothing gang).
     `largest_node` and `nodes_that_fit` describe the nodes of `gpu_type` that are not DOWN
     (see `submit_target`)."""
-    from django.core.exceptions import ValidationError
-
     if gpus % nodes:
-        from scheduler.models import GPUS_DIVISIBLE_BY_NODES
-
         raise ValidationError({"gpus": GPUS_DIVISIBLE_BY_NODES.format(nodes=nodes)})
     if largest_node is None:
         raise ValidationError({"gpu_type": NO_NODES_OF_TYPE.format(gpu_type=gpu_type)})
@@ -352,12 +179,6 @@ def job_submit(
     one that does not exist, before anything else is looked at. `fields_validated`: the caller
     has already checked every field of the request against the rules of the model's fields (the
     API's JobSubmitSerializer does, with its own messages), so they are not checked twice."""
-    from django.core.exceptions import ValidationError
-    from django.db import IntegrityError
-
-    from scheduler.selectors import submit_target
-    from shares.models import QuotaShare
-
     request = {
         "name": name,
         "gpu_type": gpu_type,

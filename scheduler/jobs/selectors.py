@@ -10,7 +10,7 @@ from functools import cache
 from django.conf import settings
 from django.db.models import Prefetch, QuerySet
 
-from portal.sql import instance_from_row, model_columns, prepared_cursor
+from portal.db.sql import instance_from_row, model_columns, prepared_cursor
 from scheduler.models import GpuAssignment, Job, JobAttempt, Node
 from shares.models import CapacityLimit, Membership, QuotaShare
 from shares.selectors import UsageReport, is_admin, share_usage
@@ -209,12 +209,3 @@ def queue_snapshot(*, limit: int = QUEUE_FRONT_SIZE) -> QueueSnapshot:
         for number, (job, pass_) in enumerate(ordered[:limit], start=1)
     ]
     return QueueSnapshot(runnable=len(runnable), front=front, usage=usage)
-
-
-# --- Nodes ------------------------------------------------------------------------------------
-
-
-def node_list() -> QuerySet[Node]:
-    """Nodes with the GPUs their placed jobs hold."""
-    held = GpuAssignment.objects.filter(released=False).select_related("attempt__job__share")
-    return Node.objects.prefetch_related(Prefetch("gpu_assignments", queryset=held, to_attr="held"))

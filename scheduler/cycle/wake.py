@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import threading
 import time
@@ -11,18 +10,14 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 import redis
-from django.conf import settings
+
+from portal.redis import redis_client
 
 logger = logging.getLogger(__name__)
 
 # Channels are global to a Redis server: they carry the portal's database index, so portals
 # sharing a server (on different indexes) do not wake each other's agents.
 CHANNEL = "portal:{db}:agent:node:{node_id}"
-
-
-@functools.cache
-def redis_client() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=2)
 
 
 def _channel(node_id: int | str) -> str:

@@ -1,0 +1,15 @@
+"""The words the node agent and the portal exchange (no Django: both sides import it)."""
+
+# What an agent reports about an attempt.
+EVENT_STARTED = "started"
+EVENT_EXITED = "exited"
+EVENT_LOG = "log"
+EVENT_TYPES = (EVENT_STARTED, EVENT_EXITED, EVENT_LOG)
+# Why a process ended, as the agent saw it.
+END_EXIT = "exit"  # it exited by itself, or after a stop order
+END_TIMEOUT = "timeout"  # the agent stopped it at timeout_seconds
+END_NEVER_STARTED = "never_started"  # stopped before it started, or could not start
+END_LOST = "lost"  # the agent does not have it (restarted since)
+END_REASONS = (END_EXIT, END_TIMEOUT, END_NEVER_STARTED, END_LOST)
+# Log tails beyond this many characters are cut (the last ones are kept).
+LOG_TAIL_CHARS = 8000

@@ -1,0 +1,136 @@
+"""The cycle's first steps, before it plans: nodes that stopped sending heartbeats lose their
+attempts (NODE_LOST, the jobs requeued), and jobs cancelled while they held GPUs get their stop
+orders."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from functools import cache
+
+from django.conf import settings
+from django.db import connection
+
+from portal.db.sql import prepared_cursor
+from scheduler.cycle.result import CycleResult
+from scheduler.models import GpuAssignment, Job, JobAttempt, Node
+from scheduler.transitions import Transitions
+
+NODE_LOST_REASON = "node {node} lost (no heartbeat for {seconds:g} s); requeued"
+NODE_LOST_CANCELLED = "node {node} lost while the job was being cancelled"
+NODE_DOWN_ATTEMPT = "node {node} stopped sending heartbeats"
+CANCELLED_NOT_RUNNING = "cancelled: the job was not running any more"
+
+
+def nodes_mark_lost(*, now: datetime, result: CycleResult) -> None:
+    """Mark DOWN every node not heard from for NODE_HEARTBEAT_TIMEOUT_SECONDS; end its attempts
+    as NODE_LOST, release their GPUs (on every node of a gang) and requeue their jobs."""
+    timeout = settings.NODE_HEARTBEAT_TIMEOUT_SECONDS
+    cutoff = now - timedelta(seconds=timeout)
+    with prepared_cursor() as cursor:
+        at = connection.ops.adapt_datetimefield_value(cutoff)
+        cursor.execute(_silent_nodes_sql(), [Node.State.DOWN, at, at])
+        lost = dict(cursor.fetchall())
+    if not lost:
+        return
+    Node.objects.filter(pk__in=lost).update(state=Node.State.DOWN)
+    result.nodes_lost += len(lost)
+    attempt_nodes: dict[int, int] = {}
+    for attempt_id, node_id in GpuAssignment.objects.filter(
+        node_id__in=lost, released=False
+    ).values_list("attempt_id", "node_id"):
+        attempt_nodes.setdefault(attempt_id, node_id)
+    if not attempt_nodes:
+        return
+    attempts = list(
+        JobAttempt.objects.filter(pk__in=attempt_nodes, ended_at__isnull=True).values_list(
+            "pk", "job_id"
+        )
+    )
+    job_ids = [job_id for _, job_id in attempts]
+    jobs = {
+        row["pk"]: row
+        for row in Job.objects.select_for_update()
+        .filter(pk__in=job_ids, state__in=Job.PLACED_STATES)
+        .values("pk", "state", "cancel_requested")
+    }
+    for peer in GpuAssignment.objects.filter(
+        attempt_id__in=attempt_nodes, released=False
+    ).values_list("node_id", flat=True):
+        result.nodes_to_notify.add(peer)
+    GpuAssignment.objects.filter(attempt_id__in=attempt_nodes, released=False).update(released=True)
+    requeue, cancel = [], []
+    for attempt_id, job_id in attempts:
+        node = lost[attempt_nodes[attempt_id]]
+        JobAttempt.objects.filter(pk=attempt_id, ended_at__isnull=True).update(
+            ended_at=now,
+            outcome=JobAttempt.Outcome.NODE_LOST,
+            end_reason=NODE_DOWN_ATTEMPT.format(node=node),
+        )
+        job = jobs.get(job_id)
+        if job is None:
+            continue
+        if job["cancel_requested"]:
+            cancel.append((job_id, job["state"], NODE_LOST_CANCELLED.format(node=node)))
+        else:
+            reason = NODE_LOST_REASON.format(node=node, seconds=timeout)
+            requeue.append((job_id, job["state"], reason))
+    result.attempts_lost += len(attempts)
+    Transitions().move_rows(to_state=Job.State.RUNNABLE, changes=requeue).save()
+    Transitions().move_rows(to_state=Job.State.CANCELLED, changes=cancel).save()
+
+
+@cache
+def _silent_nodes_sql() -> str:
+    """(id, name) of the nodes not DOWN (the first parameter) not heard from since a time (the
+    other two), or never heard from and created before it."""
+    return (
+        f"SELECT id, name FROM {connection.ops.quote_name(Node._meta.db_table)} "
+        "WHERE state <> %s AND (last_heartbeat < %s "
+        "OR (last_heartbeat IS NULL AND created_at < %s))"
+    )
+
+
+def cancels_to_stop_orders(*, now: datetime, result: CycleResult) -> None:
+    """A job cancelled while it held GPUs (PREEMPTING, cancel_requested) gets a stop order on
+    its attempt; one with no attempt left ends CANCELLED."""
+    with prepared_cursor() as cursor:
+        cursor.execute(_cancelled_sql(), [Job.State.PREEMPTING, True])
+        pending = dict(cursor.fetchall())
+    if not pending:
+        return
+    open_attempts = dict(
+        JobAttempt.objects.filter(job_id__in=pending, ended_at__isnull=True).values_list(
+            "job_id", "pk"
+        )
+    )
+    to_stop = [
+        attempt_id
+        for attempt_id in JobAttempt.objects.filter(
+            pk__in=open_attempts.values(), stop_requested_at__isnull=True
+        ).values_list("pk", flat=True)
+    ]
+    if to_stop:
+        JobAttempt.objects.filter(pk__in=to_stop, stop_requested_at__isnull=True).update(
+            stop_requested_at=now
+        )
+        result.stop_orders += len(to_stop)
+        result.nodes_to_notify.update(
+            GpuAssignment.objects.filter(attempt_id__in=to_stop, released=False).values_list(
+                "node_id", flat=True
+            )
+        )
+    orphans = [
+        (job_id, state, CANCELLED_NOT_RUNNING)
+        for job_id, state in pending.items()
+        if job_id not in open_attempts
+    ]
+    Transitions().move_rows(to_state=Job.State.CANCELLED, changes=orphans).save()
+
+
+@cache
+def _cancelled_sql() -> str:
+    """(id, state) of the jobs in a state (the first parameter) being cancelled (the second)."""
+    return (
+        f"SELECT id, state FROM {connection.ops.quote_name(Job._meta.db_table)} "
+        "WHERE state = %s AND cancel_requested = %s"
+    )

@@ -1,0 +1,108 @@
+"""Skipping idle cycles: a cycle whose fingerprint (everything a plan depends on, and the count
+of commits that asked for a cycle) is the last one's would plan the same, so it skips the
+engine. Without Redis every cycle is a full one."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from functools import cache
+
+from django.conf import settings
+from django.db import connection
+
+from portal.db.sql import prepared_cursor
+from portal.redis import redis_client
+from scheduler.models import GpuAssignment, Job, JobAttempt, JobEvent, Node
+from shares.models import QuotaShare, ShareChange
+
+logger = logging.getLogger(__name__)
+
+FINGERPRINT_KEY = "portal:cycle:fingerprint:{db}"
+# Counts the commits that asked for a cycle (`note_change`): a cycle that saw the count change
+# since the last one started does not skip, even if the data it reads looks the same.
+CHANGES_KEY = "portal:cycle:changes:{db}"
+
+
+# The jobs a plan depends on: those waiting and those holding GPUs.
+_ACTIVE_STATES = (Job.State.RUNNABLE, *Job.PLACED_STATES)
+
+
+def fingerprint(changes: int | None) -> str:
+    """A digest of everything the plan depends on, and of the count of commits that asked for
+    a cycle. Equal digests: the plan would be the same."""
+    with prepared_cursor() as cursor:
+        cursor.execute(_fingerprint_sql(), [*_ACTIVE_STATES, False])
+        totals = cursor.fetchone()
+        cursor.execute(_fingerprint_nodes_sql())
+        nodes = cursor.fetchall()
+    text = repr((totals, nodes, changes, settings.BORROW_ORDER))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@cache
+def _fingerprint_sql() -> str:
+    """One row: active jobs (count, last update, priorities), GPUs held (count, last id), open
+    attempts (count, stopping), shares (count, last update), last share change, last job
+    event. Every table's part is served by an index or a small table."""
+    table = {
+        model: connection.ops.quote_name(model._meta.db_table)
+        for model in (Job, GpuAssignment, JobAttempt, QuotaShare, ShareChange, JobEvent)
+    }
+    states = ", ".join(["%s"] * len(_ACTIVE_STATES))
+    return (
+        "SELECT * FROM "
+        f"(SELECT COUNT(id), MAX(updated_at), SUM(priority) FROM {table[Job]} "
+        f"WHERE state IN ({states})) AS jobs, "
+        f"(SELECT COUNT(id), MAX(id) FROM {table[GpuAssignment]} WHERE released = %s) AS held, "
+        f"(SELECT COUNT(id), COUNT(stop_requested_at) FROM {table[JobAttempt]} "
+        "WHERE ended_at IS NULL) AS attempts, "
+        f"(SELECT COUNT(id), MAX(updated_at) FROM {table[QuotaShare]}) AS shares, "
+        f"(SELECT MAX(id) FROM {table[ShareChange]}) AS share_changes, "
+        f"(SELECT MAX(id) FROM {table[JobEvent]}) AS events"
+    )
+
+
+@cache
+def _fingerprint_nodes_sql() -> str:
+    return (
+        f"SELECT id, state, gpus, gpu_type FROM {connection.ops.quote_name(Node._meta.db_table)} "
+        "ORDER BY id"
+    )
+
+
+def note_change() -> None:
+    """After a commit that asks for a cycle: count it (see CHANGES_KEY)."""
+    try:
+        redis_client().incr(CHANGES_KEY.format(db=connection.settings_dict["NAME"]))
+    except Exception:  # noqa: BLE001 — without Redis nothing is skipped (no fingerprint kept)
+        logger.warning("could not count a change for the cycle", exc_info=True)
+
+
+def changes_seen() -> int | None:
+    try:
+        value = redis_client().get(CHANGES_KEY.format(db=connection.settings_dict["NAME"]))
+    except Exception:  # noqa: BLE001
+        return None
+    return int(value) if value else 0
+
+
+def _fingerprint_key() -> str:
+    return FINGERPRINT_KEY.format(db=connection.settings_dict["NAME"])
+
+
+def last_fingerprint() -> str | None:
+    try:
+        value = redis_client().get(_fingerprint_key())
+    except Exception:  # noqa: BLE001 — without Redis every cycle is a full one
+        return None
+    return value.decode() if value else None
+
+
+def remember_fingerprint(value: str) -> None:
+    try:
+        redis_client().set(
+            _fingerprint_key(), value, ex=max(1, int(settings.CYCLE_FULL_EVERY_SECONDS))
+        )
+    except Exception:  # noqa: BLE001
+        logger.warning("could not store the cycle fingerprint", exc_info=True)

@@ -1,0 +1,33 @@
+"""What one cycle did: counts, plan entries refused at apply, nodes to wake, step timings."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+
+@dataclass
+class CycleResult:
+    """What one cycle did."""
+
+    skipped: bool = False
+    placed: int = 0
+    preempted: int = 0
+    rejected: int = 0
+    stop_orders: int = 0
+    nodes_lost: int = 0
+    attempts_lost: int = 0
+    reasons_updated: int = 0
+    stale: list[str] = field(default_factory=list)  # plan entries refused at apply
+    nodes_to_notify: set[int] = field(default_factory=set)
+    # Seconds spent in each step, for the benchmark and for logs of slow cycles.
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def timed(self, step: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[step] = self.timings.get(step, 0.0) + time.perf_counter() - start

@@ -1,0 +1,309 @@
+"""What became of each attempt, as node agents report it (started, log tail, exited), and
+what an attempt's end does to its job (`scheduler.engine.outcomes`). Reports may arrive late,
+twice or out of order (an agent retries after the portal was unreachable): every write is
+conditional on the attempt still holding GPUs on the reporting node, so a replayed or stale
+report changes nothing."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from django.db import transaction
+from django.utils import timezone
+
+from portal.db.bulk import rows_update
+from portal.db.sql import prepared_cursor, select_rows
+from scheduler.agent.protocol import (
+    END_EXIT,
+    END_LOST,
+    END_NEVER_STARTED,
+    END_TIMEOUT,
+    EVENT_EXITED,
+    EVENT_LOG,
+    EVENT_STARTED,
+    LOG_TAIL_CHARS,
+)
+from scheduler.cycle.trigger import request_cycle
+from scheduler.cycle.wake import notify_nodes
+from scheduler.engine import outcomes
+from scheduler.models import GpuAssignment, Job, JobAttempt, Node
+from scheduler.nodes import queries
+from scheduler.transitions import Transitions
+
+RUNNING_REASON = "running on {where}"
+
+
+def attempt_started(*, node: Node, attempt_id: int) -> str:
+    """The agent started the attempt's command: the job is RUNNING."""
+    (result,) = node_report(node=node, events=[{"type": EVENT_STARTED, "attempt": attempt_id}])
+    return result
+
+
+def attempt_log(*, node: Node, attempt_id: int, log_tail: str) -> str:
+    event = {"type": EVENT_LOG, "attempt": attempt_id, "log": log_tail}
+    (result,) = node_report(node=node, events=[event])
+    return result
+
+
+def attempt_exited(
+    *,
+    node: Node,
+    attempt_id: int,
+    end: str,
+    exit_code: int | None = None,
+    signalled: bool = False,
+    log_tail: str = "",
+    detail: str = "",
+) -> str:
+    """The attempt's process on this node ended. Releases its GPUs here; when no node of the
+    attempt holds GPUs any more, the attempt ends with its outcome and the job moves on:
+    SUCCEEDED, FAILED (or RUNNABLE for a retry), RUNNABLE after a preemption (or FAILED past
+    max_preemptions), CANCELLED. `signalled`: the agent had sent SIGTERM before the exit.
+    Returns "ok", or "ignored" for a report that no longer applies (replayed, stale)."""
+    event = {
+        "type": EVENT_EXITED,
+        "attempt": attempt_id,
+        "end": end,
+        "exit_code": exit_code,
+        "signalled": signalled,
+        "log": log_tail,
+        "detail": detail,
+    }
+    (result,) = node_report(node=node, events=[event])
+    return result
+
+
+def node_report(*, node: Node, events: list[dict]) -> list[str]:
+    """Apply what a node's agent reports, in order: events {type: started|log|exited, attempt,
+    log (its log tail), and for an exit: end, exit_code, signalled, detail} (see
+    `attempt_started`, `attempt_log`, `attempt_exited`). Returns "ok" or "ignored" (a replay,
+    a stale report) for each.
+
+    Events about distinct attempts do not depend on each other: a run of them is applied in one
+    transaction, with a statement per kind of read and write (on PostgreSQL) however many
+    there are; their jobs are locked in one statement, in id order, as the cycle locks jobs
+    (a run of log tails alone, which change no state, takes no lock). An event about an
+    attempt already in the run starts the next run, so it sees what the earlier one did."""
+    results: list[str] = []
+    batch: list[dict] = []
+    for event in events:
+        if any(e["attempt"] == event["attempt"] for e in batch):
+            results += _apply_reports(node, batch)
+            batch = []
+        batch.append(event)
+    if batch:
+        results += _apply_reports(node, batch)
+    return results
+
+
+def _apply_reports(node: Node, events: list[dict]) -> list[str]:
+    """Apply events about distinct attempts (see `node_report`)."""
+    if all(event["type"] == EVENT_LOG for event in events):
+        return _apply_logs(node, events)
+    with transaction.atomic():
+        return _apply_changes(node, events)
+
+
+def _apply_logs(node: Node, events: list[dict]) -> list[str]:
+    """Log tails change no state: no lock, each written only while its attempt runs."""
+    held = set(
+        GpuAssignment.objects.filter(
+            node=node, attempt_id__in=[event["attempt"] for event in events], released=False
+        ).values_list("attempt_id", flat=True)
+    )
+    for event in events:
+        if event["attempt"] in held:
+            JobAttempt.objects.filter(pk=event["attempt"], ended_at__isnull=True).update(
+                log_tail=event["log"][-LOG_TAIL_CHARS:]
+            )
+    return ["ok" if event["attempt"] in held else "ignored" for event in events]
+
+
+def _apply_changes(node: Node, events: list[dict]) -> list[str]:
+    """Apply events about distinct attempts, some of them starts or exits, in the caller's
+    transaction."""
+    ids = [event["attempt"] for event in events]
+    # Their jobs first, in id order, as the cycle locks jobs before it writes their attempts
+    # and GPUs. The attempts need no lock of their own: every other write to them or their
+    # GPUs holds the job's lock too, except a cancel's stop order, which only fills in an
+    # unset stop_requested_at.
+    jobs = {job.pk: job for job in queries.jobs_locked(queries.jobs_lock_query(len(ids)), ids)}
+    # Then, read under those locks, the GPUs the attempts hold, with the attempts: an attempt
+    # that holds none on this node has nothing to report here.
+    holders: dict[int, set[int]] = defaultdict(set)
+    attempts: dict[int, JobAttempt] = {}
+    sql, columns = queries.holders_query(len(ids))
+    for node_id, attempt_id, *values in select_rows(sql, [False, *ids, *ids], columns):
+        holders[attempt_id].add(node_id)
+        if attempt_id not in attempts:
+            fields = dict(zip(queries.ATTEMPT_FIELDS, values, strict=True))
+            attempts[attempt_id] = JobAttempt(
+                pk=attempt_id, job=jobs[fields.pop("job_id")], **fields
+            )
+    exits_here = [
+        event["attempt"]
+        for event in events
+        if event["type"] == EVENT_EXITED and node.pk in holders[event["attempt"]]
+    ]
+    if exits_here:
+        with prepared_cursor() as cursor:
+            cursor.execute(
+                queries.release_sql(len(exits_here)), [True, node.pk, False, *exits_here]
+            )
+    now = timezone.now()
+    changes = Transitions()
+    written: dict[int, set[str]] = defaultdict(set)  # attempt id → the fields events changed
+    notify: set[int] = set()
+    ended = False
+    results = []
+    for event in events:
+        attempt = attempts.get(event["attempt"])
+        if attempt is None or node.pk not in holders[attempt.pk]:
+            results.append("ignored")
+            continue
+        if event["type"] == EVENT_LOG:
+            if attempt.ended_at is None:
+                attempt.log_tail = event["log"][-LOG_TAIL_CHARS:]
+                written[attempt.pk].add("log_tail")
+            results.append("ok")
+            continue
+        if attempt.ended_at is not None:
+            results.append("ignored")
+            continue
+        if event["type"] == EVENT_STARTED:
+            written[attempt.pk] |= _mark_started(attempt, changes, now=now)
+        else:
+            others = holders[attempt.pk] - {node.pk}
+            fields = _mark_exited(attempt, event, changes, node=node, others=others, now=now)
+            if "stop_requested_at" in fields:
+                notify |= others  # the gang's other nodes get their stop orders now
+            written[attempt.pk] |= fields
+            ended = ended or attempt.ended_at is not None
+        results.append("ok")
+    by_fields: dict[tuple[str, ...], list[JobAttempt]] = defaultdict(list)
+    for attempt_id, names in written.items():
+        if names:
+            by_fields[tuple(sorted(names))].append(attempts[attempt_id])
+    for names, group in by_fields.items():
+        rows_update(JobAttempt, names, [(a.pk, *(getattr(a, n) for n in names)) for a in group])
+    changes.save()
+    if notify:
+        transaction.on_commit(lambda: notify_nodes(notify))
+    if ended:
+        request_cycle()
+    return results
+
+
+def _mark_started(attempt: JobAttempt, changes: Transitions, *, now) -> set[str]:
+    """The attempt's process runs (or ran): started_at, and the job RUNNING. Returns the
+    attempt fields written."""
+    job = attempt.job
+    if job.state in (Job.State.SCHEDULED, Job.State.STARTING):
+        changes.move(
+            job,
+            to_state=Job.State.RUNNING,
+            reason=RUNNING_REASON.format(
+                where=", ".join(
+                    f"{a['node']} (GPU {','.join(map(str, a['gpu_indices']))})"
+                    for a in attempt.allocations
+                )
+            ),
+            started_at=job.started_at or now,
+        )
+    if attempt.started_at is not None:
+        return set()
+    attempt.started_at = now
+    return {"started_at"}
+
+
+def _mark_exited(
+    attempt: JobAttempt, event: dict, changes: Transitions, *, node: Node, others: set[int], now
+) -> set[str]:
+    """The attempt's process on `node` ended and its GPUs there are released; `others`: the
+    nodes where the attempt still holds GPUs (a gang). Returns the attempt fields written."""
+    end, exit_code = event["end"], event["exit_code"]
+    written = set()
+    if attempt.started_at is None and end in (END_EXIT, END_TIMEOUT):
+        # Its process ran: an exit whose "started" report has not arrived yet (it may come
+        # on another request, later; it is then ignored) implies the start.
+        written |= _mark_started(attempt, changes, now=now)
+    if event["log"]:
+        attempt.log_tail = event["log"][-LOG_TAIL_CHARS:]
+        written.add("log_tail")
+    outcome = _outcome(attempt, end=end, exit_code=exit_code, signalled=event["signalled"])
+    if exit_code is not None and (attempt.exit_code is None or attempt.exit_code == 0):
+        attempt.exit_code = exit_code
+        written.add("exit_code")
+    if others:
+        # A gang: one node's end that fails the attempt stops the others.
+        if outcome in (JobAttempt.Outcome.FAILED, JobAttempt.Outcome.TIMEOUT) or (end == END_LOST):
+            attempt.outcome = attempt.outcome or outcome
+            written.add("outcome")
+            if attempt.stop_requested_at is None:
+                attempt.stop_requested_at = now
+                written.add("stop_requested_at")
+        return written
+    if attempt.outcome in (
+        JobAttempt.Outcome.FAILED,
+        JobAttempt.Outcome.TIMEOUT,
+        JobAttempt.Outcome.NODE_LOST,
+    ):
+        # Decided by an earlier node of the gang; the others only exited from the stop
+        # order that decision sent them (a SIGTERM's exit code is not a failure).
+        outcome = attempt.outcome
+    if attempt.job.cancel_requested:
+        outcome = JobAttempt.Outcome.CANCELLED
+    attempt.outcome = outcome
+    attempt.ended_at = now
+    attempt.end_reason = _job_after(
+        attempt.job, attempt, outcome, changes, node=node, detail=event["detail"]
+    )
+    return written | {"outcome", "ended_at", "end_reason"}
+
+
+def _outcome(attempt: JobAttempt, *, end: str, exit_code: int | None, signalled: bool) -> str:
+    if end == END_LOST:
+        return JobAttempt.Outcome.NODE_LOST
+    if end == END_TIMEOUT:
+        return JobAttempt.Outcome.TIMEOUT
+    if attempt.stop_requested_at is not None and attempt.preempted_for_id is not None:
+        # A job that finished on its own before its SIGTERM succeeded all the same.
+        if exit_code == 0 and not signalled:
+            return JobAttempt.Outcome.SUCCEEDED
+        return JobAttempt.Outcome.PREEMPTED
+    if end == END_NEVER_STARTED:
+        return (
+            JobAttempt.Outcome.PREEMPTED
+            if attempt.stop_requested_at is not None
+            else JobAttempt.Outcome.FAILED
+        )
+    if exit_code == 0:
+        return JobAttempt.Outcome.SUCCEEDED
+    return JobAttempt.Outcome.FAILED
+
+
+def _job_after(
+    job: Job, attempt: JobAttempt, outcome: str, changes: Transitions, *, node: Node, detail: str
+) -> str:
+    """Move the job on after its attempt ended (`outcomes.after_attempt`); returns the reason,
+    for the attempt too."""
+    if job.state not in Job.PLACED_STATES:
+        return f"attempt ended ({outcome}) while the job was {job.state}"
+    step = outcomes.after_attempt(
+        outcome,
+        preemptions=job.preemption_count,
+        failures=job.failure_count,
+        max_preemptions=job.max_preemptions,
+        retry_attempts=job.retry_attempts,
+        exit_code=attempt.exit_code,
+        timeout_seconds=job.timeout_seconds,
+        node=node.name,
+        detail=detail,
+    )
+    counts = {}
+    if step.preemptions != job.preemption_count:
+        counts["preemption_count"] = step.preemptions
+    if step.failures != job.failure_count:
+        counts["failure_count"] = step.failures
+    changes.move(job, to_state=step.state, reason=step.reason, **counts)
+    return step.reason

@@ -1,0 +1,146 @@
+"""The written-out SQL of the agent requests: every poll and report reads its node and its
+orders, and every report locks its jobs and attempts. The SQL is written once per process
+and prepared once per connection (`portal.db.sql.prepared_cursor`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cache
+
+from django.db import DEFAULT_DB_ALIAS, connection, models
+
+from portal.db.sql import select_rows
+from scheduler.models import GpuAssignment, Job, JobAttempt, Node
+from scheduler.transitions import Transitions
+from shares.models import QuotaShare
+
+
+def _columns(*names: str) -> tuple[models.Field, ...]:
+    """The fields named "model.field" (model: node, job, attempt, gpu, share), in order."""
+    models_by_alias = {"node": Node, "job": Job, "attempt": JobAttempt, "gpu": GpuAssignment,
+                       "share": QuotaShare}  # fmt: skip
+    fields = []
+    for name in names:
+        alias, _, field = name.partition(".")
+        fields.append(models_by_alias[alias]._meta.get_field(field))
+    return tuple(fields)
+
+
+def _in_model_order(fields: tuple[models.Field, ...]) -> tuple[models.Field, ...]:
+    """`fields` of one model in the model's order, as Model.from_db() takes their values."""
+    return tuple(f for f in fields[0].model._meta.concrete_fields if f in fields)
+
+
+def _sql(template: str, fields: Sequence[models.Field]) -> str:
+    """`template` with {columns} (`fields` as alias.column) and {table} placeholders
+    ({job}, {attempt}, ... : the models' quoted table names) filled in."""
+    quote = connection.ops.quote_name
+    alias = {Node: "node", Job: "job", JobAttempt: "attempt", GpuAssignment: "gpu",
+             QuotaShare: "share"}  # fmt: skip
+    columns = ", ".join(f"{alias[f.model]}.{quote(f.column)}" for f in fields)
+    tables = {name: quote(model._meta.db_table) for model, name in alias.items()}
+    return template.format(columns=columns, **tables)
+
+
+# What an agent request needs of its node (not its gpu_details nor labels).
+NODE_FIELDS = ("id", "name", "gpu_type", "gpus", "state", "last_heartbeat")
+
+
+@cache
+def node_for_token_query() -> tuple[str, tuple[models.Field, ...]]:
+    fields = _in_model_order(_columns(*(f"node.{name}" for name in NODE_FIELDS)))
+    template = (
+        "SELECT {columns} FROM {node} node WHERE node.token_hash = %s ORDER BY node.id LIMIT 1"
+    )
+    return _sql(template, fields), fields
+
+
+@cache
+def heartbeat_sql() -> str:
+    return _sql("UPDATE {node} SET last_heartbeat = %s WHERE id = %s", ())
+
+
+@cache
+def orders_query() -> tuple[str, tuple[models.Field, ...]]:
+    fields = _columns(
+        "gpu.gpu_index", "attempt.id", "attempt.number", "attempt.started_at",
+        "attempt.stop_requested_at", "job.id", "job.state", "job.command", "job.env",
+        "job.timeout_seconds", "share.grace_seconds",
+    )  # fmt: skip
+    template = (
+        "SELECT {columns} FROM {gpu} gpu "
+        "JOIN {attempt} attempt ON attempt.id = gpu.attempt_id "
+        "JOIN {job} job ON job.id = attempt.job_id "
+        "JOIN {share} share ON share.id = job.share_id "
+        "WHERE gpu.node_id = %s AND gpu.released = %s AND attempt.ended_at IS NULL "
+        "ORDER BY gpu.attempt_id, gpu.gpu_index"
+    )
+    return _sql(template, fields), fields
+
+
+# What the reports read and write of an attempt, and of its job.
+ATTEMPT_FIELDS = (
+    "job_id", "number", "allocations", "started_at", "stop_requested_at", "ended_at", "outcome",
+    "exit_code", "preempted_for_id",
+)  # fmt: skip
+JOB_FIELDS = (
+    *Transitions.FIELDS, "max_preemptions", "retry_attempts", "cancel_requested", "timeout_seconds",
+)  # fmt: skip
+
+
+def _placeholders(count: int) -> str:
+    return ", ".join(["%s"] * count)
+
+
+def _job_lock_query(condition: str) -> tuple[str, tuple[models.Field, ...]]:
+    """The jobs that meet `condition` (SQL about `job`), locked in id order, as Jobs with
+    JOB_FIELDS loaded."""
+    fields = _in_model_order(_columns("job.id", *(f"job.{name}" for name in JOB_FIELDS)))
+    lock = " FOR UPDATE OF job" if connection.features.has_select_for_update_of else ""
+    template = f"SELECT {{columns}} FROM {{job}} job WHERE {condition} ORDER BY job.id{lock}"
+    return _sql(template, fields), fields
+
+
+def jobs_locked(query: tuple[str, tuple[models.Field, ...]], params: Sequence) -> list[Job]:
+    sql, columns = query
+    names = [field.attname for field in columns]
+    return [Job.from_db(DEFAULT_DB_ALIAS, names, row) for row in select_rows(sql, params, columns)]
+
+
+@cache
+def jobs_lock_query(count: int) -> tuple[str, tuple[models.Field, ...]]:
+    """The jobs of `count` attempts."""
+    return _job_lock_query(
+        f"job.id IN (SELECT job_id FROM {{attempt}} WHERE id IN ({_placeholders(count)}))"
+    )
+
+
+@cache
+def scheduled_lock_query(count: int) -> tuple[str, tuple[models.Field, ...]]:
+    """`count` jobs, those still in a state (the first parameter)."""
+    return _job_lock_query(f"job.state = %s AND job.id IN ({_placeholders(count)})")
+
+
+@cache
+def holders_query(count: int) -> tuple[str, tuple[models.Field, ...]]:
+    """The nodes where `count` attempts (given twice) hold GPUs, with their ATTEMPT_FIELDS."""
+    fields = _columns("gpu.node", "gpu.attempt", *(f"attempt.{name}" for name in ATTEMPT_FIELDS))
+    template = (
+        "SELECT {columns} FROM {gpu} gpu JOIN {attempt} attempt ON attempt.id = gpu.attempt_id "
+        f"WHERE gpu.released = %s AND gpu.attempt_id IN ({_placeholders(count)}) "
+        # The same ids again, on the attempts' primary key: without it PostgreSQL may hash the
+        # GPUs' rows against a scan of every attempt ever run (seen without table statistics,
+        # a scan per report).
+        f"AND attempt.id IN ({_placeholders(count)})"
+    )
+    return _sql(template, fields), fields
+
+
+@cache
+def release_sql(count: int) -> str:
+    """Release the GPUs `count` attempts hold on a node."""
+    return _sql(
+        "UPDATE {gpu} SET released = %s WHERE node_id = %s AND released = %s "
+        f"AND attempt_id IN ({_placeholders(count)})",
+        (),
+    )

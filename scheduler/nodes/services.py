@@ -1,0 +1,234 @@
+"""Writes about nodes: registration, heartbeats, the orders a node's agent polls for (one
+`node_poll` per long poll), and an admin's drain/undrain. What agents report about their
+attempts is `scheduler.nodes.attempts`."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS, connection, transaction
+from django.utils import timezone
+
+from portal.db.sql import prepared_cursor, select_rows
+from scheduler.cycle.trigger import request_cycle
+from scheduler.cycle.wake import OrderWaiter
+from scheduler.models import ClusterSettings, Job, JobAttempt, Node
+from scheduler.nodes import queries
+from scheduler.nodes.attempts import node_report
+from scheduler.transitions import Transitions
+
+JOIN_TOKEN_INVALID = (
+    "join_token: not this cluster's join token (see Cluster settings in the admin)."
+)
+
+STARTING_REASON = "order delivered to {node}; starting"
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def node_for_token(token: str) -> Node | None:
+    if not token:
+        return None
+    sql, fields = queries.node_for_token_query()
+    rows = select_rows(sql, [hash_token(token)], fields)
+    if not rows:
+        return None
+    return Node.from_db(DEFAULT_DB_ALIAS, [f.attname for f in fields], rows[0])
+
+
+@transaction.atomic
+def node_register(
+    *, join_token: str, name: str, gpu_type: str, gpus: int, gpu_details: list[dict]
+) -> tuple[Node, str]:
+    """Register (or re-register) a node; returns it and its new token. The token is stored
+    hashed; registering again replaces it, so a replaced agent's old token stops working.
+    Raises PermissionError on a wrong join token."""
+    expected = ClusterSettings.load().agent_join_token
+    if not join_token or not secrets.compare_digest(join_token.encode(), expected.encode()):
+        raise PermissionError(JOIN_TOKEN_INVALID)
+    token = secrets.token_urlsafe(32)
+    node, created = Node.objects.select_for_update().get_or_create(
+        name=name,
+        defaults={"gpu_type": gpu_type, "gpus": gpus},
+    )
+    node.gpu_type = gpu_type
+    node.gpus = gpus
+    node.gpu_details = gpu_details
+    node.token_hash = hash_token(token)
+    node.last_heartbeat = timezone.now()
+    if node.state == Node.State.DOWN:
+        node.state = Node.State.READY
+    node.full_clean(exclude=["token_hash"])
+    node.save()
+    request_cycle()
+    return node, token
+
+
+def heartbeat_write_seconds() -> float:
+    """How stale `last_heartbeat` may be before a heartbeat writes it again: a tenth of the
+    heartbeat timeout. Every poll and report is a heartbeat; writing each one would cost a
+    commit per agent request for nothing (the node is lost only after the whole timeout)."""
+    return settings.NODE_HEARTBEAT_TIMEOUT_SECONDS / 10
+
+
+def node_heartbeat(*, node: Node) -> None:
+    """The agent is alive. A node marked DOWN for missing heartbeats is READY again. `node` is
+    as loaded for this request (its `last_heartbeat` decides whether to write)."""
+    now = timezone.now()
+    last = node.last_heartbeat
+    if last is None or (now - last).total_seconds() >= heartbeat_write_seconds():
+        with prepared_cursor() as cursor:
+            cursor.execute(
+                queries.heartbeat_sql(), [connection.ops.adapt_datetimefield_value(now), node.pk]
+            )
+        node.last_heartbeat = now
+    if node.state == Node.State.DOWN:
+        with transaction.atomic():
+            if Node.objects.filter(pk=node.pk, state=Node.State.DOWN).update(
+                state=Node.State.READY
+            ):
+                request_cycle()
+        node.state = Node.State.READY
+
+
+@dataclass
+class Orders:
+    run: list[dict]
+    stop: list[dict]
+
+    def as_json(self) -> dict:
+        return {"run": self.run, "stop": self.stop}
+
+
+def node_orders(*, node: Node) -> Orders:
+    """What the node should be doing: every attempt holding GPUs on it, to run or to stop.
+    Orders are declarative; the agent reconciles them with what it runs (and kills what is
+    in neither list, see `orphan_stops`). Delivering a run order moves its job from SCHEDULED to
+    STARTING. One query while there is nothing to deliver (most polls)."""
+    # One row per GPU held here, with what the order needs of its attempt and job.
+    sql, fields = queries.orders_query()
+    held = select_rows(sql, [node.pk, False], fields)
+    run: list[dict] = []
+    stop: list[dict] = []
+    scheduled = []
+    order: dict = {}  # the order of the attempt of the previous row
+    for (
+        index, attempt_id, number, started_at, stop_requested_at,
+        job_id, job_state, command, env, timeout_seconds, grace,
+    ) in held:  # fmt: skip
+        if order.get("attempt") == attempt_id:
+            if "gpu_indices" in order:
+                order["gpu_indices"].append(index)
+            continue
+        if stop_requested_at is not None:
+            order = {
+                "attempt": attempt_id,
+                "grace_seconds": grace,
+                "started": started_at is not None,
+            }
+            stop.append(order)
+            continue
+        order = {
+            "attempt": attempt_id,
+            "job": job_id,
+            "number": number,
+            "command": command,
+            "env": env,
+            "gpu_indices": [index],
+            "timeout_seconds": timeout_seconds,
+            "grace_seconds": grace,
+            # Already started once: an agent that does not have it lost it.
+            "started": started_at is not None,
+        }
+        run.append(order)
+        if job_state == Job.State.SCHEDULED:
+            scheduled.append(job_id)
+    if scheduled:
+        # One transaction for all of them; rows locked in id order, as the cycle locks them.
+        with transaction.atomic():
+            reason = STARTING_REASON.format(node=node)
+            changes = Transitions()
+            for job in queries.jobs_locked(queries.scheduled_lock_query(len(scheduled)),
+                                    [Job.State.SCHEDULED, *scheduled]):  # fmt: skip
+                changes.move(job, to_state=Job.State.STARTING, reason=reason)
+            changes.save()
+    return Orders(run=run, stop=stop)
+
+
+def orphan_stops(*, node: Node, running: set[int], orders: Orders) -> list[dict]:
+    """Processes the agent runs that hold no GPUs here any more (their attempt ended, e.g. as
+    NODE_LOST while the agent was cut off): stop them with their share's grace."""
+    known = {o["attempt"] for o in orders.run} | {o["attempt"] for o in orders.stop}
+    extra = running - known
+    if not extra:
+        return []
+    graces = dict(
+        JobAttempt.objects.filter(pk__in=extra).values_list("pk", "job__share__grace_seconds")
+    )
+    return [{"attempt": a, "grace_seconds": graces.get(a, 0)} for a in sorted(extra)]
+
+
+def poll_wait_seconds(requested: float | None) -> float:
+    """How long a long poll may wait: what the agent asks, capped well below the heartbeat
+    timeout (each poll is the node's heartbeat)."""
+    cap = settings.AGENT_POLL_MAX_WAIT_SECONDS
+    if requested is None:
+        return cap
+    return max(0.0, min(float(requested), cap))
+
+
+def node_poll(
+    *, node: Node, running: set[int], stopping: set[int], wait: float | None, events: list[dict]
+) -> dict[str, Any]:
+    """One long poll of a node's agent: a heartbeat; `events` applied first, as a report would
+    apply them (their results in `results`); then the orders. It answers at once when the
+    orders differ from what the agent says it runs (`running`) and stops (`stopping`);
+    otherwise it waits up to `wait` seconds (see `poll_wait_seconds`) for them to change."""
+    node_heartbeat(node=node)
+    results = node_report(node=node, events=events)
+    waiter = OrderWaiter(node.pk)
+    try:
+        orders = _orders(node, running)
+        if not _news(orders, running, stopping):
+            # Give the database connection back while waiting: the web server has a thread
+            # per waiting agent, not a connection per waiting agent (DATABASE_POOL_SIZE).
+            _release_database_connection()
+            if waiter.wait(poll_wait_seconds(wait)):
+                orders = _orders(node, running)
+    finally:
+        waiter.close()
+    return {**orders, "results": results}
+
+
+def _release_database_connection() -> None:
+    """With a connection pool, hand this thread's connection back (unless a transaction needs
+    it); the next query takes one again. Without one, closing would only make the next query
+    open a new connection, which costs more than keeping it."""
+    if getattr(connection, "pool", None) is not None and not connection.in_atomic_block:
+        connection.close()
+
+
+def _orders(node: Node, running: set[int]) -> dict[str, Any]:
+    orders = node_orders(node=node)
+    stop = orders.stop + orphan_stops(node=node, running=running, orders=orders)
+    return {"run": orders.run, "stop": stop}
+
+
+def _news(orders: dict, running: set[int], stopping: set[int]) -> bool:
+    to_run = {o["attempt"] for o in orders["run"]}
+    to_stop = {o["attempt"] for o in orders["stop"]}
+    return bool(to_run - running) or bool(to_stop - stopping)
+
+
+def node_set_state(*, node: Node, state: str) -> Node:
+    """Drain (finish running jobs, take no new ones), undrain, or mark a node down."""
+    Node.objects.filter(pk=node.pk).update(state=state)
+    node.state = state
+    request_cycle()
+    return node

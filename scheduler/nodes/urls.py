@@ -1,0 +1,13 @@
+"""Node agent endpoints, under /api/v1/agent/."""
+
+from django.urls import path
+
+from scheduler.nodes import views
+
+app_name = "agent"
+
+urlpatterns = [
+    path("register/", views.register, name="register"),
+    path("poll/", views.poll, name="poll"),
+    path("report/", views.report, name="report"),
+]
