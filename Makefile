@@ -11,6 +11,7 @@ test:
 lint: install
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
+	.venv/bin/lint-imports
 
 format: install
 	.venv/bin/ruff check --fix .

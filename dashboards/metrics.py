@@ -17,6 +17,9 @@ from prometheus_client.registry import Collector
 from dashboards.models import CycleStats
 from dashboards.selectors import preemption_kind
 from dashboards.services import CYCLE_DURATION_BUCKETS
+from scheduler.models import Job, JobAttempt, Node
+from shares.models import CapacityLimit, QuotaShare
+from shares.selectors import current_usage
 
 
 def metrics_allowed(request: HttpRequest) -> bool:
@@ -49,8 +52,6 @@ class PortalCollector(Collector):
         yield from self._cycle()
 
     def _quota(self):
-        from shares.models import CapacityLimit, QuotaShare
-        from shares.selectors import current_usage
 
         labels = ["cluster_queue", "resource"]
         limits = {
@@ -99,9 +100,6 @@ class PortalCollector(Collector):
         yield from families.values()
 
     def _workloads(self):
-        from scheduler.models import Job
-        from shares.models import QuotaShare
-
         pending = GaugeMetricFamily(
             "portal_pending_workloads", "Jobs waiting in the share's queue (RUNNABLE).",
             labels=["cluster_queue"],
@@ -126,7 +124,6 @@ class PortalCollector(Collector):
         yield admitted
 
     def _preemptions(self):
-        from scheduler.models import JobAttempt
 
         family = CounterMetricFamily(
             "portal_preemptions",
@@ -147,7 +144,6 @@ class PortalCollector(Collector):
         yield family
 
     def _nodes(self):
-        from scheduler.models import Node
 
         nodes = GaugeMetricFamily("portal_nodes", "GPU nodes by state.", labels=["state"])
         gpus = GaugeMetricFamily(

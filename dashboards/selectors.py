@@ -8,20 +8,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from django.conf import settings
-from django.db.models import F, Func, IntegerField, Max, Q, QuerySet, Sum
+from django.db.models import Count, F, Func, IntegerField, Max, Min, Q, QuerySet, Sum
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from dashboards.models import ClusterSample, Resolution, UsageSample
 from dashboards.services import STEP, retention
+from scheduler.cycle.snapshot import cycle_snapshot
+from scheduler.engine import order
+from scheduler.models import Job, JobAttempt, Node
 from shares.models import CapacityLimit, Membership, QuotaShare, ShareChange, Team
-from shares.selectors import ShareUsage, current_usage
+from shares.selectors import ShareUsage, current_usage, is_admin
 
 # --- Who may see what ---------------------------------------------------------------------
-
-
-def is_admin(user) -> bool:
-    return bool(user.is_authenticated and user.is_active and user.is_staff)
 
 
 def teams_led_by(user) -> QuerySet[Team]:
@@ -420,10 +419,6 @@ def preemption_events(
 ) -> list[PreemptionEvent]:
     """Attempts that ended PREEMPTED in [start, end): of the share's jobs (victims) and of other
     jobs preempted for the share's jobs (its reclaims). All of them when share is None."""
-    from django.db.models.functions import Coalesce
-
-    from scheduler.models import JobAttempt
-
     attempts = (
         JobAttempt.objects.filter(outcome=JobAttempt.Outcome.PREEMPTED)
         .annotate(when=Coalesce("ended_at", "stop_requested_at", "scheduled_at"))
@@ -485,8 +480,6 @@ class GpuTypeNow:
 def cluster_now(usage: list[ShareUsage] | None = None) -> list[GpuTypeNow]:
     """Per GPU type: capacity, GPUs in use and down, and idle GPUs that borrowers could use
     (the free pool plus every LEND / LEND_AND_BORROW share's idle quota within its lend_limit)."""
-    from scheduler.models import Node
-
     usage = current_usage() if usage is None else usage
     up: dict[str, int] = defaultdict(int)
     ready: dict[str, int] = defaultdict(int)
@@ -544,51 +537,26 @@ class QueueEntry:
     submitted_at: datetime
     waiting: timedelta
     within_limit: bool
+    pass_: str  # order.PROMISED, order.WITHIN_LIMIT or order.BORROWING
     reason: str
 
 
-def queue_front(
-    *, limit: int = 200, usage: list[ShareUsage] | None = None, now: datetime | None = None
-) -> list[QueueEntry]:
-    """RUNNABLE jobs in the order the engine considers them: first every job that fits within its
-    share's limit (counting the share's GPUs in use and the jobs before it in this pass), then the
-    borrowers; each pass by priority (higher first), then submission time. With BORROW_ORDER
-    'fair' the borrowers' pass goes by the share's borrowed/weight now, lowest first (the
-    engine updates that ratio as it admits; this page does not)."""
-    from scheduler.models import Job
-
+def queue_front(*, limit: int = 200, now: datetime | None = None) -> list[QueueEntry]:
+    """RUNNABLE jobs in the order the engine considers them (`engine.order`, as the API's queue):
+    the jobs promised GPUs, then every job that fits within its share's limit, then the
+    borrowers, as if each job ahead were admitted in turn."""
     now = now or timezone.now()
-    usage = current_usage() if usage is None else usage
-    used = {(r.share, r.gpu_type): r.usage for r in usage}
-    limits = {(r.share, r.gpu_type): r.limit for r in usage}
-    borrowed = {(r.share, r.gpu_type): r.borrowed for r in usage}
-    jobs = (
-        Job.objects.filter(state=Job.State.RUNNABLE)
-        .select_related("share")
-        .order_by("-priority", "submitted_at", "id")
-    )
-    within, borrowers = [], []
-    claimed: dict[tuple[str, str], int] = defaultdict(int)
-    for job in jobs:
-        key = (job.share.name, job.gpu_type)
-        if used.get(key, 0) + claimed[key] + job.gpus <= limits.get(key, 0):
-            claimed[key] += job.gpus
-            within.append(job)
-        else:
-            borrowers.append(job)
-    if settings.BORROW_ORDER == "fair":
-        borrowers.sort(
-            key=lambda j: (
-                borrowed.get((j.share.name, j.gpu_type), 0) / j.share.weight,
-                -j.priority,
-                j.submitted_at,
-            )
-        )
+    snapshot, _context = cycle_snapshot()
+    positions = order.queue_order(snapshot)[:limit]
+    jobs = Job.objects.select_related("share").in_bulk([int(p.job.id) for p in positions])
     entries = []
-    for position, job in enumerate([*within, *borrowers][:limit], start=1):
+    for entry in positions:
+        job = jobs.get(int(entry.job.id))
+        if job is None:  # it ended since the snapshot
+            continue
         entries.append(
             QueueEntry(
-                position=position,
+                position=entry.position,
                 job_id=job.pk,
                 job=str(job),
                 share=job.share.name,
@@ -597,7 +565,8 @@ def queue_front(
                 priority=job.priority,
                 submitted_at=job.submitted_at,
                 waiting=now - job.submitted_at,
-                within_limit=job in within,
+                within_limit=entry.pass_ != order.BORROWING,
+                pass_=entry.pass_,
                 reason=job.reason,
             )
         )
@@ -606,10 +575,6 @@ def queue_front(
 
 def queue_summary(now: datetime | None = None) -> dict:
     """How many jobs wait (RUNNABLE), for how many GPUs, and since when the oldest waits."""
-    from django.db.models import Count, Min
-
-    from scheduler.models import Job
-
     now = now or timezone.now()
     row = Job.objects.filter(state=Job.State.RUNNABLE).aggregate(
         jobs=Count("id"), gpus=Sum("gpus"), oldest=Min("submitted_at")
@@ -623,8 +588,6 @@ def queue_summary(now: datetime | None = None) -> dict:
 
 def wait_times(*, shares: Iterable[str], start: datetime, end: datetime) -> dict[str, list[float]]:
     """Minutes from submission to first start of the shares' jobs that started in [start, end)."""
-    from scheduler.models import Job
-
     waits: dict[str, list[float]] = defaultdict(list)
     jobs = Job.objects.filter(
         share__name__in=list(shares), started_at__gte=start, started_at__lt=end
@@ -636,8 +599,6 @@ def wait_times(*, shares: Iterable[str], start: datetime, end: datetime) -> dict
 
 def share_jobs(share: QuotaShare, limit: int = 100):
     """The share's jobs: those not ended first, then the latest ended ones."""
-    from scheduler.models import Job
-
     active = list(
         Job.objects.filter(share=share)
         .exclude(state__in=Job.FINAL_STATES)

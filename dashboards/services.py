@@ -18,6 +18,8 @@ from django.db.models import Max, Min, Sum
 from django.utils import timezone
 
 from dashboards.models import ClusterSample, CycleStats, Resolution, UsageSample, Watermark
+from scheduler.models import Node
+from shares.selectors import current_usage
 
 SAMPLE_WATERMARK = "history_sample"
 # Beat's ticks and the cycle's calls jitter: a call up to 5 % early still samples, so a sampler
@@ -46,9 +48,6 @@ def history_sample(now: datetime | None = None) -> bool:
     Safe to call as often as one likes (beat, and the cycle after each run): it takes a sample
     only when the last one is at least HISTORY_SAMPLE_SECONDS old, and of two concurrent callers
     only one wins (conditional update of a watermark). Returns whether it sampled."""
-    from scheduler.models import Node
-    from shares.selectors import current_usage
-
     now = now or timezone.now()
     interval = timedelta(seconds=settings.HISTORY_SAMPLE_SECONDS)
     with transaction.atomic():

@@ -50,7 +50,11 @@ def capacity_warnings() -> list[str]:
 
 
 def is_admin(user) -> bool:
-    return bool(user and user.is_authenticated and (user.is_staff or user.is_superuser))
+    """An admin sees and may change everything: an active staff member or superuser. The one
+    definition for the API, the dashboards and the admin's own pages."""
+    return bool(
+        user and user.is_authenticated and user.is_active and (user.is_staff or user.is_superuser)
+    )
 
 
 def shares_visible_to(user) -> QuerySet[QuotaShare]:

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
 
-from django.conf import settings
 from django.db.models import Prefetch, QuerySet
 
 from portal.db.sql import instance_from_row, model_columns, prepared_cursor
+from scheduler.cycle.snapshot import cycle_snapshot
+from scheduler.engine import order
 from scheduler.models import GpuAssignment, Job, JobAttempt, Node
 from shares.models import CapacityLimit, Membership, QuotaShare
 from shares.selectors import UsageReport, is_admin, share_usage
 
 QUEUE_FRONT_SIZE = 100
-WITHIN_LIMIT = "within_limit"
-BORROWING = "borrowing"
 
 
 def jobs_visible_to(user) -> QuerySet[Job]:
@@ -162,7 +160,7 @@ def submit_target(*, user, share_name: str, gpu_type: str, per_node: int) -> Sub
 class QueueEntry:
     position: int
     job: Job
-    pass_: str  # WITHIN_LIMIT or BORROWING
+    pass_: str  # order.PROMISED, order.WITHIN_LIMIT or order.BORROWING
 
 
 @dataclass(frozen=True)
@@ -173,39 +171,18 @@ class QueueSnapshot:
 
 
 def queue_snapshot(*, limit: int = QUEUE_FRONT_SIZE) -> QueueSnapshot:
-    """The front of the queue in the order the engine considers it (DESIGN §2 "Precise rules"):
-    first every runnable job that fits within its share's limit, then the borrowers; each pass by
-    priority (higher first), then submission time — or, with BORROW_ORDER=fair, the borrowers of
-    the share with the lowest borrowed/weight first. Whether a job fits its limit counts the
-    share's placed GPUs plus the jobs of the share ahead of it that fit."""
+    """The front of the queue in the order the engine considers it (`engine.order`): the jobs
+    promised GPUs, then every job that fits within its share's limit, then the borrowers, as
+    if each job ahead were admitted in turn; read from the same snapshot a cycle plans."""
     usage = share_usage()
-    runnable = list(
-        Job.objects.filter(state=Job.State.RUNNABLE)
-        .select_related("share", "submitted_by")
-        .order_by("-priority", "submitted_at", "id")
+    snapshot, _context = cycle_snapshot()
+    positions = order.queue_order(snapshot)[:limit]
+    jobs = Job.objects.select_related("share", "submitted_by").in_bulk(
+        [int(entry.job.id) for entry in positions]
     )
-    taken: dict[tuple[str, str], int] = defaultdict(int)
-    within, borrowing = [], []
-    for job in runnable:
-        key = (job.share.name, job.gpu_type)
-        row = usage.shares.get(job.share.name, {}).get(job.gpu_type)
-        limit, used = (row.limit, row.used) if row else (0, 0)
-        if used + taken[key] + job.gpus <= limit:
-            taken[key] += job.gpus
-            within.append(job)
-        else:
-            borrowing.append(job)
-    if settings.BORROW_ORDER == "fair":
-
-        def fairness(job: Job) -> tuple[float, int, datetime, int]:
-            row = usage.shares.get(job.share.name, {}).get(job.gpu_type)
-            borrowed = row.borrowed if row else 0
-            return (borrowed / job.share.weight, -job.priority, job.submitted_at, job.pk)
-
-        borrowing.sort(key=fairness)
-    ordered = [(job, WITHIN_LIMIT) for job in within] + [(job, BORROWING) for job in borrowing]
     front = [
-        QueueEntry(position=number, job=job, pass_=pass_)
-        for number, (job, pass_) in enumerate(ordered[:limit], start=1)
+        QueueEntry(position=entry.position, job=jobs[int(entry.job.id)], pass_=entry.pass_)
+        for entry in positions
+        if int(entry.job.id) in jobs
     ]
-    return QueueSnapshot(runnable=len(runnable), front=front, usage=usage)
+    return QueueSnapshot(runnable=len(snapshot.runnable), front=front, usage=usage)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from scheduler.jobs.selectors import BORROWING, WITHIN_LIMIT, queue_snapshot
+from scheduler.engine.order import BORROWING, WITHIN_LIMIT
+from scheduler.jobs.selectors import queue_snapshot
 from scheduler.jobs.services import job_submit
 from scheduler.models import Job, Node
 from shares.selectors import share_usage
