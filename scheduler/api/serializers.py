@@ -12,6 +12,7 @@ from rest_framework.fields import SkipField
 from rest_framework.relations import PKOnlyObject, RelatedField
 from rest_framework.utils.serializer_helpers import BindingDict
 
+from scheduler.engine import order
 from scheduler.models import (
     MAX_PRIORITY,
     MAX_RETRY_ATTEMPTS,
@@ -596,7 +597,7 @@ class ShareUsageSeriesSerializer(serializers.Serializer):
 
 class QueueEntrySerializer(serializers.Serializer):
     position = serializers.IntegerField(help_text="Place in the whole queue, 1 = next.")
-    considered_as = serializers.ChoiceField(choices=["within_limit", "borrowing"], source="pass_")
+    considered_as = serializers.ChoiceField(choices=order.PASSES, source="pass_")
     job = JobSerializer()
 
 
