@@ -4,6 +4,7 @@ orders."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from datetime import datetime, timedelta
 from functools import cache
 
@@ -12,11 +13,10 @@ from django.db import connection
 
 from portal.db.sql import prepared_cursor
 from scheduler.cycle.result import CycleResult
+from scheduler.engine import outcomes
 from scheduler.models import GpuAssignment, Job, JobAttempt, Node
 from scheduler.transitions import Transitions
 
-NODE_LOST_REASON = "node {node} lost (no heartbeat for {seconds:g} s); requeued"
-NODE_LOST_CANCELLED = "node {node} lost while the job was being cancelled"
 NODE_DOWN_ATTEMPT = "node {node} stopped sending heartbeats"
 CANCELLED_NOT_RUNNING = "cancelled: the job was not running any more"
 
@@ -58,7 +58,7 @@ def nodes_mark_lost(*, now: datetime, result: CycleResult) -> None:
     ).values_list("node_id", flat=True):
         result.nodes_to_notify.add(peer)
     GpuAssignment.objects.filter(attempt_id__in=attempt_nodes, released=False).update(released=True)
-    requeue, cancel = [], []
+    moves: dict[str, list[tuple[int, str, str]]] = defaultdict(list)
     for attempt_id, job_id in attempts:
         node = lost[attempt_nodes[attempt_id]]
         JobAttempt.objects.filter(pk=attempt_id, ended_at__isnull=True).update(
@@ -69,14 +69,15 @@ def nodes_mark_lost(*, now: datetime, result: CycleResult) -> None:
         job = jobs.get(job_id)
         if job is None:
             continue
-        if job["cancel_requested"]:
-            cancel.append((job_id, job["state"], NODE_LOST_CANCELLED.format(node=node)))
-        else:
-            reason = NODE_LOST_REASON.format(node=node, seconds=timeout)
-            requeue.append((job_id, job["state"], reason))
+        step = outcomes.after_node_lost(
+            node=node, silent_seconds=timeout, cancel_requested=job["cancel_requested"]
+        )
+        moves[step.state].append((job_id, job["state"], step.reason))
     result.attempts_lost += len(attempts)
-    Transitions().move_rows(to_state=Job.State.RUNNABLE, changes=requeue).save()
-    Transitions().move_rows(to_state=Job.State.CANCELLED, changes=cancel).save()
+    transitions = Transitions()
+    for to_state, changes in moves.items():
+        transitions.move_rows(to_state=to_state, changes=changes)
+    transitions.save()
 
 
 @cache

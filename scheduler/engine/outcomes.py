@@ -7,7 +7,7 @@ reports an exit) and the simulator (when a preempted job's grace period ends) bo
 - SUCCEEDED ends the job; CANCELLED ends it;
 - PREEMPTED requeues it and counts a preemption; past `max_preemptions` it fails instead
   (`max_preemptions = N`: requeued after its first N preemptions, failed at the next one);
-- NODE_LOST requeues it and counts nothing;
+- NODE_LOST requeues it and counts nothing (a job being cancelled ends CANCELLED instead);
 - TIMEOUT fails it (timeouts are not retried);
 - FAILED requeues it while retries are left (`retry_attempts`), and counts a failure.
 """
@@ -37,16 +37,19 @@ PREEMPTED_REQUEUE_REASON = "preempted ({count} so far); requeued, resumes from i
 PREEMPTED_FINAL_REASON = "preempted {count} times; max_preemptions is {limit}"
 CANCELLED_REASON = "cancelled; stopped on {node}"
 LOST_REASON = "the agent on {node} no longer has the job (agent restarted); requeued"
+NODE_SILENT_REASON = "node {node} lost (no heartbeat for {seconds:g} s); requeued"
+NODE_SILENT_CANCELLED = "node {node} lost while the job was being cancelled"
 
 
 @dataclass(frozen=True, slots=True)
 class NextStep:
-    """The job after its attempt: its state, why, and its counts of preemptions and failures."""
+    """The job after its attempt: its state, why, and whether the attempt counts as one more
+    preemption or one more failure of the job."""
 
     state: str
     reason: str
-    preemptions: int
-    failures: int
+    preemption: bool = False
+    failure: bool = False
 
 
 def after_preemption(*, preemptions: int, max_preemptions: int | None) -> NextStep:
@@ -54,8 +57,15 @@ def after_preemption(*, preemptions: int, max_preemptions: int | None) -> NextSt
     count = preemptions + 1
     if max_preemptions is not None and count > max_preemptions:
         reason = PREEMPTED_FINAL_REASON.format(count=count, limit=max_preemptions)
-        return NextStep(FAILED, reason, count, 0)
-    return NextStep(RUNNABLE, PREEMPTED_REQUEUE_REASON.format(count=count), count, 0)
+        return NextStep(FAILED, reason, preemption=True)
+    return NextStep(RUNNABLE, PREEMPTED_REQUEUE_REASON.format(count=count), preemption=True)
+
+
+def after_node_lost(*, node: str, silent_seconds: float, cancel_requested: bool) -> NextStep:
+    """The job's attempt ended NODE_LOST because `node` sent no heartbeat for `silent_seconds`."""
+    if cancel_requested:
+        return NextStep(CANCELLED, NODE_SILENT_CANCELLED.format(node=node))
+    return NextStep(RUNNABLE, NODE_SILENT_REASON.format(node=node, seconds=silent_seconds))
 
 
 def after_attempt(
@@ -74,17 +84,15 @@ def after_attempt(
     of a gang to report), given its counts so far and its settings. `detail`: why the command
     could not start, when it never did."""
     if outcome == PREEMPTED:
-        step = after_preemption(preemptions=preemptions, max_preemptions=max_preemptions)
-        return NextStep(step.state, step.reason, step.preemptions, failures)
+        return after_preemption(preemptions=preemptions, max_preemptions=max_preemptions)
     if outcome == CANCELLED:
-        return NextStep(CANCELLED, CANCELLED_REASON.format(node=node), preemptions, failures)
+        return NextStep(CANCELLED, CANCELLED_REASON.format(node=node))
     if outcome == SUCCEEDED:
-        return NextStep(SUCCEEDED, SUCCEEDED_REASON, preemptions, failures)
+        return NextStep(SUCCEEDED, SUCCEEDED_REASON)
     if outcome == NODE_LOST:
-        return NextStep(RUNNABLE, LOST_REASON.format(node=node), preemptions, failures)
+        return NextStep(RUNNABLE, LOST_REASON.format(node=node))
     if outcome == TIMEOUT:
-        reason = TIMEOUT_REASON.format(seconds=timeout_seconds)
-        return NextStep(FAILED, reason, preemptions, failures)
+        return NextStep(FAILED, TIMEOUT_REASON.format(seconds=timeout_seconds))
     count = failures + 1
     retry = count <= retry_attempts
     if exit_code is None and detail:
@@ -93,4 +101,4 @@ def after_attempt(
         reason = FAILED_RETRY_REASON.format(code=exit_code, retry=count, retries=retry_attempts)
     else:
         reason = FAILED_FINAL_REASON.format(code=exit_code, retries=retry_attempts)
-    return NextStep(RUNNABLE if retry else FAILED, reason, preemptions, count)
+    return NextStep(RUNNABLE if retry else FAILED, reason, failure=True)

@@ -301,9 +301,9 @@ def _job_after(
         detail=detail,
     )
     counts = {}
-    if step.preemptions != job.preemption_count:
-        counts["preemption_count"] = step.preemptions
-    if step.failures != job.failure_count:
-        counts["failure_count"] = step.failures
+    if step.preemption:
+        counts["preemption_count"] = job.preemption_count + 1
+    if step.failure:
+        counts["failure_count"] = job.failure_count + 1
     changes.move(job, to_state=step.state, reason=step.reason, **counts)
     return step.reason

@@ -643,7 +643,7 @@ class Simulation:
         step = outcomes.after_preemption(
             preemptions=job.preemptions, max_preemptions=spec.max_preemptions
         )
-        job.preemptions = step.preemptions
+        job.preemptions += 1
         self._share_preemptions[self.share_index[spec.share]] += 1
         if step.state == FAILED:
             job.fail_on_release = True
