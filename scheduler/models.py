@@ -10,6 +10,7 @@ from django.db.models import Q
 from django.db.models.functions import Mod
 from django.db.models.lookups import Exact
 
+from scheduler.engine import outcomes
 from shares.models import QuotaShare, validate_gpu_type
 
 MAX_PRIORITY = 9999
@@ -196,12 +197,13 @@ class JobAttempt(models.Model):
     """One placement of a job on GPUs, from scheduling to its end."""
 
     class Outcome(models.TextChoices):
-        SUCCEEDED = "SUCCEEDED"
-        FAILED = "FAILED"
-        PREEMPTED = "PREEMPTED"
-        NODE_LOST = "NODE_LOST"
-        TIMEOUT = "TIMEOUT"
-        CANCELLED = "CANCELLED"
+        # The words of scheduler.engine.outcomes, which says what each one leads to.
+        SUCCEEDED = outcomes.SUCCEEDED
+        FAILED = outcomes.FAILED
+        PREEMPTED = outcomes.PREEMPTED
+        NODE_LOST = outcomes.NODE_LOST
+        TIMEOUT = outcomes.TIMEOUT
+        CANCELLED = outcomes.CANCELLED
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
     number = models.PositiveIntegerField()
