@@ -255,7 +255,7 @@ def _mark_exited(
         outcome = JobAttempt.Outcome.CANCELLED
     attempt.outcome = outcome
     attempt.ended_at = now
-    attempt.end_reason = _job_after(
+    attempt.end_reason = _move_job_on(
         attempt.job, attempt, outcome, changes, node=node, detail=event["detail"]
     )
     return written | {"outcome", "ended_at", "end_reason"}
@@ -282,7 +282,7 @@ def _outcome(attempt: JobAttempt, *, end: str, exit_code: int | None, signalled:
     return JobAttempt.Outcome.FAILED
 
 
-def _job_after(
+def _move_job_on(
     job: Job, attempt: JobAttempt, outcome: str, changes: Transitions, *, node: Node, detail: str
 ) -> str:
     """Move the job on after its attempt ended (`outcomes.after_attempt`); returns the reason,
