@@ -19,6 +19,7 @@ from scheduler.engine import (
     Snapshot,
     plan,
     planner,
+    victims,
 )
 from scheduler.engine.snapshot import (
     DRAINING,
@@ -217,8 +218,8 @@ def _minimal_search(original):
         chosen = original(self, job, attempt, promised, base_deltas)
         if chosen:
             for left_out in chosen:
-                capacity = self._capacity(job.gpus // job.nodes, promised)
-                trial = self.ledger.trial(job.share, attempt != planner.TRY_OWN_SHARE)
+                capacity = victims.NodeRoom(self.pool, job.gpus // job.nodes, promised)
+                trial = self.ledger.trial(job.share, attempt != victims.TRY_OWN_SHARE)
                 for name, delta in base_deltas.items():
                     trial.change(name, delta)
                 for victim in chosen:
@@ -245,8 +246,8 @@ def test_every_cycle_keeps_the_rules(cluster, finishes):
     """Over five cycles no GPU is double-booked, borrowing never exceeds what is lendable, caps
     hold, only borrowers are reclaimed, victim sets are minimal, the cluster does not idle while
     a job fits, and the same snapshot always gives the same plan."""
-    original = planner._TypeCycle._search
-    planner._TypeCycle._search = _minimal_search(original)
+    original = planner._TypePlan._search
+    planner._TypePlan._search = _minimal_search(original)
     try:
         snapshot = cluster
         for cycle, finish in enumerate(finishes):
@@ -255,7 +256,7 @@ def test_every_cycle_keeps_the_rules(cluster, finishes):
             check_plan(snapshot, outcome)
             snapshot = next_cycle(snapshot, outcome, cycle, finish)
     finally:
-        planner._TypeCycle._search = original
+        planner._TypePlan._search = original
 
 
 def next_cycle(snapshot: Snapshot, outcome: Plan, cycle: int, finish: bool) -> Snapshot:
