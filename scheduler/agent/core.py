@@ -47,7 +47,7 @@ def _die_with_parent() -> None:
 # util-linux's setpriv sets the same PR_SET_PDEATHSIG, then execs the command (same process:
 # its pid, signals and exit code are the command's). Starting a job through it needs no Python
 # in the child, so CPython spawns with vfork() rather than fork(), which copies the agent's
-# memory map: about 5 ms less CPU per job start (bench/soak.py). _die_with_parent otherwise.
+# memory map, at every job start (bench/soak.py). _die_with_parent otherwise.
 PDEATHSIG_LAUNCHER = ("setpriv", "--pdeathsig", "KILL", "--")
 
 

@@ -110,7 +110,7 @@ class PlainValuesMixin(SharedFieldsMixin):
     a pk-only related field), and a value that is None or already of exactly the type the
     field shows (a str for a CharField, an int for an IntegerField, a bool for a BooleanField)
     is shown as it is. Every other value, and every other field, goes DRF's way. Same output,
-    about half the time: for a submit, its job's JSON was 8% of the CPU."""
+    with less work for every job a response shows (bench/api.py)."""
 
     def to_representation(self, instance) -> dict:
         cls = type(self)
@@ -196,9 +196,8 @@ class JobSerializer(PlainValuesMixin, serializers.ModelSerializer):
 
 def job_data(job: Job) -> dict:
     """JobSerializer(job).data, without a serializer per job: JobSerializer's fields are shared
-    by the class and read no context (SharedFieldsMixin), so one instance shows every job.
-    Making the instance (and the ReturnDict copy of `.data`) was a quarter of the CPU a
-    submit spent on its job's JSON."""
+    by the class and read no context (SharedFieldsMixin), so one instance shows every job,
+    without making a serializer (and the ReturnDict copy of `.data`) for each."""
     return _job_serializer().to_representation(job)
 
 

@@ -99,7 +99,7 @@ class SubmitTarget:
 
 
 # Written out rather than composed with the ORM: building this query with annotations and
-# subqueries cost a submit more CPU than the rest of its database work together. Plain SQL
+# subqueries costs more than running it, at every submit (bench/api.py). Plain SQL
 # that SQLite and PostgreSQL both run; table and column names come from the models.
 _SUBMIT_TARGET_SQL = """
 SELECT {share_columns}, {visible} AS visible,
