@@ -1,124 +1,204 @@
-"""Personas shared by the tests.
+"""The one world every test talks about.
 
-One by one: carol leads the lender team vision, alice leads the borrower team ml-research, bob is a
-member of ml-research, oscar is an outsider, root is the admin.
+carol leads the lender team vision (slug `vision`), which owns share `vision`: LEND, 8 h100,
+grace 2 s. alice leads the borrower team ML Research (slug `ml-research`), which owns share
+`research`: LEND_AND_BORROW, 8 h100 and 2 l4, no borrow cap, grace 2 s. bob is a plain member
+of ML Research. oscar is an outsider: on no team. root is the admin (a superuser).
 
-As one bundle (`personas`, for the cycle and agent tests): vera leads the lender team (share
-`vision`, LEND, 8 h100, grace 2 s); bruno leads the borrower team (share `research`,
-LEND_AND_BORROW, 8 h100 + 2 l4, grace 2 s); olga is an outsider; ada is the admin."""
+Ask for one piece at a time (`carol`, `vision_share`, ...), which creates only it and what it
+needs, or for the whole `world` (all five personas and both shares, plus API tokens on demand).
+Every persona's password is `password_of(name)`. Nodes are not part of the world: tests create
+the ones they need with `make_node` (the API tests' `world` adds a cluster of three)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
 
 from scheduler.models import Node
 from shares.models import Membership, QuotaShare, ShareChange, Team
 from shares.services import share_create
 
+PERSONAS = ("root", "carol", "alice", "bob", "oscar")
 
-@pytest.fixture
-def root(django_user_model):
-    return django_user_model.objects.create_superuser("root", "root@example.com", "pw-root-1234")
+
+def password_of(persona: str) -> str:
+    return f"pw-{persona}-1234"
+
+
+def create_team(slug: str) -> Team:
+    """Team `vision` (the lender) or `ml-research` (the borrower)."""
+    names = {"vision": "Vision", "ml-research": "ML Research"}
+    team, _ = Team.objects.get_or_create(slug=slug, defaults={"name": names[slug]})
+    return team
+
+
+def create_persona(name: str):
+    """One of PERSONAS with their team membership (creating the team if need be)."""
+    User = get_user_model()
+    if name == "root":
+        return User.objects.create_superuser("root", "root@example.com", password_of("root"))
+    user = User.objects.create_user(name, password=password_of(name))
+    team_and_role = {
+        "carol": ("vision", Membership.Role.LEAD),
+        "alice": ("ml-research", Membership.Role.LEAD),
+        "bob": ("ml-research", Membership.Role.MEMBER),
+    }
+    if name in team_and_role:
+        slug, role = team_and_role[name]
+        Membership.objects.create(team=create_team(slug), user=user, role=role)
+    return user
+
+
+def create_share(name: str) -> QuotaShare:
+    """Share `vision` (the lender's) or `research` (the borrower's), as the module docstring
+    describes them."""
+    if name == "vision":
+        return share_create(
+            name="vision",
+            team=create_team("vision"),
+            capacity_limits={"h100": 8},
+            strategy=QuotaShare.Strategy.LEND,
+            grace_seconds=2,
+            source=ShareChange.Source.COMMAND,
+        )
+    assert name == "research", name
+    return share_create(
+        name="research",
+        team=create_team("ml-research"),
+        capacity_limits={"h100": 8, "l4": 2},
+        strategy=QuotaShare.Strategy.LEND_AND_BORROW,
+        grace_seconds=2,
+        source=ShareChange.Source.COMMAND,
+    )
+
+
+class _Tokens(Mapping):
+    """API token keys by persona, created on first use."""
+
+    def __init__(self, users: dict) -> None:
+        self.users = users
+
+    def __getitem__(self, persona: str) -> str:
+        return Token.objects.get_or_create(user=self.users[persona])[0].key
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.users)
+
+    def __len__(self) -> int:
+        return len(self.users)
+
+
+@dataclass
+class World:
+    """The five personas and the two shares; `users`, `shares` and `tokens` look them up by
+    name, `nodes` holds the nodes a test put in it."""
+
+    users: dict = field(default_factory=dict)
+    shares: dict = field(default_factory=dict)
+    nodes: dict = field(default_factory=dict)
+
+    @property
+    def tokens(self) -> Mapping[str, str]:
+        return _Tokens(self.users)
+
+    def __getattr__(self, name: str):
+        # world.carol, world.vision, ...
+        for table in ("users", "shares"):
+            found = self.__dict__.get(table, {})
+            if name in found:
+                return found[name]
+        raise AttributeError(name)
+
+    def client(self, persona: str | None) -> APIClient:
+        """An API client authenticated with the persona's token (None: anonymous)."""
+        client = APIClient()
+        if persona is not None:
+            client.credentials(HTTP_AUTHORIZATION=f"Token {self.tokens[persona]}")
+        return client
+
+
+def build_world() -> World:
+    """The whole world, for tests that manage their own database (transactional ones)."""
+    return World(
+        users={name: create_persona(name) for name in PERSONAS},
+        shares={name: create_share(name) for name in ("vision", "research")},
+    )
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings):
+    """Tests create many users; the production hasher takes most of a second each."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture
 def vision_team(db) -> Team:
-    return Team.objects.create(name="Vision", slug="vision")
+    """The lender team, led by carol."""
+    return create_team("vision")
 
 
 @pytest.fixture
 def research_team(db) -> Team:
-    return Team.objects.create(name="ML Research", slug="ml-research")
+    """The borrower team ML Research, led by alice, with bob as a member."""
+    return create_team("ml-research")
 
 
 @pytest.fixture
-def carol(django_user_model, vision_team):
-    user = django_user_model.objects.create_user("carol", password="pw-carol-1234")
-    Membership.objects.create(team=vision_team, user=user, role=Membership.Role.LEAD)
-    return user
+def root(db):
+    """The admin: a superuser on no team."""
+    return create_persona("root")
 
 
 @pytest.fixture
-def alice(django_user_model, research_team):
-    user = django_user_model.objects.create_user("alice", password="pw-alice-1234")
-    Membership.objects.create(team=research_team, user=user, role=Membership.Role.LEAD)
-    return user
+def carol(vision_team):
+    """Lead of the lender team vision."""
+    return create_persona("carol")
 
 
 @pytest.fixture
-def bob(django_user_model, research_team):
-    user = django_user_model.objects.create_user("bob", password="pw-bob-1234")
-    Membership.objects.create(team=research_team, user=user, role=Membership.Role.MEMBER)
-    return user
+def alice(research_team):
+    """Lead of the borrower team ML Research."""
+    return create_persona("alice")
 
 
 @pytest.fixture
-def oscar(django_user_model):
-    return django_user_model.objects.create_user("oscar", password="pw-oscar-1234")
+def bob(research_team):
+    """A plain member (not lead) of the borrower team ML Research."""
+    return create_persona("bob")
+
+
+@pytest.fixture
+def oscar(db):
+    """An outsider: on no team, not an admin."""
+    return create_persona("oscar")
 
 
 @pytest.fixture
 def vision_share(vision_team) -> QuotaShare:
-    """The lender: 8 h100, LEND."""
-    return share_create(
-        name="vision",
-        team=vision_team,
-        capacity_limits={"h100": 8},
-        strategy=QuotaShare.Strategy.LEND,
-        source=ShareChange.Source.COMMAND,
-    )
+    """The lender's share: LEND, 8 h100, grace 2 s."""
+    return create_share("vision")
 
 
 @pytest.fixture
 def research_share(research_team) -> QuotaShare:
-    """The borrower: 8 h100, LEND_AND_BORROW, no borrow cap."""
-    return share_create(
-        name="research",
-        team=research_team,
-        capacity_limits={"h100": 8},
-        strategy=QuotaShare.Strategy.LEND_AND_BORROW,
-        source=ShareChange.Source.COMMAND,
-    )
+    """The borrower's share: LEND_AND_BORROW, 8 h100 and 2 l4, no borrow cap, grace 2 s."""
+    return create_share("research")
 
 
 @pytest.fixture
-def personas(db):
-    User = get_user_model()
-    lender = Team.objects.create(name="Vision", slug="vision")
-    borrower = Team.objects.create(name="ML Research", slug="ml-research")
-    vera = User.objects.create_user("vera")
-    bruno = User.objects.create_user("bruno")
-    olga = User.objects.create_user("olga")
-    ada = User.objects.create_superuser("ada", password=None)
-    Membership.objects.create(team=lender, user=vera, role=Membership.Role.LEAD)
-    Membership.objects.create(team=borrower, user=bruno, role=Membership.Role.LEAD)
-    vision = share_create(
-        name="vision",
-        team=lender,
-        capacity_limits={"h100": 8},
-        strategy=QuotaShare.Strategy.LEND,
-        grace_seconds=2,
-    )
-    research = share_create(
-        name="research",
-        team=borrower,
-        capacity_limits={"h100": 8, "l4": 2},
-        strategy=QuotaShare.Strategy.LEND_AND_BORROW,
-        grace_seconds=2,
-    )
-    return type(
-        "Personas",
-        (),
-        {
-            "vera": vera,
-            "bruno": bruno,
-            "olga": olga,
-            "ada": ada,
-            "vision": vision,
-            "research": research,
-        },
+def world(root, carol, alice, bob, oscar, vision_share, research_share) -> World:
+    """All five personas and both shares, by name: `world.alice`, `world.users["bob"]`,
+    `world.shares["research"]`, `world.tokens["bob"]`, `world.client("bob")`."""
+    return World(
+        users={"root": root, "carol": carol, "alice": alice, "bob": bob, "oscar": oscar},
+        shares={"vision": vision_share, "research": research_share},
     )
 
 

@@ -570,7 +570,12 @@ class ShareUpdateSerializer(ShareWriteSerializer):
 
 
 class ShareChangeSerializer(serializers.ModelSerializer):
-    changed_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    changed_by = serializers.SlugRelatedField(
+        slug_field="username",
+        read_only=True,
+        allow_null=True,
+        help_text="Who made the change; null for a change made by a command or the system.",
+    )
 
     class Meta:
         model = ShareChange

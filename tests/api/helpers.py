@@ -35,3 +35,22 @@ def preempt(attempt: JobAttempt, for_job: Job) -> None:
     Job.objects.filter(pk=attempt.job_id).update(
         state=Job.State.RUNNABLE, preemption_count=attempt.job.preemption_count + 1
     )
+
+
+def add_cluster(world) -> None:
+    """Two 8-GPU h100 nodes ("h100-0", "h100-1") and one 4-GPU l4 node ("l4-0"), READY, into
+    `world.nodes`: the cluster the API tests place jobs on."""
+    for name, gpu_type, gpus in (("h100-0", "h100", 8), ("h100-1", "h100", 8), ("l4-0", "l4", 4)):
+        world.nodes[name] = Node.objects.create(name=name, gpu_type=gpu_type, gpus=gpus)
+
+
+def job_request(**overrides) -> dict:
+    """A valid submit body for share `research`; override any field."""
+    return {
+        "name": "train",
+        "share": "research",
+        "gpu_type": "h100",
+        "gpus": 8,
+        "command": "python train.py",
+        **overrides,
+    }

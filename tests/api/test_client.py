@@ -18,60 +18,67 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def bob(world, live_server) -> Client:
+def bob_client(world, live_server) -> Client:
+    """bob's Python API client, talking to a live server."""
     return Client(live_server.url, world.tokens["bob"])
 
 
-def test_submit_list_describe_cancel(world, bob):
-    job = bob.submit(share="research", gpus=8, gpu_type="h100", command=["python", "train.py"])
+def test_submit_list_describe_cancel(world, bob_client):
+    job = bob_client.submit(
+        share="research", gpus=8, gpu_type="h100", command=["python", "train.py"]
+    )
     assert job["state"] == "RUNNABLE" and job["command"] == "python train.py"
-    assert [j["id"] for j in bob.jobs(share="research", state="RUNNABLE")] == [job["id"]]
-    assert bob.job(job["id"])["events"][0]["to_state"] == "SUBMITTED"
-    assert bob.cancel(job["id"])["state"] == "CANCELLED"
-    assert bob.wait(job["id"], timeout=5)["state"] == "CANCELLED"
+    assert [j["id"] for j in bob_client.jobs(share="research", state="RUNNABLE")] == [job["id"]]
+    assert bob_client.job(job["id"])["events"][0]["to_state"] == "SUBMITTED"
+    assert bob_client.cancel(job["id"])["state"] == "CANCELLED"
+    assert bob_client.wait(job["id"], timeout=5)["state"] == "CANCELLED"
 
 
-def test_wait_stops_when_the_job_ends_elsewhere(world, bob):
+def test_wait_stops_when_the_job_ends_elsewhere(world, bob_client):
     """Waiting for RUNNING on a job that was cancelled raises at once instead of timing out."""
-    job = bob.submit(share="research", gpus=8, gpu_type="h100", command="x")
-    bob.cancel(job["id"])
+    job = bob_client.submit(share="research", gpus=8, gpu_type="h100", command="x")
+    bob_client.cancel(job["id"])
     with pytest.raises(JobEnded) as ended:
-        bob.wait(job["id"], states={"RUNNING"}, timeout=30)
+        bob_client.wait(job["id"], states={"RUNNING"}, timeout=30)
     assert ended.value.job["state"] == "CANCELLED"
 
 
-def test_client_token_returns_the_first_job(bob):
-    first = bob.submit(share="research", gpus=8, gpu_type="h100", command="x", client_token="t")
-    again = bob.submit(share="research", gpus=8, gpu_type="h100", command="x", client_token="t")
+def test_client_token_returns_the_first_job(bob_client):
+    first = bob_client.submit(
+        share="research", gpus=8, gpu_type="h100", command="x", client_token="t"
+    )
+    again = bob_client.submit(
+        share="research", gpus=8, gpu_type="h100", command="x", client_token="t"
+    )
     assert first["id"] == again["id"]
     with pytest.raises(PortalError) as conflict:
-        bob.submit(share="research", gpus=4, gpu_type="h100", command="x", client_token="t")
+        bob_client.submit(share="research", gpus=4, gpu_type="h100", command="x", client_token="t")
     assert conflict.value.status == 409
 
 
-def test_errors_carry_the_apis_message(bob):
+def test_errors_carry_the_apis_message(bob_client):
     with pytest.raises(PortalError) as error:
-        bob.submit(share="research", gpus=8, gpu_type="h100", command="x", priority=10000)
+        bob_client.submit(share="research", gpus=8, gpu_type="h100", command="x", priority=10000)
     assert error.value.status == 400
     assert str(error.value) == "HTTP 400: priority: must be between 0 and 9999."
 
 
-def test_jobs_follows_next_links(bob):
+def test_jobs_follows_next_links(bob_client):
     for _ in range(3):
-        bob.submit(share="research", gpus=1, gpu_type="h100", command="x")
-    page = bob._request("GET", "jobs/", params={"page_size": 2})
+        bob_client.submit(share="research", gpus=1, gpu_type="h100", command="x")
+    page = bob_client._request("GET", "jobs/", params={"page_size": 2})
     assert page["next"]
-    assert len(bob.jobs()) == 3
-    assert len(bob.jobs(limit=2)) == 2
+    assert len(bob_client.jobs()) == 3
+    assert len(bob_client.jobs(limit=2)) == 2
 
 
-def test_describe_shows_attempts_preemptions_gpus_and_log(world, bob):
+def test_describe_shows_attempts_preemptions_gpus_and_log(world, bob_client):
     """A job preempted once and running again on GPUs 0-3 of h100-0."""
     job = Job.objects.get(
-        pk=bob.submit(share="research", gpus=4, gpu_type="h100", command="x")["id"]
+        pk=bob_client.submit(share="research", gpus=4, gpu_type="h100", command="x")["id"]
     )
     owner = Job.objects.get(
-        pk=Client(bob.url, world.tokens["carol"]).submit(
+        pk=Client(bob_client.url, world.tokens["carol"]).submit(
             share="vision", gpus=8, gpu_type="h100", command="y"
         )["id"]
     )
@@ -79,19 +86,19 @@ def test_describe_shows_attempts_preemptions_gpus_and_log(world, bob):
     job.refresh_from_db()
     second = place(job, world.nodes["h100-0"], [0, 1, 2, 3])
     JobAttempt.objects.filter(pk=second.pk).update(log_tail="step 100 loss 0.1\n")
-    described = bob.job(job.pk)
+    described = bob_client.job(job.pk)
     assert described["state"] == "RUNNING"
     assert described["allocations"] == [{"node": "h100-0", "gpu_indices": [0, 1, 2, 3]}]
     assert described["preemptions"]["count"] == 1
     assert described["preemptions"]["recent"][0]["preempted_for"] == owner.pk
     assert [a["outcome"] for a in described["attempts"]] == ["PREEMPTED", ""]
-    assert bob.logs(job.pk) == "step 100 loss 0.1\n"
-    node = next(n for n in bob.nodes() if n["name"] == "h100-0")
+    assert bob_client.logs(job.pk) == "step 100 loss 0.1\n"
+    node = next(n for n in bob_client.nodes() if n["name"] == "h100-0")
     assert node["gpus_in_use"] == 4
     assert node["jobs"] == [
         {"id": job.pk, "share": "research", "state": "RUNNING", "gpu_indices": [0, 1, 2, 3]}
     ]
-    assert bob.shares()[0]["usage"]["h100"]["used"] == 4
+    assert bob_client.shares()[0]["usage"]["h100"]["used"] == 4
 
 
 def cli(live_server, token, *args):

@@ -9,7 +9,8 @@ from django.db import connection, connections
 
 from scheduler.jobs.services import CLIENT_TOKEN_CONFLICT
 from scheduler.models import Job
-from tests.api.conftest import build_world, job_request
+from tests.api.helpers import add_cluster, job_request
+from tests.conftest import build_world
 
 JOBS = "/api/v1/jobs/"
 
@@ -57,6 +58,8 @@ def test_concurrent_submits_with_one_token_make_one_job():
     if connection.vendor != "postgresql":
         pytest.skip("needs PostgreSQL: SQLite serialises writers, so there is no race to test")
     world = build_world()
+    add_cluster(world)
+    world.tokens["bob"]  # one token, made before the threads use it
     barrier = threading.Barrier(8)
     results: list[tuple[int, int]] = []
 

@@ -3,7 +3,7 @@ gets it when the API has it, and a 406 when it does not."""
 
 from __future__ import annotations
 
-from tests.api.conftest import job_request
+from tests.api.helpers import job_request
 
 JOBS = "/api/v1/jobs/"
 

@@ -10,7 +10,8 @@ import pytest
 
 from scheduler.jobs.services import job_submit
 from scheduler.models import Job
-from tests.api.conftest import job_request
+from tests.api.helpers import job_request
+from tests.conftest import password_of
 
 ANON = None
 COLUMNS = ("root", "carol", "alice", "bob", "oscar", ANON)
@@ -179,7 +180,7 @@ def test_listing_shows_only_your_teams_jobs(world):
     }
 
 
-def test_share_list_shows_only_your_teams_shares(world):
+def test_share_list_shows_only_your_teams_shares(world, inference_share):
     names = {
         persona: [share["name"] for share in world.client(persona).get("/api/v1/shares/").json()]
         for persona in ("root", "alice", "carol", "oscar")
@@ -220,7 +221,7 @@ def test_session_login_works_like_a_token(world):
     from rest_framework.test import APIClient
 
     client = APIClient()
-    assert client.login(username="bob", password="pw")
+    assert client.login(username="bob", password=password_of("bob"))
     assert client.get("/api/v1/shares/research/").status_code == 200
     assert client.get("/api/v1/shares/vision/").status_code == 404
 

@@ -8,7 +8,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from scheduler.models import Job, JobEvent
-from tests.api.conftest import job_request
+from tests.api.helpers import job_request
 
 JOBS = "/api/v1/jobs/"
 

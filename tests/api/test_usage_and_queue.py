@@ -53,7 +53,7 @@ def test_borrowing_draws_on_the_free_pool_first(world):
     assert usage.shares["vision"]["h100"].lent == 0
 
 
-def test_lenders_lend_in_proportion_and_reserve_lends_nothing(world):
+def test_lenders_lend_in_proportion_and_reserve_lends_nothing(world, inference_share):
     """Two lenders with 8 and 4 lendable GPUs cover a borrow of 6 as 4 and 2; a RESERVE share
     and the part above a lend_limit lend nothing."""
     share_update(
@@ -94,7 +94,7 @@ def test_queue_puts_jobs_within_their_limit_before_borrowers(world):
     ]
 
 
-def test_queue_endpoint_shape(world):
+def test_queue_endpoint_shape(world, inference_share):
     submit(world, "bob", "research", 8)
     data = world.client("root").get("/api/v1/queue/").json()
     assert data["runnable"] == 1

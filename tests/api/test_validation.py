@@ -22,7 +22,7 @@ from scheduler.models import (
 )
 from shares.models import BORROW_LIMIT_ONLY_WITH_LEND_AND_BORROW, QuotaShare
 from shares.services import share_update
-from tests.api.conftest import job_request
+from tests.api.helpers import job_request
 
 JOBS = "/api/v1/jobs/"
 

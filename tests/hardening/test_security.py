@@ -2,7 +2,7 @@
 pages and endpoints, and secrets (the agent join token, node tokens, SECRET_KEY) that never show
 up where they should not: API responses, server logs, pages.
 
-(`manage.py check --deploy` with production settings is tested in tests/test_setup.py.)"""
+(`manage.py check --deploy` with production settings is tested in tests/portal/test_setup.py.)"""
 
 from __future__ import annotations
 
@@ -19,19 +19,16 @@ from rest_framework.test import APIClient
 from scheduler.cycle.run import cycle_run
 from scheduler.jobs.services import job_submit
 from scheduler.models import ClusterSettings, Job, JobAttempt
-from tests.api.conftest import build_world, job_request
+from tests.api.helpers import add_cluster, job_request
+from tests.conftest import password_of
 
 JOIN = "join-token-that-must-stay-secret-4242"
 
 
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
-def world(db):
-    world = build_world()
+def world(world):
+    """The shared world on the API tests' cluster, with a known agent join token."""
+    add_cluster(world)
     ClusterSettings.objects.update_or_create(pk=1, defaults={"agent_join_token": JOIN})
     return world
 
@@ -78,12 +75,17 @@ def _request(world):
 def test_admin_login_requires_csrf(world):
     """The login form without its CSRF token is refused; with it, the admin logs in."""
     client = csrf_client()
-    response = client.post("/admin/login/", {"username": "root", "password": "pw"})
+    response = client.post("/admin/login/", {"username": "root", "password": password_of("root")})
     assert response.status_code == 403
     token = csrf_token(client, "/admin/login/")
     response = client.post(
         "/admin/login/",
-        {"username": "root", "password": "pw", "csrfmiddlewaretoken": token, "next": "/admin/"},
+        {
+            "username": "root",
+            "password": password_of("root"),
+            "csrfmiddlewaretoken": token,
+            "next": "/admin/",
+        },
     )
     assert response.status_code == 302
 

@@ -59,6 +59,7 @@ from scheduler.nodes.services import node_heartbeat, node_orders, node_register,
 from shares.models import CapacityLimit, Membership, QuotaShare, ShareChange, Team
 from shares.selectors import share_usage
 from shares.services import share_create, share_set_state, share_update
+from tests.conftest import create_persona
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -66,7 +67,7 @@ JOIN_TOKEN = "stateful-join-token"
 GPU_TYPES = ("h100", "l4")
 NODE_NAMES = tuple(f"node-{i}" for i in range(6))
 SHARES = ("vision", "research", "infer", "batch")
-USERS = ("bruno", "vera", "ivan", "bea")
+USERS = ("alice", "carol", "ivan", "bea")
 RESERVE, LEND, LEND_AND_BORROW = (
     QuotaShare.Strategy.RESERVE,
     QuotaShare.Strategy.LEND,
@@ -241,7 +242,7 @@ class PortalMachine(RuleBasedStateMachine):
             strategy=LEND, grace_seconds=5,
         )  # fmt: skip
         share_create(
-            name="research", team=teams["research"], capacity_limits={"h100": 8, "l4": 2},
+            name="research", team=teams["ml-research"], capacity_limits={"h100": 8, "l4": 2},
             strategy=LEND_AND_BORROW, grace_seconds=5,
         )  # fmt: skip
         share_create(
@@ -267,7 +268,7 @@ class PortalMachine(RuleBasedStateMachine):
     def borrowers_fill_the_cluster(self, borrowers, start):
         """Often the story starts with research borrowing (so that a lender's submit reclaims)."""
         for gpus in borrowers:
-            job_submit(user=self.users["bruno"], share_name="research", gpu_type="h100",
+            job_submit(user=self.users["alice"], share_name="research", gpu_type="h100",
                        gpus=gpus, command="true")  # fmt: skip
             self.accepted_submits += 1
         if borrowers:
@@ -321,7 +322,7 @@ class PortalMachine(RuleBasedStateMachine):
         reclaim if borrowers hold its quota."""
         limits = QuotaShare.objects.get(name=share).limits
         gpu_type = "h100" if "h100" in limits else min(limits)
-        self.submit(user="vera", share=share, gpu_type=gpu_type, gpus=min(gpus, limits[gpu_type]),
+        self.submit(user="carol", share=share, gpu_type=gpu_type, gpus=min(gpus, limits[gpu_type]),
                     nodes=1, priority=priority, command="true", timeout=None,
                     max_preemptions=None, retry_attempts=0, client_token="")  # fmt: skip
         # As in production, a submit asks for a cycle at once.
@@ -405,7 +406,7 @@ class PortalMachine(RuleBasedStateMachine):
         ended job changes nothing."""
         job = pick(list(Job.objects.order_by("pk")), index)
         before_state = job.state
-        job = job_cancel(job=job, user=self.users["ada"])
+        job = job_cancel(job=job, user=self.users["root"])
         if before_state in (Job.State.RUNNABLE,):
             assert job.state == Job.State.CANCELLED
         elif before_state in RUNNING_STATES:
@@ -659,10 +660,11 @@ def cycle_not_enqueued(monkeypatch):
 def test_services_keep_the_invariants(transactional_db, cycle_not_enqueued, settings_):
     """Any sequence of user, admin, agent and cycle actions keeps every invariant."""
     User = get_user_model()
-    users = {name: User.objects.create_user(name) for name in ("bruno", "vera", "ivan", "bea")}
-    users["ada"] = User.objects.create_superuser("ada", password=None)
-    for slug, lead in (("vision", "vera"), ("research", "bruno"), ("infer", "ivan"),
-                       ("batch", "bea")):  # fmt: skip
+    # The world's carol (lender team vision), alice (borrower team ml-research) and root, plus
+    # leads of the two teams only this machine has.
+    users = {name: create_persona(name) for name in ("carol", "alice", "root")}
+    for slug, lead in (("infer", "ivan"), ("batch", "bea")):
+        users[lead] = User.objects.create_user(lead)
         team = Team.objects.create(name=slug.title(), slug=slug)
         Membership.objects.create(team=team, user=users[lead], role=Membership.Role.LEAD)
     PortalMachine.users = users

@@ -27,9 +27,7 @@ def wait_cycles(trace, count: int) -> None:
              what=f"{count} more cycles")  # fmt: skip
 
 
-def test_lowered_limit_makes_running_jobs_borrowers_reclaimed_by_the_owner(
-    personas, live, tmp_path
-):
+def test_lowered_limit_makes_running_jobs_borrowers_reclaimed_by_the_owner(world, live, tmp_path):
     """research runs two 4-GPU jobs within its limit of 8; its limit drops to 4: both keep
     running (now 4 GPUs borrowed). When vision (LEND, 8) submits a 4-GPU job, one research job
     is preempted for it (attempt PREEMPTED, preempted_for), vision's job runs, and the
@@ -38,8 +36,8 @@ def test_lowered_limit_makes_running_jobs_borrowers_reclaimed_by_the_owner(
     system = live(CYCLE_TEST_TRACE_FILE=str(trace))
     system.start({"node-a": (8, "h100")})
     wait_nodes("node-a")
-    research = ApiClient(system.url, personas.bruno)
-    admin = ApiClient(system.url, personas.ada)
+    research = ApiClient(system.url, world.alice)
+    admin = ApiClient(system.url, world.root)
     runners = [research.submit("research", job_command(100, 0.1), gpus=4) for _ in range(2)]
     wait_jobs(runners, Job.State.RUNNING)
 
@@ -50,7 +48,7 @@ def test_lowered_limit_makes_running_jobs_borrowers_reclaimed_by_the_owner(
     assert share_usage().shares["research"]["h100"].borrowed == 4
     check_invariants()
 
-    vision = ApiClient(system.url, personas.vera)
+    vision = ApiClient(system.url, world.carol)
     owner = vision.submit("vision", job_command(5, 0.1), gpus=4)
     wait_jobs([owner], Job.State.SUCCEEDED)
     victim = JobAttempt.objects.get(job_id__in=runners, outcome=JobAttempt.Outcome.PREEMPTED)
@@ -62,18 +60,18 @@ def test_lowered_limit_makes_running_jobs_borrowers_reclaimed_by_the_owner(
     check_invariants(accepted_job_ids=research.accepted | vision.accepted, settled=True)
 
 
-def test_disabled_share_refuses_new_jobs_its_running_and_queued_jobs_finish(personas, live):
+def test_disabled_share_refuses_new_jobs_its_running_and_queued_jobs_finish(world, live):
     """research is disabled while one job runs and one waits: a new submit gets a 400 saying
     the share is DISABLED; the running job and the queued one both finish."""
     system = live()
     system.start({"node-a": (4, "h100")})
     wait_nodes("node-a")
-    research = ApiClient(system.url, personas.bruno)
+    research = ApiClient(system.url, world.alice)
     running = research.submit("research", job_command(40, 0.1), gpus=4)
     wait_jobs([running], Job.State.RUNNING)
     queued = research.submit("research", job_command(3, 0.1), gpus=4)
 
-    admin = ApiClient(system.url, personas.ada)
+    admin = ApiClient(system.url, world.root)
     assert admin.post("shares/research/disable/").status_code == 200
     refused = research.post("jobs/", {"share": "research", "gpu_type": "h100", "gpus": 1,
                                       "command": "true"})  # fmt: skip
@@ -86,19 +84,19 @@ def test_disabled_share_refuses_new_jobs_its_running_and_queued_jobs_finish(pers
     check_invariants(accepted_job_ids=research.accepted, settled=True)
 
 
-def test_drained_node_gets_no_new_jobs_and_its_job_finishes(personas, live):
+def test_drained_node_gets_no_new_jobs_and_its_job_finishes(world, live):
     """node-a is drained while a job runs on it: that job finishes there; the jobs submitted
     after the drain all run on node-b, one after the other, though node-a has room."""
     system = live()
     system.start({"node-a": (8, "h100")})
     wait_nodes("node-a")
-    research = ApiClient(system.url, personas.bruno)
+    research = ApiClient(system.url, world.alice)
     first = research.submit("research", job_command(40, 0.1), gpus=4)
     wait_jobs([first], Job.State.RUNNING)
     system.start_agent("node-b", 4)
     wait_nodes("node-b")
 
-    admin = ApiClient(system.url, personas.ada)
+    admin = ApiClient(system.url, world.root)
     assert admin.post("nodes/node-a/drain/").status_code == 200
     later = [research.submit("research", job_command(3, 0.1), gpus=4) for _ in range(2)]
     wait_jobs([first, *later], Job.State.SUCCEEDED, timeout=120)

@@ -1,5 +1,5 @@
 """Node agents that misbehave, with real processes. An agent killed (its node lost on missed
-heartbeats) and an agent restarted with its jobs gone are proved in tests/test_live.py
+heartbeats) and an agent restarted with its jobs gone are proved in tests/reliability/test_live.py
 (test_node_lost_on_missed_heartbeats_requeues_elsewhere,
 test_agent_killed_mid_job_is_lost_and_the_job_requeued), which check these invariants too."""
 
@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 SIX_HOURS = 6 * 3600
 
 
-def test_agents_with_clocks_hours_off_the_portal_uses_its_own_clock(personas, live):
+def test_agents_with_clocks_hours_off_the_portal_uses_its_own_clock(world, live):
     """Two agents whose clocks are 6 h ahead and 6 h behind (and say so in a Date header)
     run their jobs normally: heartbeats, attempt times and events are the portal's time, no
     node is taken for lost, and the invariants hold."""
@@ -42,7 +42,7 @@ def test_agents_with_clocks_hours_off_the_portal_uses_its_own_clock(personas, li
     system.start_agent("node-behind", 2, module=module,
                        AGENT_CLOCK_SKEW_SECONDS=str(-SIX_HOURS))  # fmt: skip
     wait_nodes("node-ahead", "node-behind")
-    client = ApiClient(system.url, personas.bruno)
+    client = ApiClient(system.url, world.alice)
     jobs = [client.submit("research", job_command(3, 0.1), gpus=2) for _ in range(4)]
     wait_jobs(jobs, Job.State.SUCCEEDED)
     after = timezone.now()
@@ -106,7 +106,7 @@ def exited(attempt: int, end: str, exit_code: int | None) -> dict:
                         "at": "1999-01-01T00:00:00Z"}]}  # fmt: skip
 
 
-def test_replayed_reports_change_nothing(personas, live, tmp_path):
+def test_replayed_reports_change_nothing(world, live, tmp_path):
     """An agent re-POSTs earlier report bodies verbatim: a 'started' and a 'lost' of an attempt
     that has since been replaced, and, after the job succeeded, every report again. Each replay
     is ignored: the running attempt keeps running, the finished job is not resurrected, no GPU
@@ -116,7 +116,7 @@ def test_replayed_reports_change_nothing(personas, live, tmp_path):
     system.start_web()
     system.start_worker()
     agent = ManualAgent(system.url, "node-r", 2)
-    client = ApiClient(system.url, personas.bruno)
+    client = ApiClient(system.url, world.alice)
     job_id = client.submit("research", "true", gpus=2)
 
     first = agent.run_order([])["attempt"]

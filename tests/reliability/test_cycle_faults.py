@@ -27,7 +27,7 @@ def trace_lines(trace: Path, kind: str) -> list[list[int]]:
     ]
 
 
-def test_worker_killed_mid_cycle_rolls_back_and_the_next_cycle_places(personas, live, tmp_path):
+def test_worker_killed_mid_cycle_rolls_back_and_the_next_cycle_places(world, live, tmp_path):
     """A worker SIGKILLed inside a cycle, after it applied its plan but before the commit,
     leaves nothing behind: the job is still RUNNABLE with no attempt and no GPU held. A new
     worker's cycle places it, it succeeds, and the invariants hold throughout."""
@@ -37,7 +37,7 @@ def test_worker_killed_mid_cycle_rolls_back_and_the_next_cycle_places(personas, 
     system.start_worker(CYCLE_TEST_PAUSE_BEFORE_COMMIT_SECONDS="120")
     system.start_agent("node-a")
     wait_nodes("node-a")
-    client = ApiClient(system.url, personas.bruno)
+    client = ApiClient(system.url, world.alice)
     job_id = client.submit("research", job_command(5, 0.1), gpus=4)
 
     paused = wait_for(lambda: trace_lines(trace, "paused"), timeout=60, what="a paused cycle")
@@ -58,7 +58,7 @@ def test_worker_killed_mid_cycle_rolls_back_and_the_next_cycle_places(personas, 
     check_invariants(accepted_job_ids=client.accepted, settled=True)
 
 
-def test_two_workers_and_two_beats_never_run_cycles_at_once(personas, live, tmp_path):
+def test_two_workers_and_two_beats_never_run_cycles_at_once(world, live, tmp_path):
     """Two workers, each with its own beat every 0.5 s, for 30 s while both teams submit short
     jobs: the cycles' locked intervals never overlap (the cycle lock), both workers ran cycles,
     no GPU is ever held twice, and every job succeeds."""
@@ -74,8 +74,8 @@ def test_two_workers_and_two_beats_never_run_cycles_at_once(personas, live, tmp_
     system.start_agent("node-a", gpus=4)
     system.start_agent("node-b", gpus=4)
     wait_nodes("node-a", "node-b")
-    lender = ApiClient(system.url, personas.vera)
-    borrower = ApiClient(system.url, personas.bruno)
+    lender = ApiClient(system.url, world.carol)
+    borrower = ApiClient(system.url, world.alice)
 
     deadline = time.monotonic() + 30
     submitted = 0

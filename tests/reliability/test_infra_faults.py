@@ -33,14 +33,14 @@ def own_redis(tmp_path):
     server.stop()
 
 
-def test_redis_down_submissions_accepted_and_the_cycle_catches_up(personas, live, own_redis):
+def test_redis_down_submissions_accepted_and_the_cycle_catches_up(world, live, own_redis):
     """With the broker (Redis) stopped for 10 s, every submission over the REST API is still
     accepted (201, in the database) without the web process hanging on the broker; when Redis
     is back the worker and beat reconnect, the queued jobs run, and nothing is lost."""
     system = live(REDIS_URL=own_redis.url)
     system.start({"node-a": (4, "h100")})
     wait_nodes("node-a")
-    client = ApiClient(system.url, personas.bruno)
+    client = ApiClient(system.url, world.alice)
     first = client.submit("research", job_command(3, 0.1))
     wait_jobs([first], Job.State.SUCCEEDED)
 

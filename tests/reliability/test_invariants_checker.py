@@ -17,9 +17,9 @@ from tests.reliability.invariants import check_invariants
 pytestmark = pytest.mark.django_db
 
 
-def test_consistent_database_passes_and_a_broken_one_is_named(personas):
+def test_consistent_database_passes_and_a_broken_one_is_named(world):
     make_node("node-a")
-    job, _ = job_submit(user=personas.bruno, share_name="research", gpu_type="h100", gpus=2,
+    job, _ = job_submit(user=world.alice, share_name="research", gpu_type="h100", gpus=2,
                         command="true")  # fmt: skip
     check_invariants(accepted_job_ids=[job.pk], settled=True)
 
@@ -33,8 +33,8 @@ def test_consistent_database_passes_and_a_broken_one_is_named(personas):
     assert f"job {job.pk + 1000} was accepted (2xx) but is not in the database" in message
 
 
-def test_database_error_in_a_view_is_a_503_with_retry_after(client, personas):
-    token = Token.objects.create(user=personas.bruno)
+def test_database_error_in_a_view_is_a_503_with_retry_after(client, world):
+    token = Token.objects.create(user=world.alice)
     with mock.patch("scheduler.jobs.services.job_submit", side_effect=OperationalError("down")):
         response = client.post(
             "/api/v1/jobs/",

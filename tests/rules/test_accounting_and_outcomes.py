@@ -6,12 +6,11 @@ of a preemption and the simulator's."""
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from scheduler.engine import accounting, outcomes
 from scheduler.jobs.services import job_submit
-from scheduler.models import Job, JobAttempt, Node
+from scheduler.models import Job, JobAttempt
 from scheduler.nodes.attempts import attempt_exited
 from scheduler.simulator import simulate
 from scheduler.simulator.scenario import parse_scenario
@@ -19,6 +18,7 @@ from shares.models import QuotaShare, Team
 from shares.selectors import share_usage
 from shares.services import share_create
 from tests.api.helpers import place
+from tests.conftest import make_node
 
 pytestmark = pytest.mark.django_db
 
@@ -34,17 +34,17 @@ SHARES = [
 JOBS = [("infer", 4), ("research", 8), ("research", 5)]
 
 
-def test_the_live_report_splits_lent_gpus_as_the_simulator_does():
-    admin = get_user_model().objects.create_superuser("ada", password=None)
-    nodes = [Node.objects.create(name=f"gpu-{n}", gpu_type="h100", gpus=8) for n in range(3)]
-    for share in SHARES:
-        team = Team.objects.create(name=share["name"], slug=share["name"])
-        share_create(
-            name=share["name"], team=team, capacity_limits=share["capacity_limits"],
-            strategy=share["strategy"], grace_seconds=0,
-        )  # fmt: skip
+def test_the_live_report_splits_lent_gpus_as_the_simulator_does(root, vision_share, research_share):
+    """The world's vision and research, and a third share infer, on three 8-GPU nodes."""
+    nodes = [make_node(f"gpu-{n}") for n in range(3)]
+    share_create(
+        name="infer",
+        team=Team.objects.create(name="Inference", slug="inference"),
+        capacity_limits={"h100": 8},
+        strategy=QuotaShare.Strategy.LEND_AND_BORROW,
+    )
     for node, (share, gpus) in zip(nodes, JOBS, strict=True):
-        job, _ = job_submit(user=admin, share_name=share, gpu_type="h100", gpus=gpus, command="x")
+        job, _ = job_submit(user=root, share_name=share, gpu_type="h100", gpus=gpus, command="x")
         place(job, node, list(range(gpus)))
     live = share_usage().shares
 
@@ -79,15 +79,10 @@ def test_the_live_report_splits_lent_gpus_as_the_simulator_does():
     }  # fmt: skip
 
 
-def test_a_job_past_max_preemptions_fails_alike_live_and_simulated():
+def test_a_job_past_max_preemptions_fails_alike_live_and_simulated(root, research_share):
     """max_preemptions 0: the first preemption fails the job, with the same reason."""
-    admin = get_user_model().objects.create_superuser("ada", password=None)
-    node = Node.objects.create(name="gpu-0", gpu_type="h100", gpus=8)
-    team = Team.objects.create(name="research", slug="research")
-    share_create(
-        name="research", team=team, capacity_limits={"h100": 8},
-        strategy=QuotaShare.Strategy.LEND_AND_BORROW,
-    )  # fmt: skip
+    admin = root
+    node = make_node("gpu-0")
     victim, _ = job_submit(
         user=admin, share_name="research", gpu_type="h100", gpus=8, command="x", max_preemptions=0
     )

@@ -5,7 +5,6 @@ strict-FIFO share and with a job promised GPUs."""
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
 from dashboards.selectors import queue_front
@@ -13,36 +12,36 @@ from scheduler import engine
 from scheduler.cycle.snapshot import cycle_snapshot
 from scheduler.engine.order import BORROWING, PROMISED, WITHIN_LIMIT
 from scheduler.jobs.services import job_submit
-from scheduler.models import Node
-from shares.models import QuotaShare, Team
-from shares.services import share_create
+from shares.models import QuotaShare, ShareChange, Team
+from shares.services import share_create, share_update
 from tests.api.helpers import place, preempt
+from tests.conftest import make_node
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def queue():
-    """Four 8-GPU h100 nodes; shares vision (LEND, 8), research (LEND_AND_BORROW, 8, strict
-    FIFO) and infer (LEND_AND_BORROW, 8). research runs 2 GPUs. infer's job i0 was preempted
-    for vision's v1 and is back in the queue, so v1 is promised the GPUs i0 gave up. Waiting,
-    in submission order: i0 (4), r3 (research, 8: it would borrow), r4 (research, 2: it would
-    fit research's limit, but strict FIFO keeps it behind r3), i1 (4), v1 (8)."""
-    admin = get_user_model().objects.create_superuser("ada", password=None)
-    nodes = [Node.objects.create(name=f"h100-{n}", gpu_type="h100", gpus=8) for n in range(4)]
-    for name, strategy, strict in (
-        ("vision", QuotaShare.Strategy.LEND, False),
-        ("research", QuotaShare.Strategy.LEND_AND_BORROW, True),
-        ("infer", QuotaShare.Strategy.LEND_AND_BORROW, False),
-    ):
-        team = Team.objects.create(name=name.title(), slug=name)
-        share_create(
-            name=name, team=team, capacity_limits={"h100": 8}, strategy=strategy, strict_fifo=strict
-        )
+def queue(root, vision_share, research_share):
+    """Four 8-GPU h100 nodes; the world's shares vision (LEND, 8) and research (LEND_AND_BORROW,
+    8), research made strict FIFO, and a third share infer (LEND_AND_BORROW, 8). research runs 2
+    GPUs. infer's job i0 was preempted for vision's v1 and is back in the queue, so v1 is
+    promised the GPUs i0 gave up. Waiting, in submission order: i0 (4), r3 (research, 8: it
+    would borrow), r4 (research, 2: it would fit research's limit, but strict FIFO keeps it
+    behind r3), i1 (4), v1 (8)."""
+    nodes = [make_node(f"h100-{n}") for n in range(4)]
+    share_update(
+        share=research_share, actor=root, source=ShareChange.Source.COMMAND, strict_fifo=True
+    )
+    share_create(
+        name="infer",
+        team=Team.objects.create(name="Inference", slug="inference"),
+        capacity_limits={"h100": 8},
+        strategy=QuotaShare.Strategy.LEND_AND_BORROW,
+    )
 
     def submit(share: str, gpus: int, name: str):
         job, _ = job_submit(
-            user=admin, share_name=share, gpu_type="h100", gpus=gpus, command="x", name=name
+            user=root, share_name=share, gpu_type="h100", gpus=gpus, command="x", name=name
         )
         return job
 
@@ -54,7 +53,7 @@ def queue():
                               ("vision", 8, "v1")):  # fmt: skip
         jobs[name] = submit(share, gpus, name)
     preempt(victim, jobs["v1"])
-    return admin, jobs
+    return root, jobs
 
 
 EXPECTED = [

@@ -9,6 +9,7 @@ import pytest
 from dashboards.models import ClusterSample, Resolution, UsageSample
 from dashboards.services import history_prune, history_rollup, history_sample
 from scheduler.models import Job, Node
+from shares.services import share_update
 
 T0 = datetime(2026, 3, 2, 10, 0, 0, tzinfo=UTC)
 
@@ -52,6 +53,8 @@ def test_samples_record_usage_and_roll_up_into_minute_averages_and_peaks(
 ):
     """research runs 8 + 4 h100 (borrowing 4 that vision lends) for 30 s, then the 4 finish;
     in the next minute vision runs 8 of its own. Minute 10:00 averages 4 samples."""
+    # These numbers are for research without its 2 l4.
+    share_update(share=research_share, actor=None, source="command", capacity_limits={"h100": 8})
     settings.HISTORY_SAMPLE_SECONDS = 15
     make_job(research_share, alice, 8, Job.State.RUNNING)
     small = make_job(research_share, alice, 4, Job.State.RUNNING)
@@ -101,6 +104,8 @@ def test_a_sample_stands_for_the_time_since_the_last_one_and_an_outage_for_nothi
 ):
     """Samples at 0, 20 and 40 s, then the sampler is down until 10:05. A minute averages its
     samples weighted by that time; GPU-hours then come out right even with irregular samples."""
+    # These numbers are for research without its 2 l4.
+    share_update(share=research_share, actor=None, source="command", capacity_limits={"h100": 8})
     settings.HISTORY_SAMPLE_SECONDS = 15
     running = make_job(research_share, alice, 8, Job.State.RUNNING)
     history_sample(seconds(0))  # the first sample stands for one interval: 15 s

@@ -66,14 +66,14 @@ def exit_everywhere(job: Job, *, end: str = END_EXIT, exit_code: int | None = 0,
 
 
 @pytest.fixture
-def two_nodes(personas):
+def two_nodes(world):
     return make_node("node-0"), make_node("node-1")
 
 
-def test_placement_creates_attempts_and_gpu_assignments(personas, two_nodes):
+def test_placement_creates_attempts_and_gpu_assignments(world, two_nodes):
     """A placed job gets attempt 1, one GpuAssignment per GPU, and goes SCHEDULED, then
     STARTING when its agent receives the order and RUNNING when the agent starts it."""
-    job = submit(personas.bruno, "research", gpus=8, nodes=2)
+    job = submit(world.alice, "research", gpus=8, nodes=2)
     result = cycle_run(force=True)
     assert result.placed == 1
     job = reload(job)
@@ -96,15 +96,15 @@ def test_placement_creates_attempts_and_gpu_assignments(personas, two_nodes):
     ]  # fmt: skip
 
 
-def test_reclaim_preempts_the_borrower_then_requeues_it(personas, two_nodes):
+def test_reclaim_preempts_the_borrower_then_requeues_it(world, two_nodes):
     """A borrower fills both nodes; when the lender submits, the borrower on the lender's GPUs
     gets a stop order (PREEMPTING, stop_requested_at, preempted_for); when its agent confirms,
     its attempt ends PREEMPTED, it is RUNNABLE again (not a failure), and the owner runs."""
-    borrowers = [submit(personas.bruno, "research", gpus=8) for _ in range(2)]
+    borrowers = [submit(world.alice, "research", gpus=8) for _ in range(2)]
     cycle_run(force=True)
     for job in borrowers:
         run(job)
-    owner = submit(personas.vera, "vision", gpus=8)
+    owner = submit(world.carol, "vision", gpus=8)
     result = cycle_run(force=True)
     assert result.preempted == 1
     victim = next(j for j in map(reload, borrowers) if j.state == Job.State.PREEMPTING)
@@ -132,20 +132,20 @@ def test_reclaim_preempts_the_borrower_then_requeues_it(personas, two_nodes):
     assert all(j.preempted_for is None for j in cycle_snapshot()[0].runnable)
 
 
-def one_node_research_limit_4(personas) -> None:
+def one_node_research_limit_4(world) -> None:
     """One 8-GPU node; research's limit is 4 h100, so its 8-GPU jobs borrow 4."""
     Node.objects.filter(name="node-1").delete()
-    share_update(share=personas.research, actor=None, source="command", capacity_limits={"h100": 4})
+    share_update(share=world.research, actor=None, source="command", capacity_limits={"h100": 4})
 
 
-def test_max_preemptions_requeues_n_times_then_fails(personas, two_nodes):
+def test_max_preemptions_requeues_n_times_then_fails(world, two_nodes):
     """max_preemptions=1: requeued after the first preemption, FAILED at the second."""
-    one_node_research_limit_4(personas)
-    victim = submit(personas.bruno, "research", gpus=8, max_preemptions=1)
+    one_node_research_limit_4(world)
+    victim = submit(world.alice, "research", gpus=8, max_preemptions=1)
     for round_ in (1, 2):
         cycle_run(force=True)
         run(victim)
-        owner = submit(personas.vera, "vision", gpus=8)
+        owner = submit(world.carol, "vision", gpus=8)
         cycle_run(force=True)
         assert reload(victim).state == Job.State.PREEMPTING
         exit_everywhere(victim, exit_code=-15, signalled=True)
@@ -163,11 +163,11 @@ def test_max_preemptions_requeues_n_times_then_fails(personas, two_nodes):
     assert outcomes == ["PREEMPTED", "PREEMPTED"]
 
 
-def test_node_lost_ends_attempts_and_requeues(personas, two_nodes, settings):
+def test_node_lost_ends_attempts_and_requeues(world, two_nodes, settings):
     """A node silent for longer than NODE_HEARTBEAT_TIMEOUT_SECONDS goes DOWN; its attempt
     ends NODE_LOST with its GPUs released, and the job is placed again elsewhere."""
     settings.NODE_HEARTBEAT_TIMEOUT_SECONDS = 30
-    job = submit(personas.bruno, "research", gpus=8)
+    job = submit(world.alice, "research", gpus=8)
     cycle_run(force=True)
     run(job)
     first = attempt_of(job)
@@ -191,16 +191,16 @@ def test_node_lost_ends_attempts_and_requeues(personas, two_nodes, settings):
     assert reload(job).state == Job.State.SCHEDULED
 
 
-def test_draining_node_keeps_its_jobs_and_gets_no_new_ones(personas, two_nodes):
+def test_draining_node_keeps_its_jobs_and_gets_no_new_ones(world, two_nodes):
     """A DRAINING node's running job finishes normally; new jobs go elsewhere or wait."""
-    job = submit(personas.bruno, "research", gpus=8)
+    job = submit(world.alice, "research", gpus=8)
     cycle_run(force=True)
     run(job)
     node = Node.objects.get(name=attempt_of(job).allocations[0]["node"])
     other = Node.objects.exclude(pk=node.pk).get()
     node_set_state(node=node, state=Node.State.DRAINING)
     node_set_state(node=other, state=Node.State.DRAINING)
-    waiting = submit(personas.bruno, "research", gpus=8)
+    waiting = submit(world.alice, "research", gpus=8)
     cycle_run(force=True)
     assert reload(job).state == Job.State.RUNNING
     assert reload(waiting).state == Job.State.RUNNABLE
@@ -213,13 +213,13 @@ def test_draining_node_keeps_its_jobs_and_gets_no_new_ones(personas, two_nodes):
     assert attempt_of(reload(waiting)).allocations[0]["node"] == other.name
 
 
-def test_a_stale_plan_does_not_place_a_cancelled_job(personas, two_nodes):
+def test_a_stale_plan_does_not_place_a_cancelled_job(world, two_nodes):
     """A job cancelled between the snapshot and the apply is not placed, and no GPU is held."""
-    job = submit(personas.bruno, "research", gpus=4)
+    job = submit(world.alice, "research", gpus=4)
     snapshot, context = cycle_snapshot()
     plan = engine.plan(snapshot)
     assert [p.job_id for p in plan.placements] == [str(job.pk)]
-    job_cancel(job=job, user=personas.bruno)
+    job_cancel(job=job, user=world.alice)
     result = CycleResult()
     cycle_apply(plan, context, now=timezone.now(), result=result)
     assert result.placed == 0
@@ -229,13 +229,13 @@ def test_a_stale_plan_does_not_place_a_cancelled_job(personas, two_nodes):
     assert not GpuAssignment.objects.exists()
 
 
-def test_a_stale_plan_never_gives_a_held_gpu_twice(personas, two_nodes):
+def test_a_stale_plan_never_gives_a_held_gpu_twice(world, two_nodes):
     """Applying the same plan twice places its jobs once: the second apply finds them placed."""
-    job = submit(personas.bruno, "research", gpus=8)
+    job = submit(world.alice, "research", gpus=8)
     snapshot, context = cycle_snapshot()
     plan = engine.plan(snapshot)
     cycle_apply(plan, context, now=timezone.now(), result=CycleResult())
-    other = submit(personas.bruno, "research", gpus=8)
+    other = submit(world.alice, "research", gpus=8)
     # A forged plan putting the other job on the GPUs the first one holds.
     forged = engine.Plan(
         placements=(
@@ -252,12 +252,12 @@ def test_a_stale_plan_never_gives_a_held_gpu_twice(personas, two_nodes):
     assert reload(job).state == Job.State.SCHEDULED
 
 
-def test_cancel_of_a_running_job_stops_it_then_cancels(personas, two_nodes):
+def test_cancel_of_a_running_job_stops_it_then_cancels(world, two_nodes):
     """Cancelling a running job gives a stop order; it ends CANCELLED when its node confirms."""
-    job = submit(personas.bruno, "research", gpus=2)
+    job = submit(world.alice, "research", gpus=2)
     cycle_run(force=True)
     run(job)
-    job_cancel(job=job, user=personas.bruno)
+    job_cancel(job=job, user=world.alice)
     cycle_run()
     attempt = attempt_of(job)
     assert attempt.stop_requested_at is not None
@@ -270,9 +270,9 @@ def test_cancel_of_a_running_job_stops_it_then_cancels(personas, two_nodes):
     assert attempt_of(job).outcome == JobAttempt.Outcome.CANCELLED
 
 
-def test_failing_command_is_retried_then_fails(personas, two_nodes):
+def test_failing_command_is_retried_then_fails(world, two_nodes):
     """retry_attempts=1: a failing command runs twice, then the job is FAILED."""
-    job = submit(personas.bruno, "research", gpus=1, retry_attempts=1)
+    job = submit(world.alice, "research", gpus=1, retry_attempts=1)
     for _ in range(2):
         cycle_run(force=True)
         run(job)
@@ -285,9 +285,9 @@ def test_failing_command_is_retried_then_fails(personas, two_nodes):
     ]  # fmt: skip
 
 
-def test_timeout_fails_the_job(personas, two_nodes):
+def test_timeout_fails_the_job(world, two_nodes):
     """An attempt stopped at timeout_seconds ends TIMEOUT and the job FAILED (not retried)."""
-    job = submit(personas.bruno, "research", gpus=1, timeout_seconds=5, retry_attempts=2)
+    job = submit(world.alice, "research", gpus=1, timeout_seconds=5, retry_attempts=2)
     cycle_run(force=True)
     run(job)
     exit_everywhere(job, end=END_TIMEOUT, exit_code=-9, signalled=True)
@@ -296,12 +296,12 @@ def test_timeout_fails_the_job(personas, two_nodes):
     assert attempt_of(job).outcome == JobAttempt.Outcome.TIMEOUT
 
 
-def test_preempted_before_start_ends_without_running(personas, two_nodes):
+def test_preempted_before_start_ends_without_running(world, two_nodes):
     """A borrower preempted while still SCHEDULED: its agent reports it never started."""
-    one_node_research_limit_4(personas)
-    victim = submit(personas.bruno, "research", gpus=8)
+    one_node_research_limit_4(world)
+    victim = submit(world.alice, "research", gpus=8)
     cycle_run(force=True)
-    owner = submit(personas.vera, "vision", gpus=8)
+    owner = submit(world.carol, "vision", gpus=8)
     cycle_run(force=True)
     assert reload(victim).state == Job.State.PREEMPTING
     exit_everywhere(victim, end=END_NEVER_STARTED, exit_code=None)
@@ -310,9 +310,9 @@ def test_preempted_before_start_ends_without_running(personas, two_nodes):
     assert reload(owner).state == Job.State.SCHEDULED
 
 
-def test_a_replayed_report_changes_nothing(personas, two_nodes):
+def test_a_replayed_report_changes_nothing(world, two_nodes):
     """The same exit reported twice (an agent retrying) ends the attempt once."""
-    job = submit(personas.bruno, "research", gpus=1, retry_attempts=3)
+    job = submit(world.alice, "research", gpus=1, retry_attempts=3)
     cycle_run(force=True)
     run(job)
     exit_everywhere(job, exit_code=1)
@@ -322,9 +322,9 @@ def test_a_replayed_report_changes_nothing(personas, two_nodes):
     assert reload(job).state == Job.State.RUNNABLE
 
 
-def test_an_idle_cycle_is_skipped_and_reasons_are_written_once(personas, two_nodes):
+def test_an_idle_cycle_is_skipped_and_reasons_are_written_once(world, two_nodes):
     """With nothing changed, a cycle skips the engine; a waiting job's reason is written once."""
-    jobs = [submit(personas.bruno, "research", gpus=8) for _ in range(3)]
+    jobs = [submit(world.alice, "research", gpus=8) for _ in range(3)]
     first = cycle_run()
     assert first.placed == 2
     assert first.reasons_updated == 1
@@ -334,11 +334,11 @@ def test_an_idle_cycle_is_skipped_and_reasons_are_written_once(personas, two_nod
     assert cycle_run(force=True).reasons_updated == 0
 
 
-def test_a_cycle_asked_for_after_the_last_one_started_is_not_skipped(personas, two_nodes):
+def test_a_cycle_asked_for_after_the_last_one_started_is_not_skipped(world, two_nodes):
     """A change committed while a cycle runs (after its snapshot) may already show in the
     fingerprint that cycle keeps, though its plan did not see it: the change's request for a
     cycle is counted, so the next cycle plans instead of skipping until the periodic one."""
-    submit(personas.bruno, "research", gpus=8)
+    submit(world.alice, "research", gpus=8)
     cycle_run()
     assert cycle_run().skipped
     note_change()  # what request_cycle does after a commit
@@ -346,9 +346,9 @@ def test_a_cycle_asked_for_after_the_last_one_started_is_not_skipped(personas, t
     assert cycle_run().skipped
 
 
-def test_rejected_job_fails_with_the_reason(personas, two_nodes):
+def test_rejected_job_fails_with_the_reason(world, two_nodes):
     """A job that can no longer fit any set of nodes is FAILED with the engine's reason."""
-    job = submit(personas.bruno, "research", gpus=16, nodes=2)
+    job = submit(world.alice, "research", gpus=16, nodes=2)
     Node.objects.filter(name="node-1").delete()
     result = cycle_run(force=True)
     assert result.rejected == 1
@@ -357,12 +357,12 @@ def test_rejected_job_fails_with_the_reason(personas, two_nodes):
     assert job.reason
 
 
-def test_the_snapshot_tells_the_engine_which_jobs_borrow(personas, two_nodes):
+def test_the_snapshot_tells_the_engine_which_jobs_borrow(world, two_nodes):
     """research (limit 8) runs two 8-GPU jobs: the second one's attempt records 8 borrowed GPUs,
     and the next snapshot hands that to the engine, which prefers such jobs as victims."""
     first, second = (
-        submit(personas.bruno, "research", gpus=8),
-        submit(personas.bruno, "research", gpus=8),
+        submit(world.alice, "research", gpus=8),
+        submit(world.alice, "research", gpus=8),
     )
     cycle_run(force=True)
     assert (attempt_of(first).borrowed_gpus, attempt_of(second).borrowed_gpus) == (0, 8)
@@ -370,13 +370,13 @@ def test_the_snapshot_tells_the_engine_which_jobs_borrow(personas, two_nodes):
     assert {p.id: p.borrowed for p in snapshot.placed} == {str(first.pk): 0, str(second.pk): 8}
 
 
-def test_gang_member_lost_requeues_the_job_instead_of_failing_it(personas, two_nodes):
+def test_gang_member_lost_requeues_the_job_instead_of_failing_it(world, two_nodes):
     """A 2-node gang: the agent on one node restarts and no longer has the process (lost); the
     other node is told to stop and its process exits from the SIGTERM. The attempt ends as
     NODE_LOST and the job is requeued, not FAILED for the signal's exit code."""
     from scheduler.nodes.attempts import END_LOST
 
-    job = submit(personas.bruno, "research", gpus=8, nodes=2)
+    job = submit(world.alice, "research", gpus=8, nodes=2)
     cycle_run(force=True)
     run(job)
     attempt = attempt_of(job)

@@ -13,7 +13,7 @@ from django.core.management import call_command
 from scheduler.models import Node
 from shares.models import QuotaShare, Team
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SETUP = "import django; django.setup(); from django.conf import settings"
 
 

@@ -24,12 +24,12 @@ def submit(user, share: str, gpus: int = 1) -> Job:
     return job
 
 
-def test_inserted_attempts_get_their_values_and_model_defaults(personas):
+def test_inserted_attempts_get_their_values_and_model_defaults(world):
     """Rows inserted in bulk carry the given values (JSON included), the model's defaults for
     every other field and the current time in auto_now_add fields; the returned keys match each
     row to its id."""
     make_node("node-0")
-    jobs = [submit(personas.bruno, "research") for _ in range(3)]
+    jobs = [submit(world.alice, "research") for _ in range(3)]
     before = timezone.now()
     returned = rows_insert(
         JobAttempt,
@@ -52,10 +52,10 @@ def test_inserted_attempts_get_their_values_and_model_defaults(personas):
         assert (attempt.outcome, attempt.end_reason, attempt.log_tail) == ("", "", "")
 
 
-def test_a_gpu_still_held_cannot_be_inserted_twice(personas):
+def test_a_gpu_still_held_cannot_be_inserted_twice(world):
     """Bulk inserts keep the database's guarantee: a GPU still held is refused."""
     node = make_node("node-0")
-    first, second = submit(personas.bruno, "research"), submit(personas.bruno, "research")
+    first, second = submit(world.alice, "research"), submit(world.alice, "research")
     ids = dict(
         rows_insert(
             JobAttempt,
@@ -76,28 +76,28 @@ def test_a_gpu_still_held_cannot_be_inserted_twice(personas):
     assert GpuAssignment.objects.filter(attempt_id=ids[second.pk]).count() == 0
 
 
-def test_reasons_are_written_only_to_jobs_still_in_the_state(personas):
+def test_reasons_are_written_only_to_jobs_still_in_the_state(world):
     """Each job gets its own reason; with `state`, a job that left that state keeps its own."""
     make_node("node-0")
-    waiting = [submit(personas.bruno, "research") for _ in range(3)]
-    gone = submit(personas.bruno, "research")
-    Job.objects.filter(pk=gone.pk).update(state=Job.State.CANCELLED, reason="cancelled by bruno")
+    waiting = [submit(world.alice, "research") for _ in range(3)]
+    gone = submit(world.alice, "research")
+    Job.objects.filter(pk=gone.pk).update(state=Job.State.CANCELLED, reason="cancelled by alice")
     reasons = {job.pk: f"reason {index}" for index, job in enumerate([*waiting, gone])}
     assert jobs_set_reasons(reasons, state=Job.State.RUNNABLE) == 3
     for job in waiting:
         assert Job.objects.get(pk=job.pk).reason == reasons[job.pk]
-    assert Job.objects.get(pk=gone.pk).reason == "cancelled by bruno"
+    assert Job.objects.get(pk=gone.pk).reason == "cancelled by alice"
     events = JobEvent.objects.count()
     assert jobs_set_reasons({gone.pk: "any"}) == 1
     assert JobEvent.objects.count() == events  # not a state change: no event
 
 
-def test_updated_rows_get_their_own_values_and_the_count_is_returned(personas):
+def test_updated_rows_get_their_own_values_and_the_count_is_returned(world):
     """Each row gets its own values of the named fields, JSON included; other fields and other
     rows keep theirs; the number of rows written comes back."""
     make_node("node-0")
-    jobs = [submit(personas.bruno, "research") for _ in range(3)]
-    untouched = submit(personas.bruno, "research")
+    jobs = [submit(world.alice, "research") for _ in range(3)]
+    untouched = submit(world.alice, "research")
     written = rows_update(
         Job,
         ("priority", "env"),
@@ -120,17 +120,17 @@ def new_job(user, share, **fields) -> tuple[Job, list[JobEvent]]:
     return job, events
 
 
-def test_a_submitted_job_and_its_events_are_written_as_save_writes_them(personas):
+def test_a_submitted_job_and_its_events_are_written_as_save_writes_them(world):
     """job_insert writes the job's values, its model defaults and timestamps, and its events in
     the order given, as job.save() and bulk_create do."""
-    share = personas.research
-    job, events = new_job(personas.bruno, share, env={"A": "1"}, client_token="t-1")
+    share = world.research
+    job, events = new_job(world.alice, share, env={"A": "1"}, client_token="t-1")
     before = timezone.now()
     job_insert(job, events)
     saved = Job.objects.get(pk=job.pk)
     assert (saved.share, saved.submitted_by, saved.env, saved.client_token) == (
         share,
-        personas.bruno,
+        world.alice,
         {"A": "1"},
         "t-1",
     )
@@ -144,14 +144,14 @@ def test_a_submitted_job_and_its_events_are_written_as_save_writes_them(personas
     ]
 
 
-def test_every_value_of_an_inserted_job_reads_back_as_given(personas):
+def test_every_value_of_an_inserted_job_reads_back_as_given(world):
     """Whether job_insert passes a value as it is (strings, ints, booleans, aware datetimes) or
     converts it (JSON, a naive datetime, a number given as text), the row holds what save()
     would have written."""
     started = timezone.now() - timedelta(minutes=5)
     job, events = new_job(
-        personas.bruno,
-        personas.research,
+        world.alice,
+        world.research,
         name="train",
         priority="7",
         timeout_seconds=3600,
@@ -171,15 +171,15 @@ def test_every_value_of_an_inserted_job_reads_back_as_given(personas):
     assert saved.priority == 7 and saved.started_at == started and saved.cancel_requested
 
 
-def test_a_refused_job_insert_writes_nothing_and_leaves_the_callers_transaction_usable(personas):
+def test_a_refused_job_insert_writes_nothing_and_leaves_the_callers_transaction_usable(world):
     """A second job with the same client_token is refused (IntegrityError) with none of its
     events; inside a transaction, the caller can still read and write after it."""
-    share = personas.research
-    job_insert(*new_job(personas.bruno, share, client_token="once"))
+    share = world.research
+    job_insert(*new_job(world.alice, share, client_token="once"))
     with transaction.atomic():
         with pytest.raises(IntegrityError):
-            job_insert(*new_job(personas.bruno, share, client_token="once"))
+            job_insert(*new_job(world.alice, share, client_token="once"))
         assert Job.objects.filter(client_token="once").count() == 1
-        job_insert(*new_job(personas.bruno, share, client_token="twice"))
+        job_insert(*new_job(world.alice, share, client_token="twice"))
     assert Job.objects.count() == 2
     assert JobEvent.objects.count() == 4

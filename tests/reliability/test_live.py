@@ -44,19 +44,19 @@ def outcomes(job: Job) -> list[str]:
     )
 
 
-def test_reclaim_borrower_checkpoints_owner_runs_borrower_resumes(personas, live):
+def test_reclaim_borrower_checkpoints_owner_runs_borrower_resumes(world, live):
     """A borrower fills the idle GPUs; the owner submits; the borrower gets SIGTERM, writes its
     checkpoint and exits; the owner's job runs; then the borrower resumes from its checkpoint
     and finishes. Every job SUCCEEDED, every attempt recorded with its outcome."""
     system = live()
     system.start({"node-a": (8, "h100"), "node-b": (8, "h100")})
     wait_nodes("node-a", "node-b")
-    borrowers = [submit(personas.bruno, "research", job_command(40, 0.1)) for _ in range(2)]
+    borrowers = [submit(world.alice, "research", job_command(40, 0.1)) for _ in range(2)]
     for job in borrowers:
         wait_state(job, Job.State.RUNNING)
     wait_for(lambda: all(system.checkpoint_dir(j.pk).joinpath("checkpoint").exists()
                          for j in borrowers), what="borrowers checkpointing")  # fmt: skip
-    owner = submit(personas.vera, "vision", job_command(10, 0.1))
+    owner = submit(world.carol, "vision", job_command(10, 0.1))
     owner = wait_state(owner, Job.State.SUCCEEDED)
     victim = JobAttempt.objects.get(preempted_for=owner).job
     victim_dir = system.checkpoint_dir(victim.pk)
@@ -73,13 +73,13 @@ def test_reclaim_borrower_checkpoints_owner_runs_borrower_resumes(personas, live
     assert outcomes(owner) == ["SUCCEEDED"]
 
 
-def test_agent_killed_mid_job_is_lost_and_the_job_requeued(personas, live):
+def test_agent_killed_mid_job_is_lost_and_the_job_requeued(world, live):
     """An agent killed mid-job and started again reports the job lost (NODE_LOST); the job
     runs again from its checkpoint and succeeds."""
     system = live()
     system.start({"node-a": (8, "h100")})
     wait_nodes("node-a")
-    job = submit(personas.bruno, "research", job_command(30, 0.1))
+    job = submit(world.alice, "research", job_command(30, 0.1))
     wait_state(job, Job.State.RUNNING)
     wait_for(lambda: system.checkpoint_dir(job.pk).joinpath("checkpoint").exists(),
              what="a checkpoint")  # fmt: skip
@@ -91,7 +91,7 @@ def test_agent_killed_mid_job_is_lost_and_the_job_requeued(personas, live):
     check_invariants(settled=True)
 
 
-def test_agent_shut_down_requeues_its_jobs_instead_of_failing_them(personas, live):
+def test_agent_shut_down_requeues_its_jobs_instead_of_failing_them(world, live):
     """An agent stopped for maintenance (SIGTERM) stops its job with its grace period and reports
     it lost, not failed: the job is requeued and resumes from its checkpoint when a node is back."""
     from tests.live import stop
@@ -99,7 +99,7 @@ def test_agent_shut_down_requeues_its_jobs_instead_of_failing_them(personas, liv
     system = live()
     system.start({"node-a": (8, "h100")})
     wait_nodes("node-a")
-    job = submit(personas.bruno, "research", job_command(30, 0.1))
+    job = submit(world.alice, "research", job_command(30, 0.1))
     wait_state(job, Job.State.RUNNING)
     wait_for(lambda: system.checkpoint_dir(job.pk).joinpath("checkpoint").exists(),
              what="a checkpoint")  # fmt: skip
@@ -113,13 +113,13 @@ def test_agent_shut_down_requeues_its_jobs_instead_of_failing_them(personas, liv
     check_invariants(settled=True)
 
 
-def test_node_lost_on_missed_heartbeats_requeues_elsewhere(personas, live):
+def test_node_lost_on_missed_heartbeats_requeues_elsewhere(world, live):
     """A node whose agent stops sending heartbeats is marked DOWN, its attempt ends NODE_LOST
     with its GPUs released, and the job runs on another node."""
     system = live(NODE_HEARTBEAT_TIMEOUT_SECONDS="4")
     system.start({"node-a": (8, "h100"), "node-b": (8, "h100")})
     wait_nodes("node-a", "node-b")
-    job = submit(personas.bruno, "research", job_command(30, 0.1))
+    job = submit(world.alice, "research", job_command(30, 0.1))
     wait_state(job, Job.State.RUNNING)
     first = JobAttempt.objects.get(job=job, number=1).allocations[0]["node"]
     system.kill_agent(first)
@@ -130,13 +130,13 @@ def test_node_lost_on_missed_heartbeats_requeues_elsewhere(personas, live):
     check_invariants(settled=True)
 
 
-def test_portal_down_agent_keeps_running_and_catches_up(personas, live):
+def test_portal_down_agent_keeps_running_and_catches_up(world, live):
     """With the web server down, the agent keeps its job running; when the portal is back it
     reports what happened and the job ends SUCCEEDED."""
     system = live()
     system.start({"node-a": (8, "h100")})
     wait_nodes("node-a")
-    job = submit(personas.bruno, "research", job_command(15, 0.1))
+    job = submit(world.alice, "research", job_command(15, 0.1))
     wait_state(job, Job.State.RUNNING)
     system.stop_web()
     wait_for(lambda: system.checkpoint_dir(job.pk).joinpath("done").exists(), timeout=30,
@@ -148,19 +148,19 @@ def test_portal_down_agent_keeps_running_and_catches_up(personas, live):
     assert "finished 15 steps" in JobAttempt.objects.get(job=job).log_tail
 
 
-def test_sigterm_ignored_timeout_and_retries(personas, live):
+def test_sigterm_ignored_timeout_and_retries(world, live):
     """A job that ignores SIGTERM is killed after the grace period; a job past its
     timeout_seconds ends TIMEOUT; a failing command is retried, then FAILED."""
     system = live()
     system.start({"node-a": (8, "h100")})
     wait_nodes("node-a")
-    stubborn = submit(personas.bruno, "research", job_command(600, 0.1, "--ignore-sigterm"),
+    stubborn = submit(world.alice, "research", job_command(600, 0.1, "--ignore-sigterm"),
                       gpus=2)  # fmt: skip
-    slow = submit(personas.bruno, "research", job_command(600, 0.1), gpus=2, timeout_seconds=2)
-    failing = submit(personas.bruno, "research", job_command(1, 0.1, "--exit-code 3"), gpus=2,
+    slow = submit(world.alice, "research", job_command(600, 0.1), gpus=2, timeout_seconds=2)
+    failing = submit(world.alice, "research", job_command(1, 0.1, "--exit-code 3"), gpus=2,
                      retry_attempts=1)  # fmt: skip
     wait_state(stubborn, Job.State.RUNNING)
-    job_cancel(job=stubborn, user=personas.bruno)
+    job_cancel(job=stubborn, user=world.alice)
     stubborn = wait_state(stubborn, Job.State.CANCELLED)
     attempt = JobAttempt.objects.get(job=stubborn)
     assert attempt.outcome == JobAttempt.Outcome.CANCELLED

@@ -17,7 +17,7 @@ from shares.models import QuotaShare, ShareChange
 from shares.services import share_create
 
 CHROMIUM = Path("/usr/bin/chromium")
-SCREENSHOTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "screenshots"
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "screenshots"
 PLOT = ".js-plotly-plot .main-svg"
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

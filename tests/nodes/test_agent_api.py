@@ -66,10 +66,10 @@ def test_bad_registration_names_the_field(client_, body, field):
     assert field in response.json()
 
 
-def test_user_tokens_do_not_reach_agent_endpoints(client_, personas):
+def test_user_tokens_do_not_reach_agent_endpoints(client_, world):
     """A user's API token is not a node token, in either header scheme."""
     register(client_)
-    key = Token.objects.create(user=personas.ada).key
+    key = Token.objects.create(user=world.root).key
     assert post(client_, "poll", {"wait": 0}, key, scheme="Token").status_code == 401
     assert post(client_, "poll", {"wait": 0}, key).status_code == 401
     assert post(client_, "report", {"events": []}).status_code == 401
@@ -93,11 +93,11 @@ def test_bad_events_name_the_field(client_):
             assert field in response.json(), response.json()
 
 
-def placed_job(client_, personas):
+def placed_job(client_, world):
     """A job placed on one of two registered nodes: (job, its node's token, the other's)."""
     token = register(client_)
     other = register(client_, name="node-b")
-    job, _ = job_submit(user=personas.bruno, share_name="research", gpu_type="h100", gpus=8,
+    job, _ = job_submit(user=world.alice, share_name="research", gpu_type="h100", gpus=8,
                         command="python train.py")  # fmt: skip
     cycle_run(force=True)
     if Job.objects.get(pk=job.pk).attempts.get().allocations[0]["node"] == "node-a":
@@ -105,10 +105,10 @@ def placed_job(client_, personas):
     return job, other, token
 
 
-def test_events_sent_with_a_poll_are_applied_before_the_orders(client_, personas):
+def test_events_sent_with_a_poll_are_applied_before_the_orders(client_, world):
     """An agent may send its events with its next poll instead of a report: they are applied
     first (a replay is ignored) and their results come back with the orders."""
-    job, mine, _ = placed_job(client_, personas)
+    job, mine, _ = placed_job(client_, world)
     (run,) = post(client_, "poll", {"running": [], "wait": 0}, mine).json()["run"]
     started = [{"type": "started", "attempt": run["attempt"]}]
     body = {"running": [run["attempt"]], "wait": 0, "events": started}
@@ -125,10 +125,10 @@ def test_events_sent_with_a_poll_are_applied_before_the_orders(client_, personas
     assert Job.objects.get(pk=job.pk).state == Job.State.SUCCEEDED
 
 
-def test_an_exit_reported_before_its_start_implies_the_start(client_, personas):
+def test_an_exit_reported_before_its_start_implies_the_start(client_, world):
     """The "started" report may travel on a poll that arrives after the exit's report: the
     exit records the start (RUNNING, then SUCCEEDED), and the late start is ignored."""
-    job, mine, _ = placed_job(client_, personas)
+    job, mine, _ = placed_job(client_, world)
     (run,) = post(client_, "poll", {"running": [], "wait": 0}, mine).json()["run"]
     exited = {"events": [{"type": "exited", "attempt": run["attempt"], "end": "exit",
                           "exit_code": 0}]}  # fmt: skip
@@ -143,12 +143,12 @@ def test_an_exit_reported_before_its_start_implies_the_start(client_, personas):
     assert states[-2:] == [Job.State.RUNNING, Job.State.SUCCEEDED]
 
 
-def test_orders_and_reports_end_to_end_over_http(client_, personas):
+def test_orders_and_reports_end_to_end_over_http(client_, world):
     """A node polls, gets its run order, reports start and exit; the replay of the exit and a
     report about another node's attempt are ignored."""
     token = register(client_)
     other = register(client_, name="node-b")
-    job, _ = job_submit(user=personas.bruno, share_name="research", gpu_type="h100", gpus=8,
+    job, _ = job_submit(user=world.alice, share_name="research", gpu_type="h100", gpus=8,
                         command="python train.py")  # fmt: skip
     cycle_run(force=True)
     mine, theirs = (

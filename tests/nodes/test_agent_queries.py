@@ -19,7 +19,7 @@ JOIN = "the-join-token"
 
 
 @pytest.fixture
-def agent(personas, settings):
+def agent(world, settings):
     """A function that posts as the agent of a registered 8-GPU node: (answer, statements)."""
     # A heartbeat is written when the last one is older than a tenth of the timeout: none
     # during the test, however slow the machine.
@@ -47,9 +47,9 @@ def agent(personas, settings):
     return post
 
 
-def placed(personas, count: int) -> None:
+def placed(world, count: int) -> None:
     for _ in range(count):
-        job_submit(user=personas.bruno, share_name="research", gpu_type="h100", gpus=2,
+        job_submit(user=world.alice, share_name="research", gpu_type="h100", gpus=2,
                    command="python train.py")  # fmt: skip
     cycle_run(force=True)
 
@@ -69,17 +69,17 @@ def test_an_idle_poll_reads_the_node_and_its_orders_only(agent):
     assert statements == 2
 
 
-def test_events_of_many_jobs_cost_what_the_events_of_one_job_cost(personas, agent):
+def test_events_of_many_jobs_cost_what_the_events_of_one_job_cost(world, agent):
     """Started and exited events are applied together, one statement per kind of read and
     write: four jobs cost the statements one job costs. Every change is still recorded, with
     its reason."""
-    placed(personas, 1)
+    placed(world, 1)
     (run,) = agent("poll", {"running": [], "wait": 0})[0]["run"]
     one = [run["attempt"]]
     _, one_started = agent("poll", {"running": one, "wait": 0, "events": started(one)})
     _, one_exited = agent("report", {"events": exited(one)})
 
-    placed(personas, 4)
+    placed(world, 4)
     answer, _ = agent("poll", {"running": [], "wait": 0})
     four = [order["attempt"] for order in answer["run"]]
     assert len(four) == 4
@@ -108,10 +108,10 @@ def test_events_of_many_jobs_cost_what_the_events_of_one_job_cost(personas, agen
     assert set(JobAttempt.objects.values_list("outcome", flat=True)) == {"SUCCEEDED"}
 
 
-def test_a_start_and_an_exit_of_one_attempt_in_one_request_apply_in_order(personas, agent):
+def test_a_start_and_an_exit_of_one_attempt_in_one_request_apply_in_order(world, agent):
     """The second event about an attempt sees what the first did: the exit after the start,
     and a replayed exit is ignored."""
-    placed(personas, 2)
+    placed(world, 2)
     first, second = (o["attempt"] for o in agent("poll", {"running": [], "wait": 0})[0]["run"])
     events = [*started([first, second]), *exited([first]), *exited([first])]
     answer, _ = agent("report", {"events": events})
@@ -120,10 +120,10 @@ def test_a_start_and_an_exit_of_one_attempt_in_one_request_apply_in_order(person
     assert (states[first], states[second]) == (Job.State.SUCCEEDED, Job.State.RUNNING)
 
 
-def test_a_log_tail_takes_no_lock(personas, agent):
+def test_a_log_tail_takes_no_lock(world, agent):
     """Log tails change no state: the held GPUs are read and each tail written while its
     attempt runs, with no transaction; a tail about an attempt not held here is ignored."""
-    placed(personas, 1)
+    placed(world, 1)
     (run,) = agent("poll", {"running": [], "wait": 0})[0]["run"]
     log = {"type": "log", "attempt": run["attempt"], "log_tail": "epoch 3"}
     answer, statements = agent("report", {"events": [log, {**log, "attempt": 10**9}]})

@@ -21,6 +21,7 @@ from dashboards.selectors import (
 )
 from dashboards.services import history_sample
 from scheduler.models import Job, JobAttempt, Node
+from tests.api.helpers import place
 
 T0 = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
 
@@ -199,9 +200,9 @@ def test_borrowing_is_split_among_lenders_in_proportion_to_each_borrowers_part()
 def test_the_queue_lists_jobs_within_their_limit_first_then_borrowers(
     client, cluster, vision_share, research_share, alice, carol, root
 ):
-    """research runs 6 of its 8: its 2-GPU job fits within the limit, its 4- and 8-GPU jobs
-    would borrow. vision's 4-GPU job fits. Each pass: priority, then submission."""
-    job(research_share, alice, 6, state=Job.State.RUNNING)
+    """research runs 6 of its 8 (on n0): its 2-GPU job fits within the limit, its 4- and 8-GPU
+    jobs would borrow. vision's 4-GPU job fits. Each pass: priority, then submission."""
+    place(job(research_share, alice, 6), Node.objects.get(name="n0"), list(range(6)))
     borrow_4 = job(research_share, alice, 4, name="borrow-4", reason="no lendable h100 idle")
     within_2 = job(research_share, alice, 2, name="within-2")
     urgent_8 = job(research_share, alice, 8, priority=5, name="urgent-8")
