@@ -2,9 +2,10 @@
 its name, so a lead recognises it at a glance.
 
 Figures are plain dicts in plotly.js's own schema ({"data": [traces], "layout": {...}}) rather
-than plotly.graph_objects: a graph object validates and deep-copies every point, which cost most
-of a page's time with 40 stacked series. tests/test_dashboard_pages.py checks that each figure
-is still one that plotly.graph_objects accepts."""
+than plotly.graph_objects: a graph object validates and deep-copies every point, which is most
+of a page's work with 40 stacked series (bench/dashboard.py).
+tests/dashboards/test_dashboard_pages.py checks that each figure is still one that
+plotly.graph_objects accepts."""
 
 from __future__ import annotations
 
