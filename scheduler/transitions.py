@@ -11,16 +11,11 @@ state change, is `jobs_set_reasons`.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
-from contextlib import nullcontext
-from datetime import datetime
-from functools import cache
+from collections.abc import Sequence
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections, models, transaction
 from django.utils import timezone
 
-from portal.db.bulk import id_batches, rows_insert, rows_update
-from portal.db.sql import prepared_cursor
+from portal.db.bulk import id_batches, insert_with_children, rows_insert, rows_update
 from scheduler.models import Job, JobEvent
 
 _EVENT_COLUMNS = ("job_id", "from_state", "to_state", "reason")
@@ -119,115 +114,8 @@ def jobs_set_reasons(reasons: dict[int, str], *, state: str | None = None) -> in
     )
 
 
-# The event columns a submit writes, in the order of their placeholders in _job_insert_sql.
-_EVENT_FIELDS = ("at", "from_state", "to_state", "reason")
-
-
-@cache
-def _job_fields() -> tuple[models.Field, ...]:
-    return tuple(field for field in Job._meta.concrete_fields if not field.primary_key)
-
-
-@cache
-def _event_fields() -> tuple[models.Field, ...]:
-    return tuple(JobEvent._meta.get_field(name) for name in _EVENT_FIELDS)
-
-
-# The Python types each kind of field writes to PostgreSQL as they are: for a value of exactly
-# that type (or None), get_db_prep_save returns the value itself. Strings of a CharField, ints
-# of an IntegerField or a foreign key to an integer primary key, aware datetimes (naive ones
-# are made aware, with a warning, by get_db_prep_save). JSONField and the rest always convert.
-_WRITTEN_AS_IS: dict[type[models.Field], type] = {
-    models.CharField: str,
-    models.TextField: str,
-    models.IntegerField: int,
-    models.PositiveIntegerField: int,
-    models.BigIntegerField: int,
-    models.BooleanField: bool,
-    models.DateTimeField: datetime,
-}
-
-
-def _written_as_is(field: models.Field) -> type | None:
-    """The type of value `field` writes unchanged on PostgreSQL, or None when it converts."""
-    if isinstance(field, models.ForeignKey):
-        target = field.target_field
-        return int if isinstance(target, (models.AutoField, models.BigAutoField)) else None
-    return _WRITTEN_AS_IS.get(type(field))
-
-
-@cache
-def _save_plan(fields: Callable[[], tuple[models.Field, ...]]) -> tuple:
-    """Per field of `fields()`: the field, the attribute save() reads when the field's pre_save
-    is a plain read (else None), and the type written as is (see _written_as_is)."""
-    return tuple(
-        (
-            field,
-            field.attname if type(field).pre_save is models.Field.pre_save else None,
-            _written_as_is(field),
-        )
-        for field in fields()
-    )
-
-
-def _db_values(instance: models.Model, fields: Callable[[], tuple[models.Field, ...]], db) -> list:
-    """What save() would write for `fields` of the new `instance` (defaults, auto_now stamps):
-    a value already of a type PostgreSQL takes as is goes as it is, which spares most of a
-    submit's calls to get_db_prep_save."""
-    values = []
-    for field, attname, plain in _save_plan(fields):
-        value = (
-            field.pre_save(instance, add=True) if attname is None else getattr(instance, attname)
-        )
-        if plain is not None and (
-            value is None
-            or (type(value) is plain and (plain is not datetime or value.tzinfo is not None))
-        ):
-            values.append(value)
-        else:
-            values.append(field.get_db_prep_save(value, db))
-    return values
-
-
-@cache
-def _job_insert_sql(events: int) -> str:
-    quote = connection.ops.quote_name
-    job_columns = ", ".join(quote(field.column) for field in _job_fields())
-    job_values = ", ".join(["%s"] * len(_job_fields()))
-    event_fields = _event_fields()
-    event_columns = ", ".join(quote(field.column) for field in event_fields)
-    event_row = ", ".join(f"%s::{field.db_type(connection)}" for field in event_fields)
-    event_rows = ", ".join(f"({event_row}, {n})" for n in range(events))
-    event_names = ", ".join(_EVENT_FIELDS)
-    # ORDER BY n: the events get their ids, and so their order (at, id), as listed.
-    return (
-        f"WITH new_job AS (INSERT INTO {quote(Job._meta.db_table)} ({job_columns}) "
-        f"VALUES ({job_values}) RETURNING id) "
-        f"INSERT INTO {quote(JobEvent._meta.db_table)} (job_id, {event_columns}) "
-        f"SELECT new_job.id, {event_names} FROM new_job, "
-        f"(VALUES {event_rows}) AS e({event_names}, n) ORDER BY e.n RETURNING job_id"
-    )
-
-
 def job_insert(job: Job, events: Sequence[JobEvent]) -> None:
-    """Insert the new `job` and its first `events` (JobEvents of `job`), all or nothing: on
-    PostgreSQL in one statement, which outside a transaction commits on its own (no BEGIN and
-    COMMIT round trips for a submit); elsewhere job.save() and bulk_create in a transaction.
-    Inside the caller's transaction, a savepoint: a failed insert (IntegrityError) leaves that
-    transaction usable. As save() does, sets job.pk and stamps the auto_now(_add) fields."""
-    if connection.vendor != "postgresql":
-        with transaction.atomic():
-            job.save()
-            JobEvent.objects.bulk_create(events)
-        return
-    # The connection itself, not the `connection` proxy, which looks it up at every use.
-    db = connections[DEFAULT_DB_ALIAS]
-    params = _db_values(job, _job_fields, db)
-    for event in events:
-        params += _db_values(event, _event_fields, db)
-    savepoint = transaction.atomic() if connection.in_atomic_block else nullcontext()
-    with savepoint, prepared_cursor() as cursor:
-        cursor.execute(_job_insert_sql(len(events)), params)
-        job.pk = cursor.fetchone()[0]
-    job._state.adding = False
-    job._state.db = connection.alias
+    """Insert the new `job` and its first `events` (JobEvents of `job`), all or nothing
+    (`portal.db.bulk.insert_with_children`). As save() does, sets job.pk and stamps the
+    auto_now(_add) fields."""
+    insert_with_children(job, events, link="job")

@@ -1,19 +1,24 @@
-"""Bulk writes of the scheduling cycle: one statement each on PostgreSQL, batched ORM elsewhere.
+"""Bulk writes: one statement each on PostgreSQL, batched ORM elsewhere.
 
 A placing cycle inserts thousands of rows (attempts, GPU assignments, job events) and rewrites
 the reasons of tens of thousands of waiting jobs. Through model instances and `IN (...)` lists
-that is mostly Python and round trips; on PostgreSQL each write here is one statement over
-arrays (`unnest`), with no model instances. Other databases (SQLite in development and tests)
-get the same rows through the ORM in batches below their bound-parameter limit.
+that is mostly Python and round trips; on PostgreSQL `rows_insert` and `rows_update` are one
+statement over arrays (`unnest`, bound in binary), with no model instances: a placing cycle
+takes much less time (bench/cycle.py, with and without). Other databases (SQLite in
+development and tests) get the same rows through the ORM in batches below their
+bound-parameter limit. `insert_with_children` writes a submit's job and its events in one
+statement (bench/api.py).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
+from datetime import datetime
 from functools import cache
 
-from django.db import connection, models
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models, transaction
 from django.utils import timezone
 
 from portal.db.sql import prepared_cursor
@@ -172,3 +177,135 @@ def _update_plan(
     if where is not None:
         sql += f" AND {table}.{quote(meta.get_field(where).column)} = %s"
     return sql, tuple(isinstance(field, models.JSONField) for field in given)
+
+
+def insert_with_children(parent: models.Model, children: Sequence[models.Model], *, link: str):
+    """Insert the new `parent` and its new `children` (instances of one model whose foreign key
+    `link` is the parent), all or nothing: on PostgreSQL in one statement, which outside a
+    transaction commits on its own (no BEGIN and COMMIT round trips for a submit; a submit
+    does markedly more requests a second than with save() and bulk_create(), bench/api.py);
+    elsewhere parent.save() and bulk_create in a transaction. Inside the caller's transaction,
+    a savepoint: a failed insert (IntegrityError) leaves that transaction usable. As save()
+    does, sets parent.pk and stamps the auto_now(_add) fields; children get their ids, and so
+    their order, as listed."""
+    if not _postgresql():
+        with transaction.atomic():
+            parent.save()
+            if children:
+                type(children[0]).objects.bulk_create(children)
+        return
+    # The connection itself, not the `connection` proxy, which looks it up at every use.
+    db = connections[DEFAULT_DB_ALIAS]
+    child_model = type(children[0]) if children else None
+    params = _db_values(parent, _save_plan(type(parent), None), db)
+    if child_model is not None:
+        plan = _save_plan(child_model, link)
+        for child in children:
+            params += _db_values(child, plan, db)
+    savepoint = transaction.atomic() if connection.in_atomic_block else nullcontext()
+    with savepoint, prepared_cursor() as cursor:
+        cursor.execute(_insert_sql(type(parent), child_model, link, len(children)), params)
+        parent.pk = cursor.fetchone()[0]
+    parent._state.adding = False
+    parent._state.db = connection.alias
+    for child in children:
+        setattr(child, link, parent)
+
+
+@cache
+def _new_row_fields(model: type[models.Model], link: str | None) -> tuple[models.Field, ...]:
+    """The fields a new row of `model` writes: all but its primary key (and the foreign key
+    `link`, which the statement fills in)."""
+    return tuple(
+        field
+        for field in model._meta.concrete_fields
+        if not field.primary_key and (link is None or field.name != link)
+    )
+
+
+# The Python types each kind of field writes to PostgreSQL as they are: for a value of exactly
+# that type (or None), get_db_prep_save returns the value itself. Strings of a CharField, ints
+# of an IntegerField or a foreign key to an integer primary key, aware datetimes (naive ones
+# are made aware, with a warning, by get_db_prep_save). JSONField and the rest always convert.
+_WRITTEN_AS_IS: dict[type[models.Field], type] = {
+    models.CharField: str,
+    models.TextField: str,
+    models.IntegerField: int,
+    models.PositiveIntegerField: int,
+    models.BigIntegerField: int,
+    models.BooleanField: bool,
+    models.DateTimeField: datetime,
+}
+
+
+def _written_as_is(field: models.Field) -> type | None:
+    """The type of value `field` writes unchanged on PostgreSQL, or None when it converts."""
+    if isinstance(field, models.ForeignKey):
+        target = field.target_field
+        return int if isinstance(target, (models.AutoField, models.BigAutoField)) else None
+    return _WRITTEN_AS_IS.get(type(field))
+
+
+@cache
+def _save_plan(model: type[models.Model], link: str | None) -> tuple:
+    """Per field of a new row (`_new_row_fields`): the field, the attribute save() reads when
+    the field's pre_save is a plain read (else None), and the type written as is (see
+    _written_as_is)."""
+    return tuple(
+        (
+            field,
+            field.attname if type(field).pre_save is models.Field.pre_save else None,
+            _written_as_is(field),
+        )
+        for field in _new_row_fields(model, link)
+    )
+
+
+def _db_values(instance: models.Model, plan: tuple, db) -> list:
+    """What save() would write for the new `instance`, by its `_save_plan` (defaults, auto_now
+    stamps): a value already of a type PostgreSQL takes as is goes as it is, which spares most
+    of the calls to get_db_prep_save."""
+    values = []
+    for field, attname, plain in plan:
+        value = (
+            field.pre_save(instance, add=True) if attname is None else getattr(instance, attname)
+        )
+        if plain is not None and (
+            value is None
+            or (type(value) is plain and (plain is not datetime or value.tzinfo is not None))
+        ):
+            values.append(value)
+        else:
+            values.append(field.get_db_prep_save(value, db))
+    return values
+
+
+@cache
+def _insert_sql(
+    parent: type[models.Model], child: type[models.Model] | None, link: str, children: int
+) -> str:
+    """The parent's INSERT, and its `children` rows' in the same statement."""
+    quote = connection.ops.quote_name
+    parent_fields = _new_row_fields(parent, None)
+    columns = ", ".join(quote(field.column) for field in parent_fields)
+    values = ", ".join(["%s"] * len(parent_fields))
+    insert = (
+        f"INSERT INTO {quote(parent._meta.db_table)} ({columns}) VALUES ({values}) "
+        f"RETURNING {quote(parent._meta.pk.column)}"
+    )
+    if child is None or not children:
+        return insert
+    child_fields = _new_row_fields(child, link)
+    link_column = quote(child._meta.get_field(link).column)
+    child_columns = ", ".join(quote(field.column) for field in child_fields)
+    row = ", ".join(f"%s::{field.db_type(connection)}" for field in child_fields)
+    rows = ", ".join(f"({row}, {n})" for n in range(children))
+    names = ", ".join(f"c{i}" for i in range(len(child_fields)))
+    # ORDER BY n: the children get their ids, and so their order, as listed.
+    return (
+        f"WITH new_parent AS ({insert}) "
+        f"INSERT INTO {quote(child._meta.db_table)} ({link_column}, {child_columns}) "
+        f"SELECT new_parent.{quote(parent._meta.pk.column)}, {names} FROM new_parent, "
+        f"(VALUES {rows}) AS c({names}, n) ORDER BY c.n "
+        f"RETURNING {link_column}"
+    )

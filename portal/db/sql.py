@@ -1,15 +1,16 @@
-"""Model instances from rows of written-out SQL, for the queries every API request pays for.
+"""Prepared statements, and model instances from rows of written-out SQL, for the queries every
+API and agent request pays for.
 
-`Model.objects.raw()` maps the query's column names to the model's fields each time it runs,
-which costs a token lookup as much CPU as running the query. Here the SQL selects the model's
-columns in the model's order (`model_columns`), and `instance_from_row` makes each row an
-instance as the ORM does (`from_db`, with the backend's value converters); `select_rows` gives
-the converted rows of a SELECT of chosen fields. On PostgreSQL they
-run through `prepared_cursor`: parsed and planned once per connection, not once per request."""
+Composing those queries with the ORM (or mapping a raw() query's columns to fields) costs more
+CPU than PostgreSQL spends running them; written out, a submit does several times as many
+requests a second (bench/api.py) and the web process spends much less CPU per job of a soak
+(bench/soak.py). Here the SQL selects the model's columns in the model's order
+(`model_columns`), and `instance_from_row` makes each row an instance as the ORM does
+(`from_db`, with the backend's value converters); `select_rows` gives the converted rows of a
+SELECT of chosen fields. On PostgreSQL they run through `prepared_cursor`."""
 
 from __future__ import annotations
 
-import select
 from collections.abc import Sequence
 from functools import cache
 
@@ -19,88 +20,20 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 def prepared_cursor():
     """A Django cursor (query log, execute wrappers, error translation) whose statements are
     prepared on the server the first time a connection runs them, and then only executed:
-    PostgreSQL skips parsing and planning, which was most of its work for a token lookup.
-    Parameters are bound on the server (`%s` placeholders, as Django's). Elsewhere, or with
-    DATABASE_PREPARED_STATEMENTS off, a plain cursor. On PostgreSQL the cursors of one
-    connection may be one reused cursor (_StatementCursor): fetch a statement's rows before
-    the next prepared_cursor() statement runs."""
+    PostgreSQL skips parsing and planning, which is most of its work for a token lookup
+    (bench/api.py: submits/s with and without). Parameters are bound on the server (`%s`
+    placeholders, as Django's; `%b` for binary). Elsewhere a plain cursor. With
+    DATABASE_PREPARED_STATEMENTS off (behind a pooler that cannot keep prepared statements),
+    statements are still bound on the server but never prepared."""
     db = connections[DEFAULT_DB_ALIAS]  # once: each use of the `connection` proxy looks it up
     if db.vendor != "postgresql":
         return db.cursor()
-    # As db.cursor() does, with our cursor class.
-    if (
-        db.health_check_enabled
-        and not db.health_check_done
-        and db.connection is not None
-        and _nothing_received(db)
-    ):
-        db.health_check_done = True
+    # What db.cursor() does (health check, connection, Django's wrapper), with our cursor class.
     db.close_if_health_check_failed()
     db.ensure_connection()
-    if not (db.queries_logged or db.execute_wrappers):
-        return _StatementCursor(db)
     with db.wrap_database_errors:
         cursor_class = _prepared_cursor_classes()[db.queries_logged]
         return db._prepare_cursor(cursor_class(db.connection))
-
-
-def _nothing_received(db) -> bool:
-    """Whether the server has sent nothing to the idle connection since its last statement:
-    then it is still there, and Django's per-request health check (CONN_HEALTH_CHECKS: a
-    `SELECT 1` round trip, 3% of a submit's CPU) can be skipped. A server that restarted or
-    dropped the connection has sent its goodbye, or closed the socket: the socket is readable,
-    and Django's check runs, reconnects, or the request gets a 503 while the server is down."""
-    try:
-        poll = select.poll()
-        poll.register(db.connection.fileno(), select.POLLIN)
-        return not poll.poll(0)
-    except Exception:  # noqa: BLE001 — no socket (closed): Django's check decides
-        return False
-
-
-class _StatementCursor:
-    """`prepared_cursor` when nothing logs or wraps the queries: the connection's one psycopg
-    cursor, reused statement after statement (making a cursor, and Django's wrapper around it,
-    cost as much CPU as executing a prepared statement), with Django's error translation, so a
-    broken connection is still an OperationalError of django.db (a 503, see portal.middleware).
-    Closing it leaves the psycopg cursor open for the connection's next statement."""
-
-    __slots__ = ("db", "cursor")
-
-    def __init__(self, db) -> None:
-        self.db = db
-        connection = db.connection
-        cursor = getattr(db, "_prepared_statement_cursor", None)
-        if cursor is None or cursor.connection is not connection:
-            cursor = _prepared_cursor_classes()[False](connection)
-            db._prepared_statement_cursor = cursor
-        self.cursor = cursor
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def execute(self, sql: str, params=None):
-        self.db.validate_no_broken_transaction()
-        with self.db.wrap_database_errors:
-            return self.cursor.execute(sql, params)
-
-    def fetchone(self):
-        with self.db.wrap_database_errors:
-            return self.cursor.fetchone()
-
-    def fetchall(self):
-        with self.db.wrap_database_errors:
-            return self.cursor.fetchall()
-
-    @property
-    def rowcount(self) -> int:
-        return self.cursor.rowcount
 
 
 @cache
