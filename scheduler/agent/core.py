@@ -23,11 +23,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scheduler.agent.gpus import Gpu
+from scheduler.agent.protocol import (
+    END_EXIT,
+    END_LOST,
+    END_NEVER_STARTED,
+    END_TIMEOUT,
+    EVENT_EXITED,
+    EVENT_LOG,
+    EVENT_STARTED,
+    LOG_TAIL_CHARS,
+    POLL_PATH,
+    REGISTER_PATH,
+    REPORT_PATH,
+)
 from scheduler.agent.transport import PortalClient, PortalUnreachable
 
 logger = logging.getLogger("scheduler.agent")
 
-LOG_TAIL_BYTES = 8000
 SHUTDOWN_REPORT_SECONDS = 5.0  # how long a stopping agent keeps trying to report
 LOG_EVERY_SECONDS = 15.0
 MAX_BACKOFF_SECONDS = 10.0
@@ -181,7 +193,7 @@ class Agent:
         }
         while not self.stopping.is_set():
             try:
-                response = self.http.post("/api/v1/agent/register/", json=body, timeout=10)
+                response = self.http.post(REGISTER_PATH, json=body, timeout=10)
             except PortalUnreachable as error:
                 logger.warning("portal unreachable (%s); retrying", error)
             else:
@@ -198,7 +210,7 @@ class Agent:
 
     def _poll_body(self, events: list[dict]) -> dict:
         with self.lock:
-            pending = {e["attempt"] for e in self.outbox if e["type"] == "exited"}
+            pending = {e["attempt"] for e in self.outbox if e["type"] == EVENT_EXITED}
             body = {
                 "running": sorted(set(self.processes) | pending),
                 "stopping": sorted(
@@ -235,7 +247,7 @@ class Agent:
             events = self._take_events() if self.poll_events else []
             try:
                 response = self.http.post(
-                    "/api/v1/agent/poll/",
+                    POLL_PATH,
                     json=self._poll_body(events),
                     headers=self._headers(),
                     timeout=self.poll_wait + 15,
@@ -281,7 +293,7 @@ class Agent:
         delivered = False
         try:
             response = self.http.post(
-                "/api/v1/agent/report/",
+                REPORT_PATH,
                 json={"events": events},
                 headers=self._headers(),
                 timeout=10,
@@ -315,7 +327,7 @@ class Agent:
                 continue
             if order.get("started"):
                 # The portal saw it start here, but this agent does not have it: it restarted.
-                self._end(attempt, end="lost", detail="the agent restarted")
+                self._end(attempt, end=END_LOST, detail="the agent restarted")
                 continue
             self.start(order)
         for order in orders.get("stop", []):
@@ -327,14 +339,14 @@ class Agent:
                     self.terminate(process)
             elif attempt not in self.finished:
                 if order.get("started"):
-                    self._end(attempt, end="lost", detail="the agent restarted")
+                    self._end(attempt, end=END_LOST, detail="the agent restarted")
                 else:
-                    self._end(attempt, end="never_started", detail="stopped before it started")
+                    self._end(attempt, end=END_NEVER_STARTED, detail="stopped before it started")
 
     def _end(self, attempt: int, *, end: str, exit_code=None, signalled=False, log_tail="",
              detail="") -> None:  # fmt: skip
         self.finished.add(attempt)
-        self._event(type="exited", attempt=attempt, end=end, exit_code=exit_code,
+        self._event(type=EVENT_EXITED, attempt=attempt, end=end, exit_code=exit_code,
                     signalled=signalled, log_tail=log_tail, detail=detail)  # fmt: skip
 
     def start(self, order: dict) -> None:
@@ -372,7 +384,7 @@ class Agent:
                     preexec_fn=None if launcher else _die_with_parent,
                 )
         except OSError as error:
-            self._end(attempt, end="never_started", detail=f"could not start: {error}")
+            self._end(attempt, end=END_NEVER_STARTED, detail=f"could not start: {error}")
             return
         (self.work_dir / "running" / f"{attempt}.pgid").write_text(str(popen.pid))
         timeout = order.get("timeout_seconds")
@@ -387,7 +399,7 @@ class Agent:
         )
         logger.info("attempt %s (job %s) started, pid %s, GPUs %s", attempt, job, popen.pid,
                     order["gpu_indices"])  # fmt: skip
-        self._event(type="started", attempt=attempt)
+        self._event(type=EVENT_STARTED, attempt=attempt)
 
     def terminate(self, process: Process) -> None:
         """SIGTERM to the process group; SIGKILL follows after the grace period."""
@@ -421,7 +433,7 @@ class Agent:
                 if process.evicted:
                     self._end(
                         attempt,
-                        end="lost",
+                        end=END_LOST,
                         exit_code=code,
                         detail="its node agent shut down",
                         log_tail=self._tail(process),
@@ -429,7 +441,7 @@ class Agent:
                     continue
                 self._end(
                     attempt,
-                    end="timeout" if process.timed_out else "exit",
+                    end=END_TIMEOUT if process.timed_out else END_EXIT,
                     exit_code=code,
                     signalled=process.term_sent_at is not None,
                     log_tail=self._tail(process),
@@ -441,7 +453,7 @@ class Agent:
                     self.terminate(process)
                 elif now - process.last_log >= LOG_EVERY_SECONDS:
                     process.last_log = now
-                    self._event(type="log", attempt=attempt, log_tail=self._tail(process))
+                    self._event(type=EVENT_LOG, attempt=attempt, log_tail=self._tail(process))
             elif not process.killed and now - process.term_sent_at >= process.grace:
                 process.killed = True
                 logger.info("attempt %s: grace over, SIGKILL", attempt)
@@ -452,7 +464,7 @@ class Agent:
         try:
             with open(process.log_path, "rb") as log:
                 log.seek(0, os.SEEK_END)
-                log.seek(max(0, log.tell() - LOG_TAIL_BYTES))
+                log.seek(max(0, log.tell() - LOG_TAIL_CHARS))  # bytes: no more characters
                 return log.read().decode(errors="replace")
         except OSError:
             return ""

@@ -1,4 +1,12 @@
-"""The words the node agent and the portal exchange (no Django: both sides import it)."""
+"""The words the node agent and the portal exchange (no Django: both sides import it).
+
+The agent POSTs JSON to three endpoints: it registers, then long-polls for its orders (run and
+stop) with what it has to report, and reports on its own when it cannot wait for the next
+poll."""
+
+REGISTER_PATH = "/api/v1/agent/register/"
+POLL_PATH = "/api/v1/agent/poll/"
+REPORT_PATH = "/api/v1/agent/report/"
 
 # What an agent reports about an attempt.
 EVENT_STARTED = "started"
@@ -11,5 +19,6 @@ END_TIMEOUT = "timeout"  # the agent stopped it at timeout_seconds
 END_NEVER_STARTED = "never_started"  # stopped before it started, or could not start
 END_LOST = "lost"  # the agent does not have it (restarted since)
 END_REASONS = (END_EXIT, END_TIMEOUT, END_NEVER_STARTED, END_LOST)
-# Log tails beyond this many characters are cut (the last ones are kept).
+# A log tail is a log's last this many characters: the agent sends no more, the portal keeps
+# no more.
 LOG_TAIL_CHARS = 8000
