@@ -12,9 +12,9 @@ from django.db import connections
 from django.utils import timezone
 
 from dashboards.services import history_rollup, history_sample
-from scheduler.models import Job, JobAttempt, Node
+from scheduler.models import GpuAssignment, Job, JobAttempt, Node
 from shares.models import QuotaShare, ShareChange
-from shares.services import share_create
+from shares.services import share_create, share_update
 
 CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "screenshots"
@@ -29,6 +29,8 @@ def scenario(settings, vision_share, research_share, vision_team, carol, alice, 
     of vision's idle GPUs from minute 20, and loses them when vision reclaims at minute 40.
     vision's RESERVE share inference runs 2, then 4 l4."""
     settings.HISTORY_SAMPLE_SECONDS = 60  # one sample a minute, each standing for that minute
+    # research is an h100 share here: the l4 charts show inference alone.
+    share_update(share=research_share, actor=None, source="command", capacity_limits={"h100": 8})
     inference = share_create(
         name="inference", team=vision_team, capacity_limits={"l4": 4},
         strategy=QuotaShare.Strategy.RESERVE, source=ShareChange.Source.COMMAND,
@@ -42,6 +44,19 @@ def scenario(settings, vision_share, research_share, vision_team, carol, alice, 
             **fields,
         )  # fmt: skip
 
+    def hold(job, node: str) -> None:
+        """The job holds GPUs 0.. of `node`, as the cycle records a placement (an attempt with
+        its GPUs), for the pages that read the cycle's snapshot (the queue)."""
+        attempt = JobAttempt.objects.create(
+            job=job, number=job.attempt_count + 1,
+            allocations=[{"node": node, "gpu_indices": list(range(job.gpus))}],
+        )  # fmt: skip
+        GpuAssignment.objects.bulk_create(
+            GpuAssignment(attempt=attempt, node=Node.objects.get(name=node), gpu_index=index)
+            for index in range(job.gpus)
+        )
+        Job.objects.filter(pk=job.pk).update(attempt_count=attempt.number)
+
     now = timezone.now()
     start = now - timedelta(minutes=60)
     own = job(research_share, alice, 8, name="research-pretrain", state=Job.State.RUNNING)
@@ -49,6 +64,8 @@ def scenario(settings, vision_share, research_share, vision_team, carol, alice, 
     lender = job(vision_share, carol, 8, name="vision-detector", state=Job.State.RUNNABLE,
                  priority=10)  # fmt: skip
     serve = job(inference, carol, 2, gpu_type="l4", name="serve", state=Job.State.RUNNING)
+    hold(own, "h0")
+    hold(serve, "l0")
     job(research_share, alice, 8, name="research-eval", state=Job.State.RUNNABLE,
         reason="no lendable h100 idle")  # fmt: skip
     for minute in range(61):
@@ -65,6 +82,7 @@ def scenario(settings, vision_share, research_share, vision_team, carol, alice, 
             Job.objects.filter(pk=lender.pk).update(
                 state=Job.State.RUNNING, started_at=start + timedelta(minutes=40)
             )
+            hold(lender, "h1")
             JobAttempt.objects.create(
                 job=extra, number=1, outcome=JobAttempt.Outcome.PREEMPTED,
                 ended_at=start + timedelta(minutes=40), preempted_for=lender,
