@@ -18,22 +18,14 @@ from collections.abc import Mapping
 from scheduler.engine.snapshot import LEND_AND_BORROW, RESERVE, UNLIMITED, ShareView
 
 
-def lend_limit_for(share: ShareView, gpu_type: str) -> int | None:
-    """The share's lend_limit for this type; None: every idle GPU may be lent."""
-    lend_limit = share.lend_limit
-    if lend_limit is None:
-        return None
-    if isinstance(lend_limit, int):  # a plain number means the same for every type
-        return lend_limit
-    return lend_limit.get(gpu_type)
-
-
 def lend_cap(share: ShareView, gpu_type: str) -> int:
     """The most idle GPUs of this type the share lends: none for RESERVE, else its lend_limit,
     else its whole limit."""
     if share.strategy == RESERVE:
         return 0
-    lend_limit = lend_limit_for(share, gpu_type)
+    lend_limit = share.lend_limit
+    if lend_limit is not None and not isinstance(lend_limit, int):
+        lend_limit = lend_limit.get(gpu_type)  # a plain number: the same for every type
     return share.capacity_limits.get(gpu_type, 0) if lend_limit is None else lend_limit
 
 

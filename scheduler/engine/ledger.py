@@ -53,7 +53,7 @@ class Ledger:
             used = used_by[name] = usage.get(name, 0)
             if used > limit:
                 borrowed += used - limit
-            else:
+            elif used < limit:
                 lendable += accounting.lendable(limit, used, cap)
         # Capacity not covered by any share's limit, DISABLED shares included: their quota still
         # exists and is still lent per their strategy.

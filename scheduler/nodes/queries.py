@@ -1,6 +1,7 @@
 """The written-out SQL of the agent requests: every poll and report reads its node and its
-orders, and every report locks its jobs and attempts. The SQL is written once per process
-and prepared once per connection (`portal.db.sql.prepared_cursor`)."""
+orders, and every report locks its jobs and attempts. Composed with the ORM, these queries
+cost the web process much more CPU per job than written out (bench/soak.py). The SQL is
+written once per process and prepared once per connection (`portal.db.sql.prepared_cursor`)."""
 
 from __future__ import annotations
 

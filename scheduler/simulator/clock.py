@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scheduler.engine import accounting, outcomes
+from scheduler.engine import plan as engine_plan
 from scheduler.engine.ledger import Ledger
 from scheduler.engine.planner import NodeSizes, rejection_reason
 from scheduler.engine.snapshot import (
@@ -128,9 +129,7 @@ class Simulation:
         record_series: bool = False,
         full_snapshots: bool = False,
     ) -> None:
-        if engine is None:
-            from scheduler.engine import plan as engine
-        self.engine = engine
+        self.engine = engine_plan if engine is None else engine
         self.scenario = scenario
         self.record_series = record_series
         self.full_snapshots = full_snapshots
@@ -346,6 +345,14 @@ class Simulation:
 
     def _refresh_snapshot_parts(self) -> None:
         self._share_views = tuple(self.shares.values())
+        # Per GPU type, each share's (limit, most idle GPUs it lends): what the rates read.
+        self._lending_terms = {
+            gpu_type: [
+                (share.capacity_limits.get(gpu_type, 0), accounting.lend_cap(share, gpu_type))
+                for share in self._share_views
+            ]
+            for gpu_type in self.gpu_types
+        }
 
     # ---- cycles -----------------------------------------------------------------------------
 
@@ -713,22 +720,20 @@ class Simulation:
         borrowed = [0.0] * n
         lent = [0.0] * n
         usage = self.usage
+        names = self.share_names
         for gpu_type in self.gpu_types:
             covered = 0
             borrowed_total = 0
             can_lend: dict[int, int] = {}
-            for i, share in enumerate(self._share_views):
-                limit = share.capacity_limits.get(gpu_type, 0)
+            for i, (limit, cap) in enumerate(self._lending_terms[gpu_type]):
                 covered += limit
-                held = usage.get((share.name, gpu_type), 0)
+                held = usage.get((names[i], gpu_type), 0)
                 used[i] += held
                 if held > limit:
                     borrowed[i] += held - limit
                     borrowed_total += held - limit
-                else:
-                    can_lend[i] = accounting.lendable(
-                        limit, held, accounting.lend_cap(share, gpu_type)
-                    )
+                elif held < limit and cap:
+                    can_lend[i] = accounting.lendable(limit, held, cap)
             free_pool = max(0, self.cluster_gpus[gpu_type] - covered)
             for i, gpus in accounting.split_lent(borrowed_total, free_pool, can_lend).items():
                 lent[i] += gpus
