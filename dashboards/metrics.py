@@ -52,7 +52,6 @@ class PortalCollector(Collector):
         yield from self._cycle()
 
     def _quota(self):
-
         labels = ["cluster_queue", "resource"]
         limits = {
             (share, gpu_type): (max_gpus, lend_limit, strategy, borrow_limit)
@@ -124,7 +123,6 @@ class PortalCollector(Collector):
         yield admitted
 
     def _preemptions(self):
-
         family = CounterMetricFamily(
             "portal_preemptions",
             "Job attempts preempted, by kind: reclaim (for another share's job within its "
@@ -144,7 +142,6 @@ class PortalCollector(Collector):
         yield family
 
     def _nodes(self):
-
         nodes = GaugeMetricFamily("portal_nodes", "GPU nodes by state.", labels=["state"])
         gpus = GaugeMetricFamily(
             "portal_node_gpus", "GPUs on nodes, by GPU type and node state.",

@@ -14,8 +14,8 @@ from django.utils import timezone
 
 from dashboards.models import ClusterSample, Resolution, UsageSample
 from dashboards.services import STEP, retention
-from scheduler.cycle.snapshot import cycle_snapshot
 from scheduler.engine import order
+from scheduler.jobs import selectors as job_selectors
 from scheduler.models import Job, JobAttempt, Node
 from shares.models import CapacityLimit, Membership, QuotaShare, ShareChange, Team
 from shares.selectors import ShareUsage, current_usage, is_admin
@@ -536,41 +536,36 @@ class QueueEntry:
     priority: int
     submitted_at: datetime
     waiting: timedelta
-    within_limit: bool
     pass_: str  # order.PROMISED, order.WITHIN_LIMIT or order.BORROWING
     reason: str
 
+    @property
+    def within_limit(self) -> bool:
+        """Considered before the borrowers (promised GPUs, or within its share's limit)."""
+        return self.pass_ != order.BORROWING
+
 
 def queue_front(*, limit: int = 200, now: datetime | None = None) -> list[QueueEntry]:
-    """RUNNABLE jobs in the order the engine considers them (`engine.order`, as the API's queue):
-    the jobs promised GPUs, then every job that fits within its share's limit, then the
-    borrowers, as if each job ahead were admitted in turn."""
+    """RUNNABLE jobs in the order the engine considers them, as the API's queue shows them
+    (`scheduler.jobs.selectors.queue_front`)."""
     now = now or timezone.now()
-    snapshot, _context = cycle_snapshot()
-    positions = order.queue_order(snapshot)[:limit]
-    jobs = Job.objects.select_related("share").in_bulk([int(p.job.id) for p in positions])
-    entries = []
-    for entry in positions:
-        job = jobs.get(int(entry.job.id))
-        if job is None:  # it ended since the snapshot
-            continue
-        entries.append(
-            QueueEntry(
-                position=entry.position,
-                job_id=job.pk,
-                job=str(job),
-                share=job.share.name,
-                gpu_type=job.gpu_type,
-                gpus=job.gpus,
-                priority=job.priority,
-                submitted_at=job.submitted_at,
-                waiting=now - job.submitted_at,
-                within_limit=entry.pass_ != order.BORROWING,
-                pass_=entry.pass_,
-                reason=job.reason,
-            )
+    _runnable, front = job_selectors.queue_front(limit=limit)
+    return [
+        QueueEntry(
+            position=entry.position,
+            job_id=entry.job.pk,
+            job=str(entry.job),
+            share=entry.job.share.name,
+            gpu_type=entry.job.gpu_type,
+            gpus=entry.job.gpus,
+            priority=entry.job.priority,
+            submitted_at=entry.job.submitted_at,
+            waiting=now - entry.job.submitted_at,
+            pass_=entry.pass_,
+            reason=entry.job.reason,
         )
-    return entries
+        for entry in front
+    ]
 
 
 def queue_summary(now: datetime | None = None) -> dict:

@@ -40,7 +40,7 @@ class Transitions:
         self.events: list[tuple[int, str, str, str]] = []
         self.row_moves: list[tuple[list[int], dict, dict[int, str] | None]] = []
 
-    def move(self, job: Job, *, to_state: str, reason: str, **fields) -> None:
+    def move(self, job: Job, *, to_state: str, reason: str, **fields) -> Transitions:
         """`job` goes to `to_state` because of `reason`, with `fields` set."""
         self.events.append((job.pk, job.state, to_state, reason))
         job.state = to_state
@@ -52,6 +52,7 @@ class Transitions:
             job.finished_at = timezone.now()
             self.changed[job.pk].add("finished_at")
         self.jobs[job.pk] = job
+        return self
 
     def move_rows(
         self,
@@ -97,9 +98,7 @@ class Transitions:
 
 def job_transition(*, job: Job, to_state: str, reason: str, **fields) -> Job:
     """`Transitions` of one job, written at once."""
-    transitions = Transitions()
-    transitions.move(job, to_state=to_state, reason=reason, **fields)
-    transitions.save()
+    Transitions().move(job, to_state=to_state, reason=reason, **fields).save()
     return job
 
 

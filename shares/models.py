@@ -162,16 +162,12 @@ class QuotaShare(models.Model):
 
     def engine_view(self) -> ShareView:
         """The share as the engine sees it (load it with its capacity_limits prefetched)."""
-        limits = self.capacity_limits.all()
         return ShareView(
             name=self.name,
-            capacity_limits={limit.gpu_type: limit.max_gpus for limit in limits},
+            capacity_limits=self.limits,
             strategy=self.strategy,
             borrow_limit=self.borrow_limit,
-            lend_limit={
-                limit.gpu_type: limit.lend_limit for limit in limits if limit.lend_limit is not None
-            }
-            or None,
+            lend_limit=self.lend_limits or None,
             in_share_preemption=self.in_share_preemption,
             grace_seconds=self.grace_seconds,
             state=self.state,

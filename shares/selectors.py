@@ -137,23 +137,23 @@ def share_usage() -> UsageReport:
         .values_list("gpu_type", "total")
     )
     gpu_types = set(capacity) | {gpu_type for _, gpu_type in used}
-    views = [share.engine_view() for share in shares]
-    limits_by_share = {share.pk: share.limits for share in shares}
-    lend_limits_by_share = {share.pk: share.lend_limits for share in shares}
-    for limits in limits_by_share.values():
-        gpu_types |= set(limits)
+    views = {share.pk: share.engine_view() for share in shares}
+    for view in views.values():
+        gpu_types |= set(view.capacity_limits)
 
     report: dict[str, dict[str, TypeUsage]] = {share.name: {} for share in shares}
     pool: dict[str, PoolUsage] = {}
     for gpu_type in sorted(gpu_types):
         rows = []
-        for share, view in zip(shares, views, strict=True):
-            limit = limits_by_share[share.pk].get(gpu_type, 0)
+        for share in shares:
+            view = views[share.pk]
+            limit = view.capacity_limits.get(gpu_type, 0)
             use = used.get((share.pk, gpu_type), 0)
             if not limit and not use:
                 continue
             lendable = accounting.lendable(limit, use, accounting.lend_cap(view, gpu_type))
-            rows.append((share, limit, lend_limits_by_share[share.pk].get(gpu_type), use, lendable))
+            lend_limit = (view.lend_limit or {}).get(gpu_type)
+            rows.append((share, limit, lend_limit, use, lendable))
         borrowed_total = sum(max(0, use - limit) for _, limit, _, use, _ in rows)
         covered = sum(limit for _, limit, _, _, _ in rows)
         free_pool = max(0, capacity.get(gpu_type, 0) - covered)

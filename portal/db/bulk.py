@@ -186,8 +186,8 @@ def insert_with_children(parent: models.Model, children: Sequence[models.Model],
     does markedly more requests a second than with save() and bulk_create(), bench/api.py);
     elsewhere parent.save() and bulk_create in a transaction. Inside the caller's transaction,
     a savepoint: a failed insert (IntegrityError) leaves that transaction usable. As save()
-    does, sets parent.pk and stamps the auto_now(_add) fields; children get their ids, and so
-    their order, as listed."""
+    does, sets parent.pk and stamps the auto_now(_add) fields; the children's rows get their
+    ids, and so their order, as listed."""
     if not _postgresql():
         with transaction.atomic():
             parent.save()

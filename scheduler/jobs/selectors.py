@@ -1,4 +1,4 @@
-"""Reads that the API and pages need about jobs, the queue and nodes."""
+"""Reads that the API and pages need about jobs and the queue."""
 
 from __future__ import annotations
 
@@ -170,11 +170,11 @@ class QueueSnapshot:
     usage: UsageReport
 
 
-def queue_snapshot(*, limit: int = QUEUE_FRONT_SIZE) -> QueueSnapshot:
-    """The front of the queue in the order the engine considers it (`engine.order`): the jobs
-    promised GPUs, then every job that fits within its share's limit, then the borrowers, as
-    if each job ahead were admitted in turn; read from the same snapshot a cycle plans."""
-    usage = share_usage()
+def queue_front(*, limit: int = QUEUE_FRONT_SIZE) -> tuple[int, list[QueueEntry]]:
+    """How many jobs wait, and the first `limit` of them in the order the engine considers them
+    (`engine.order`): the jobs promised GPUs, then every job that fits within its share's
+    limit, then the borrowers, as if each job ahead were admitted in turn; read from the same
+    snapshot a cycle plans. A job that ended since the snapshot is left out."""
     snapshot, _context = cycle_snapshot()
     positions = order.queue_order(snapshot)[:limit]
     jobs = Job.objects.select_related("share", "submitted_by").in_bulk(
@@ -185,4 +185,10 @@ def queue_snapshot(*, limit: int = QUEUE_FRONT_SIZE) -> QueueSnapshot:
         for entry in positions
         if int(entry.job.id) in jobs
     ]
-    return QueueSnapshot(runnable=len(snapshot.runnable), front=front, usage=usage)
+    return len(snapshot.runnable), front
+
+
+def queue_snapshot(*, limit: int = QUEUE_FRONT_SIZE) -> QueueSnapshot:
+    """AWS GetJobQueueSnapshot: the front of the queue (`queue_front`) and every share's usage."""
+    runnable, front = queue_front(limit=limit)
+    return QueueSnapshot(runnable=runnable, front=front, usage=share_usage())
