@@ -162,6 +162,12 @@ class Agent:
         self.token: str | None = None
         self.processes: dict[int, Process] = {}
         self.finished: set[int] = set()  # attempts done here; never started again
+        # Run orders this agent has asked the portal to start (attempt → order): it starts one
+        # only once the portal grants it, so an attempt whose stop was ordered first never runs.
+        self.claims: dict[int, dict] = {}
+        # Attempts a previous run of this agent had started (their process groups were left
+        # behind, and killed): the portal hears they are lost.
+        self.previous_life: set[int] = set()
         self.outbox: list[dict] = []  # events not yet acknowledged by the portal, in order
         self.in_flight: set[int] = set()  # id() of the outbox events a request carries now
         self.poll_events = True  # send events with polls (off if the portal does not take them)
@@ -218,6 +224,8 @@ class Agent:
                 ),
                 "wait": self.poll_wait,
             }
+            if self.claims:
+                body["starting"] = sorted(self.claims)
         if events:
             body["events"] = events
         return body
@@ -321,27 +329,51 @@ class Agent:
     # --- Orders ------------------------------------------------------------------------------
 
     def apply(self, orders: dict) -> None:
+        """Reconcile with the portal's orders. A run order the agent does not have yet is
+        claimed: the next poll asks the portal to start it, and the agent starts it when the
+        answer grants it (`start`). A portal that answers without `start` (an older one) does
+        not grant starts: the agent starts what it is given."""
+        granted = orders.get("start")
+        granted = None if granted is None else set(granted)
+        ordered = set()
         for order in orders.get("run", []):
             attempt = order["attempt"]
+            ordered.add(attempt)
             if attempt in self.processes or attempt in self.finished:
                 continue
-            if order.get("started"):
-                # The portal saw it start here, but this agent does not have it: it restarted.
+            if self._lost_here(attempt, order, granted):
                 self._end(attempt, end=END_LOST, detail="the agent restarted")
-                continue
-            self.start(order)
+            elif granted is None or attempt in granted:
+                with self.lock:
+                    self.claims.pop(attempt, None)
+                self.start(order, report_start=granted is None)
+            else:
+                with self.lock:
+                    self.claims[attempt] = order
         for order in orders.get("stop", []):
             attempt = order["attempt"]
+            ordered.add(attempt)
+            with self.lock:
+                self.claims.pop(attempt, None)
             process = self.processes.get(attempt)
             if process is not None:
                 if process.term_sent_at is None:
                     process.grace = float(order.get("grace_seconds", 0))
                     self.terminate(process)
             elif attempt not in self.finished:
-                if order.get("started"):
+                if self._lost_here(attempt, order, granted):
                     self._end(attempt, end=END_LOST, detail="the agent restarted")
                 else:
                     self._end(attempt, end=END_NEVER_STARTED, detail="stopped before it started")
+        with self.lock:
+            # Claims the portal no longer orders (their attempts ended there) are dropped.
+            for attempt in set(self.claims) - ordered:
+                del self.claims[attempt]
+
+    def _lost_here(self, attempt: int, order: dict, granted: set[int] | None) -> bool:
+        """Whether an attempt the agent does not run had been started here, by a previous run
+        of this agent (an older portal, which grants no starts, says so with `started`)."""
+        return attempt in self.previous_life or (granted is None and bool(order.get("started")))
 
     def _end(self, attempt: int, *, end: str, exit_code=None, signalled=False, log_tail="",
              detail="") -> None:  # fmt: skip
@@ -349,7 +381,9 @@ class Agent:
         self._event(type=EVENT_EXITED, attempt=attempt, end=end, exit_code=exit_code,
                     signalled=signalled, log_tail=log_tail, detail=detail)  # fmt: skip
 
-    def start(self, order: dict) -> None:
+    def start(self, order: dict, *, report_start: bool = False) -> None:
+        """Start the attempt's process. `report_start`: tell the portal it started (a portal
+        that grants starts recorded the start when it granted it)."""
         attempt, job = order["attempt"], order["job"]
         checkpoint_dir = self.checkpoint_root / f"job-{job}"
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
@@ -399,7 +433,8 @@ class Agent:
         )
         logger.info("attempt %s (job %s) started, pid %s, GPUs %s", attempt, job, popen.pid,
                     order["gpu_indices"])  # fmt: skip
-        self._event(type=EVENT_STARTED, attempt=attempt)
+        if report_start:
+            self._event(type=EVENT_STARTED, attempt=attempt)
 
     def terminate(self, process: Process) -> None:
         """SIGTERM to the process group; SIGKILL follows after the grace period."""
@@ -473,6 +508,8 @@ class Agent:
         """Process groups left by a previous run of this agent are not ours any more: the portal
         hears they are lost and runs them again. Kill them so they free their GPUs."""
         for pgid_file in (self.work_dir / "running").glob("*.pgid"):
+            if pgid_file.stem.isdigit():
+                self.previous_life.add(int(pgid_file.stem))
             with contextlib.suppress(ValueError, ProcessLookupError, PermissionError):
                 os.killpg(int(pgid_file.read_text()), signal.SIGKILL)
                 logger.info("killed leftover process group of attempt %s", pgid_file.stem)

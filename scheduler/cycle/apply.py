@@ -4,9 +4,8 @@ still runs and is not already stopping. A stale plan therefore changes nothing i
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from django.db.models import F
+from django.utils import timezone
 
 from portal.db.bulk import id_batches, rows_insert
 from scheduler import engine
@@ -35,23 +34,19 @@ def _lock_jobs(ids: list[int], **conditions) -> dict[int, dict]:
     return rows
 
 
-def cycle_apply(
-    plan: engine.Plan, context: SnapshotContext, *, now: datetime, result: CycleResult
-) -> None:
+def cycle_apply(plan: engine.Plan, context: SnapshotContext, *, result: CycleResult) -> None:
     """Apply a plan with conditional updates; entries that no longer hold are skipped."""
     with result.timed("apply_preemptions"):
-        _apply_preemptions(plan.preemptions, now=now, result=result)
+        _apply_preemptions(plan.preemptions, result=result)
     with result.timed("apply_placements"):
-        _apply_placements(plan.placements, context, now=now, result=result)
+        _apply_placements(plan.placements, context, result=result)
     with result.timed("apply_rejections"):
         _apply_rejections(plan.rejections, result=result)
     with result.timed("apply_waiting"):
         _apply_waiting(plan.waiting, context, result=result)
 
 
-def _apply_preemptions(
-    preemptions: tuple[engine.Preemption, ...], *, now: datetime, result: CycleResult
-) -> None:
+def _apply_preemptions(preemptions: tuple[engine.Preemption, ...], *, result: CycleResult) -> None:
     """Preempted jobs get a stop order: PREEMPTING, attempt.stop_requested_at, preempted_for."""
     if not preemptions:
         return
@@ -63,9 +58,13 @@ def _apply_preemptions(
             job_id__in=jobs, ended_at__isnull=True, stop_requested_at__isnull=True
         ).only("pk", "job_id")
     )
+    # The stop's time is taken under the jobs' locks, which an agent's start takes too
+    # (scheduler.nodes.attempts.attempts_start): a stop of an attempt started in the meantime
+    # is timed after its start, never before it.
+    stopped_at = timezone.now()
     stopping_jobs = set()
     for attempt in attempts:
-        attempt.stop_requested_at = now
+        attempt.stop_requested_at = stopped_at
         attempt.preempted_for_id = int(by_job[attempt.job_id].for_job_id)
         stopping_jobs.add(attempt.job_id)
     JobAttempt.objects.bulk_update(attempts, ["stop_requested_at", "preempted_for"], batch_size=500)
@@ -95,7 +94,6 @@ def _apply_placements(
     placements: tuple[engine.Placement, ...],
     context: SnapshotContext,
     *,
-    now: datetime,
     result: CycleResult,
 ) -> None:
     """Placements become attempts with their GPU assignments; jobs go SCHEDULED."""

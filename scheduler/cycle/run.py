@@ -68,7 +68,7 @@ def cycle_run(*, force: bool = False) -> CycleResult:
             snapshot, context = cycle_snapshot()
         with timed("plan"):
             plan = engine.plan(snapshot)
-        cycle_apply(plan, context, now=now, result=result)
+        cycle_apply(plan, context, result=result)
         plan_applied.send(sender=cycle_run, result=result)
         with timed("fingerprint"):
             # Safe to remember before the commit: after a rollback the database is back in the

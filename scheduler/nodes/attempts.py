@@ -33,6 +33,29 @@ from scheduler.transitions import Transitions
 RUNNING_REASON = "running on {where}"
 
 
+def attempts_start(*, node: Node, attempt_ids: set[int]) -> set[int]:
+    """The node's agent has these attempts' run orders and asks to start them: it starts only
+    those this grants. An attempt whose stop was ordered first (a preemption or a cancel that
+    reached the portal before the agent could start it) is never started: its agent reports it
+    never started and its GPUs are released. A granted attempt is started now (its job
+    RUNNING); asking again, after an answer that was lost, grants it again. Returns the ids
+    granted."""
+    if not attempt_ids:
+        return set()
+    ids = sorted(attempt_ids)
+    with transaction.atomic():
+        # The jobs first, in id order, as the cycle locks them before it orders a stop.
+        jobs = {job.pk: job for job in queries.jobs_locked(queries.jobs_lock_query(len(ids)), ids)}
+        now = timezone.now()
+        sql, fields = queries.start_query(len(ids))
+        started = select_rows(sql, [now, node.pk, False, *ids], fields)
+        changes = Transitions()
+        for _attempt_id, job_id, allocations in started:
+            _job_running(jobs[job_id], allocations, changes, now=now)
+        changes.save()
+    return {attempt_id for attempt_id, _job_id, _allocations in started}
+
+
 def attempt_started(*, node: Node, attempt_id: int) -> str:
     """The agent started the attempt's command: the job is RUNNING."""
     (result,) = node_report(node=node, events=[{"type": EVENT_STARTED, "attempt": attempt_id}])
@@ -197,23 +220,26 @@ def _apply_changes(node: Node, events: list[dict]) -> list[str]:
 def _mark_started(attempt: JobAttempt, changes: Transitions, *, now) -> set[str]:
     """The attempt's process runs (or ran): started_at, and the job RUNNING. Returns the
     attempt fields written."""
-    job = attempt.job
-    if job.state in (Job.State.SCHEDULED, Job.State.STARTING):
-        changes.move(
-            job,
-            to_state=Job.State.RUNNING,
-            reason=RUNNING_REASON.format(
-                where=", ".join(
-                    f"{a['node']} (GPU {','.join(map(str, a['gpu_indices']))})"
-                    for a in attempt.allocations
-                )
-            ),
-            started_at=job.started_at or now,
-        )
+    _job_running(attempt.job, attempt.allocations, changes, now=now)
     if attempt.started_at is not None:
         return set()
     attempt.started_at = now
     return {"started_at"}
+
+
+def _job_running(job: Job, allocations: list[dict], changes: Transitions, *, now) -> None:
+    """The job's attempt (on `allocations`) runs: the job is RUNNING, unless it already is or
+    has moved on."""
+    if job.state in (Job.State.SCHEDULED, Job.State.STARTING):
+        where = ", ".join(
+            f"{a['node']} (GPU {','.join(map(str, a['gpu_indices']))})" for a in allocations
+        )
+        changes.move(
+            job,
+            to_state=Job.State.RUNNING,
+            reason=RUNNING_REASON.format(where=where),
+            started_at=job.started_at or now,
+        )
 
 
 def _mark_exited(

@@ -138,6 +138,26 @@ def holders_query(count: int) -> tuple[str, tuple[models.Field, ...]]:
 
 
 @cache
+def start_query(count: int) -> tuple[str, tuple[models.Field, ...]]:
+    """Record the start of `count` attempts (after the start time, the node and False): only
+    those whose stop was not ordered, that have not ended and that hold GPUs on the node. The
+    condition is the UPDATE's own, so a stop order written at the same moment either comes
+    first (no start) or waits for this one (a stop of a started attempt). Returns the started
+    attempts."""
+    fields = _columns("attempt.id", "attempt.job", "attempt.allocations")
+    template = (
+        "UPDATE {attempt} SET started_at = COALESCE(started_at, %s) "
+        "WHERE stop_requested_at IS NULL AND ended_at IS NULL "
+        "AND id IN (SELECT attempt_id FROM {gpu} WHERE node_id = %s AND released = %s "
+        f"AND attempt_id IN ({_placeholders(count)})) "
+        "RETURNING {returning}"
+    )
+    quote = connection.ops.quote_name
+    returning = ", ".join(quote(field.column) for field in fields)
+    return _sql(template.replace("{returning}", returning), ()), fields
+
+
+@cache
 def release_sql(count: int) -> str:
     """Release the GPUs `count` attempts hold on a node."""
     return _sql(

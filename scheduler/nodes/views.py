@@ -157,19 +157,24 @@ def register(request: HttpRequest, data: dict) -> JsonResponse:
 
 @agent_view()
 def poll(request: HttpRequest, node: Node, data: dict) -> JsonResponse:
-    """Heartbeat and long poll: {running: [attempt ids], stopping: [attempt ids], wait: s,
-    events?: [...]} → {run: [...], stop: [...], results: [...]}. `events` are applied first,
-    as by `report` (their results in `results`), so an agent can send what it has to say
-    with its next poll instead of a request of its own. Answers at once when the orders
-    differ from what the agent reports; otherwise waits up to `wait` seconds for them to
-    change."""
+    """Heartbeat and long poll: {running: [attempt ids], stopping: [attempt ids], starting?:
+    [attempt ids], wait: s, events?: [...]} → {run: [...], stop: [...], start: [attempt ids],
+    results: [...]}. `events` are applied first, as by `report` (their results in `results`),
+    so an agent can send what it has to say with its next poll instead of a request of its
+    own. `starting`: run orders the agent has and asks to start; it starts those in `start`
+    (an attempt whose stop was ordered first never starts). Answers at once when the agent
+    asks to start something or the orders differ from what it reports; otherwise waits up to
+    `wait` seconds for them to change."""
     running = _ids(data, "running")
     stopping = _ids(data, "stopping")
+    starting = _ids(data, "starting")
     wait = data.get("wait")
     if wait is not None and (isinstance(wait, bool) or not isinstance(wait, int | float)):
         raise BadRequest("wait", "wait: must be a number of seconds.")
     events = _events(data, required=False)
-    orders = node_poll(node=node, running=running, stopping=stopping, wait=wait, events=events)
+    orders = node_poll(
+        node=node, running=running, stopping=stopping, starting=starting, wait=wait, events=events
+    )
     return JsonResponse(orders)
 
 

@@ -221,7 +221,7 @@ def test_a_stale_plan_does_not_place_a_cancelled_job(world, two_nodes):
     assert [p.job_id for p in plan.placements] == [str(job.pk)]
     job_cancel(job=job, user=world.alice)
     result = CycleResult()
-    cycle_apply(plan, context, now=timezone.now(), result=result)
+    cycle_apply(plan, context, result=result)
     assert result.placed == 0
     assert result.stale
     assert reload(job).state == Job.State.CANCELLED
@@ -234,7 +234,7 @@ def test_a_stale_plan_never_gives_a_held_gpu_twice(world, two_nodes):
     job = submit(world.alice, "research", gpus=8)
     snapshot, context = cycle_snapshot()
     plan = engine.plan(snapshot)
-    cycle_apply(plan, context, now=timezone.now(), result=CycleResult())
+    cycle_apply(plan, context, result=CycleResult())
     other = submit(world.alice, "research", gpus=8)
     # A forged plan putting the other job on the GPUs the first one holds.
     forged = engine.Plan(
@@ -245,7 +245,7 @@ def test_a_stale_plan_never_gives_a_held_gpu_twice(world, two_nodes):
         )
     )
     result = CycleResult()
-    cycle_apply(forged, context, now=timezone.now(), result=result)
+    cycle_apply(forged, context, result=result)
     assert result.placed == 0
     assert reload(other).state == Job.State.RUNNABLE
     assert GpuAssignment.objects.filter(released=False).count() == 8

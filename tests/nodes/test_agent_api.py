@@ -10,7 +10,7 @@ from rest_framework.authtoken.models import Token
 from scheduler.agent.gpus import gpu_type_for_model
 from scheduler.cycle.run import cycle_run
 from scheduler.jobs.services import job_submit
-from scheduler.models import ClusterSettings, Job, Node
+from scheduler.models import ClusterSettings, Job, JobAttempt, Node
 from scheduler.nodes.services import hash_token
 
 pytestmark = pytest.mark.django_db
@@ -118,7 +118,7 @@ def test_events_sent_with_a_poll_are_applied_before_the_orders(client_, world):
     assert job.state == Job.State.RUNNING and job.attempts.get().started_at is not None
     exited = [{"type": "exited", "attempt": run["attempt"], "end": "exit", "exit_code": 0}]
     answer = post(client_, "poll", {"running": [], "wait": 0, "events": exited}, mine).json()
-    assert answer == {"run": [], "stop": [], "results": ["ok"]}
+    assert answer == {"run": [], "stop": [], "start": [], "results": ["ok"]}
     assert post(client_, "poll", {"wait": 0, "events": started}, mine).json()["results"] == [
         "ignored"
     ]
@@ -141,6 +141,62 @@ def test_an_exit_reported_before_its_start_implies_the_start(client_, world):
     assert attempt.started_at is not None and attempt.started_at <= attempt.ended_at
     states = list(job.events.order_by("pk").values_list("to_state", flat=True))
     assert states[-2:] == [Job.State.RUNNING, Job.State.SUCCEEDED]
+
+
+def test_an_agent_starts_an_attempt_once_the_portal_grants_it(client_, world):
+    """The agent asks to start the attempts whose run orders it has (`starting`, with its next
+    poll, answered at once): the portal records the start (the job is RUNNING) and grants it;
+    asked again (an answer that was lost) it grants it again, with no second RUNNING. Another
+    node's attempt is not granted to this node."""
+    job, mine, theirs = placed_job(client_, world)
+    (run,) = post(client_, "poll", {"running": [], "wait": 0}, mine).json()["run"]
+    assert Job.objects.get(pk=job.pk).state == Job.State.STARTING
+    claim = {"running": [], "starting": [run["attempt"]], "wait": 5}
+    assert post(client_, "poll", claim, theirs).json()["start"] == []
+    assert Job.objects.get(pk=job.pk).state == Job.State.STARTING
+    answer = post(client_, "poll", claim, mine).json()
+    assert answer["start"] == [run["attempt"]] and answer["run"][0]["started"] is True
+    assert post(client_, "poll", claim, mine).json()["start"] == [run["attempt"]]
+    job = Job.objects.get(pk=job.pk)
+    assert job.state == Job.State.RUNNING and job.attempts.get().started_at is not None
+    states = list(job.events.values_list("to_state", flat=True))
+    assert states.count(Job.State.RUNNING) == 1
+
+
+def test_an_attempt_whose_stop_came_first_never_starts(client_, world):
+    """A borrower's run order has reached its agent, but before the agent asks to start it the
+    owner's job reclaims the GPUs: the start is refused, the poll gives the stop order, the
+    agent reports the attempt never started, and it ends PREEMPTED without ever starting; the
+    borrower waits for its next turn."""
+    register(client_)
+    register(client_, name="node-b")
+    job_submit(user=world.alice, share_name="research", gpu_type="h100", gpus=8,
+                        command="sleep 60")  # fmt: skip
+    cycle_run(force=True)
+    borrower, _ = job_submit(user=world.alice, share_name="research", gpu_type="h100", gpus=8,
+                             command="sleep 60")  # fmt: skip
+    cycle_run(force=True)
+    attempt = JobAttempt.objects.get(job=borrower)
+    assert attempt.borrowed_gpus == 8
+    node = attempt.allocations[0]["node"]
+    token = register(client_, name=node)  # the node's agent, registered again
+    (run,) = post(client_, "poll", {"running": [], "wait": 0}, token).json()["run"]
+    assert run["attempt"] == attempt.pk
+    owner, _ = job_submit(user=world.carol, share_name="vision", gpu_type="h100", gpus=8,
+                          command="sleep 1")  # fmt: skip
+    cycle_run(force=True)
+    assert JobAttempt.objects.get(pk=attempt.pk).preempted_for_id == owner.pk
+    claim = {"running": [], "starting": [attempt.pk], "wait": 5}
+    answer = post(client_, "poll", claim, token).json()
+    assert answer["start"] == [] and answer["run"] == []
+    assert answer["stop"] == [{"attempt": attempt.pk, "grace_seconds": 2, "started": False}]
+    never = {"events": [{"type": "exited", "attempt": attempt.pk, "end": "never_started",
+                         "detail": "stopped before it started"}]}  # fmt: skip
+    assert post(client_, "report", never, token).json() == {"results": ["ok"]}
+    attempt = JobAttempt.objects.get(pk=attempt.pk)
+    assert attempt.outcome == JobAttempt.Outcome.PREEMPTED and attempt.started_at is None
+    borrower = Job.objects.get(pk=borrower.pk)
+    assert borrower.state == Job.State.RUNNABLE and borrower.started_at is None
 
 
 def test_orders_and_reports_end_to_end_over_http(client_, world):

@@ -149,3 +149,31 @@ def test_replayed_reports_change_nothing(world, live, tmp_path):
     assert outcomes(job_id) == ["NODE_LOST", "SUCCEEDED"]
     assert not GpuAssignment.objects.filter(released=False).exists()
     check_invariants(accepted_job_ids=client.accepted, settled=True)
+
+
+def test_an_attempt_stopped_before_its_agent_could_start_it_never_starts(world, live):
+    """A borrower's run order reaches its agent, which is slow to act on it (a loaded machine);
+    meanwhile the owner submits and the cycle orders the borrower's stop. The borrower's
+    process never starts: its attempt ends PREEMPTED with no start and no process, the owner
+    runs on the GPUs, and the borrower runs later, and every invariant holds."""
+    system = live()
+    system.start_web()
+    system.start_worker()
+    for name in ("node-a", "node-b"):
+        system.start_agent(name, 8, module="tests.reliability.slow_start_agent",
+                           AGENT_TEST_START_DELAY_SECONDS="4")  # fmt: skip
+    wait_nodes("node-a", "node-b")
+    alice, carol = ApiClient(system.url, world.alice), ApiClient(system.url, world.carol)
+    own = alice.submit("research", job_command(30, 0.1), gpus=8)
+    wait_jobs([own], Job.State.RUNNING)
+    borrower = alice.submit("research", job_command(3, 0.1), gpus=8)
+    wait_jobs([borrower], Job.State.STARTING)  # its order reached its agent, still idle
+    owner = carol.submit("vision", job_command(3, 0.1), gpus=8)
+    wait_jobs([owner, borrower], Job.State.SUCCEEDED)
+
+    first = JobAttempt.objects.get(job_id=borrower, number=1)
+    assert (first.outcome, first.preempted_for_id) == (JobAttempt.Outcome.PREEMPTED, owner)
+    assert first.started_at is None
+    assert not system.checkpoint_dir(borrower).joinpath("attempt-1.start").exists()
+    assert outcomes(borrower) == ["PREEMPTED", "SUCCEEDED"]
+    check_invariants()
