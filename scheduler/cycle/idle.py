@@ -91,18 +91,31 @@ def _fingerprint_key() -> str:
     return FINGERPRINT_KEY.format(db=connection.settings_dict["NAME"])
 
 
-def last_fingerprint() -> str | None:
+def unchanged(changes: int | None) -> bool:
+    """Whether nothing a plan depends on changed since the last cycle remembered its
+    fingerprint (`remember`), `changes` being the count of commits that asked for a cycle now.
+    While commits keep asking (a busy queue), the count alone says so: the fingerprint, which
+    reads every active job, is not computed."""
     try:
         value = redis_client().get(_fingerprint_key())
     except Exception:  # noqa: BLE001 — without Redis every cycle is a full one
-        return None
-    return value.decode() if value else None
+        return False
+    if not value:
+        return False
+    last_changes, _, last_digest = value.decode().partition(":")
+    if last_changes != repr(changes):
+        return False
+    return fingerprint(changes) == last_digest
 
 
-def remember_fingerprint(value: str) -> None:
+def remember(changes: int | None) -> None:
+    """Remember the fingerprint of what this cycle leaves (with `changes`, the count it read
+    before its snapshot), for the next cycle's `unchanged`."""
     try:
         redis_client().set(
-            _fingerprint_key(), value, ex=max(1, int(settings.CYCLE_FULL_EVERY_SECONDS))
+            _fingerprint_key(),
+            f"{changes!r}:{fingerprint(changes)}",
+            ex=max(1, int(settings.CYCLE_FULL_EVERY_SECONDS)),
         )
     except Exception:  # noqa: BLE001
         logger.warning("could not store the cycle fingerprint", exc_info=True)

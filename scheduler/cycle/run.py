@@ -59,8 +59,7 @@ def cycle_run(*, force: bool = False) -> CycleResult:
             # after applying the plan would already show, though the plan did not see it)
             # changes the count, so the next cycle plans instead of skipping.
             changes = idle.changes_seen()
-            before = idle.fingerprint(changes)
-            if not force and not result.nodes_to_notify and before == idle.last_fingerprint():
+            if not force and not result.nodes_to_notify and idle.unchanged(changes):
                 result.skipped = True
                 cycle_done.send(sender=cycle_run, result=result, locked_ns=locked_ns)
                 return result
@@ -72,8 +71,9 @@ def cycle_run(*, force: bool = False) -> CycleResult:
         plan_applied.send(sender=cycle_run, result=result)
         with timed("fingerprint"):
             # Safe to remember before the commit: after a rollback the database is back in the
-            # state of `before`, which differs from `after` unless this cycle changed nothing.
-            idle.remember_fingerprint(idle.fingerprint(changes))
+            # state this cycle read, whose fingerprint differs from the one remembered unless
+            # this cycle changed nothing.
+            idle.remember(changes)
         nodes = set(result.nodes_to_notify)
         transaction.on_commit(lambda: notify_nodes(nodes))
         cycle_done.send(sender=cycle_run, result=result, locked_ns=locked_ns)
