@@ -13,6 +13,7 @@ import ctypes
 import logging
 import os
 import queue
+import select
 import shlex
 import shutil
 import signal
@@ -43,6 +44,9 @@ logger = logging.getLogger("scheduler.agent")
 SHUTDOWN_REPORT_SECONDS = 5.0  # how long a stopping agent keeps trying to report
 LOG_EVERY_SECONDS = 15.0
 MAX_BACKOFF_SECONDS = 10.0
+# The main loop wakes at once when an answer comes or one of its processes ends (a pidfd,
+# Linux 5.3+; elsewhere it notices exits at its next turn), else every turn for timeouts, grace
+# periods and log tails.
 STEP_BUSY_SECONDS = 0.1  # main loop turn while jobs run here
 STEP_IDLE_SECONDS = 0.5  # main loop turn while none do
 # Variables of the agent itself that a job must not see.
@@ -112,6 +116,7 @@ class Process:
     started: float  # time.monotonic()
     timeout: float | None
     grace: float
+    pidfd: int | None = None  # readable once the process has ended
     term_sent_at: float | None = None
     killed: bool = False
     timed_out: bool = False
@@ -173,6 +178,10 @@ class Agent:
         self.poll_events = True  # send events with polls (off if the portal does not take them)
         self.lock = threading.Lock()
         self.answers: queue.Queue[dict] = queue.Queue()
+        # The poller writes a byte here with each answer, to wake the main loop's wait.
+        self.wake_read, self.wake_write = os.pipe()
+        os.set_blocking(self.wake_read, False)
+        os.set_blocking(self.wake_write, False)
         self.applied = threading.Event()
         self.stopping = threading.Event()
         self.report_backoff = Backoff()
@@ -286,6 +295,8 @@ class Agent:
             backoff.succeeded()
             self.applied.clear()
             self.answers.put(answer)
+            with contextlib.suppress(BlockingIOError):
+                os.write(self.wake_write, b"!")
             while not self.applied.wait(0.5):
                 if self.stopping.is_set():
                     return
@@ -421,6 +432,10 @@ class Agent:
             self._end(attempt, end=END_NEVER_STARTED, detail=f"could not start: {error}")
             return
         (self.work_dir / "running" / f"{attempt}.pgid").write_text(str(popen.pid))
+        try:
+            pidfd = os.pidfd_open(popen.pid)
+        except (AttributeError, OSError):  # not Linux 5.3+: exits are seen at the next turn
+            pidfd = None
         timeout = order.get("timeout_seconds")
         self.processes[attempt] = Process(
             attempt=attempt,
@@ -430,6 +445,7 @@ class Agent:
             started=time.monotonic(),
             timeout=float(timeout) if timeout else None,
             grace=float(order["grace_seconds"]),
+            pidfd=pidfd,
         )
         logger.info("attempt %s (job %s) started, pid %s, GPUs %s", attempt, job, popen.pid,
                     order["gpu_indices"])  # fmt: skip
@@ -463,6 +479,8 @@ class Agent:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(process.popen.pid, signal.SIGKILL)
                 del self.processes[attempt]
+                if process.pidfd is not None:
+                    os.close(process.pidfd)
                 (self.work_dir / "running" / f"{attempt}.pgid").unlink(missing_ok=True)
                 logger.info("attempt %s exited with %s", attempt, code)
                 if process.evicted:
@@ -518,9 +536,11 @@ class Agent:
     # --- Main loop ---------------------------------------------------------------------------
 
     def step(self, wait: float = 0.05) -> None:
-        """One turn of the main loop: apply an answer if one came, supervise, report."""
+        """One turn of the main loop: wait up to `wait` seconds for an answer or the end of a
+        process, apply the answer if one came, supervise, report."""
+        self._wait(wait)
         try:
-            orders = self.answers.get(timeout=wait)
+            orders = self.answers.get_nowait()
         except queue.Empty:
             orders = None
         if orders is not None:
@@ -533,6 +553,21 @@ class Agent:
             if self.poll_events:
                 return
         self.flush()
+
+    def _wait(self, seconds: float) -> None:
+        """Until an answer is queued, a process ends (its pidfd), or `seconds` pass."""
+        if not self.answers.empty():
+            return
+        poller = select.poll()
+        poller.register(self.wake_read, select.POLLIN)
+        for process in self.processes.values():
+            # A leader already reaped (its group still saving its work) would wake every turn.
+            if process.pidfd is not None and process.popen.returncode is None:
+                poller.register(process.pidfd, select.POLLIN)
+        poller.poll(seconds * 1000)
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.wake_read, 512):
+                pass
 
     def run(self) -> None:
         self.kill_leftovers()
