@@ -22,6 +22,10 @@ FINGERPRINT_KEY = "portal:cycle:fingerprint:{db}"
 # Counts the commits that asked for a cycle (`note_change`): a cycle that saw the count change
 # since the last one started does not skip, even if the data it reads looks the same.
 CHANGES_KEY = "portal:cycle:changes:{db}"
+# The count of changes the last committed cycle had seen before its snapshot: a cycle asked for
+# by a change up to it has nothing left to do (a request queued while a cycle ran, or behind a
+# cycle that started after it).
+COVERED_KEY = "portal:cycle:covered:{db}"
 
 
 # The jobs a plan depends on: those waiting and those holding GPUs.
@@ -71,12 +75,39 @@ def _fingerprint_nodes_sql() -> str:
     )
 
 
-def note_change() -> None:
-    """After a commit that asks for a cycle: count it (see CHANGES_KEY)."""
+def note_change() -> int | None:
+    """After a commit that asks for a cycle: count it (see CHANGES_KEY). Returns its number,
+    None without Redis."""
     try:
-        redis_client().incr(CHANGES_KEY.format(db=connection.settings_dict["NAME"]))
+        return int(redis_client().incr(CHANGES_KEY.format(db=connection.settings_dict["NAME"])))
     except Exception:  # noqa: BLE001 — without Redis nothing is skipped (no fingerprint kept)
         logger.warning("could not count a change for the cycle", exc_info=True)
+        return None
+
+
+def covered(change: int) -> bool:
+    """Whether a committed cycle already saw the change numbered `change` (`note_change`): it
+    read the count after that change's commit, and before its snapshot (see `cover`)."""
+    try:
+        value = redis_client().get(COVERED_KEY.format(db=connection.settings_dict["NAME"]))
+    except Exception:  # noqa: BLE001 — not known: the cycle runs
+        return False
+    return value is not None and int(value) >= change
+
+
+def cover(changes: int | None) -> None:
+    """After a cycle's commit: the changes counted up to `changes` (the count it read before
+    its snapshot) are planned for."""
+    if changes is None:
+        return
+    try:
+        redis_client().set(
+            COVERED_KEY.format(db=connection.settings_dict["NAME"]),
+            changes,
+            ex=max(1, int(settings.CYCLE_FULL_EVERY_SECONDS)),
+        )
+    except Exception:  # noqa: BLE001
+        logger.warning("could not store the changes a cycle covered", exc_info=True)
 
 
 def changes_seen() -> int | None:

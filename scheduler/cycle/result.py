@@ -12,6 +12,8 @@ class CycleResult:
     """What one cycle did."""
 
     skipped: bool = False
+    # Skipped without a query: asked for by a change a committed cycle had already seen.
+    covered: bool = False
     placed: int = 0
     preempted: int = 0
     rejected: int = 0

@@ -39,11 +39,16 @@ plan_applied = Signal()
 cycle_done = Signal()
 
 
-def cycle_run(*, force: bool = False) -> CycleResult:
+def cycle_run(*, force: bool = False, after_change: int | None = None) -> CycleResult:
     """Run one scheduling cycle. When nothing changed since the last cycle (same jobs, nodes,
     shares and held GPUs) it skips the engine: an idle cycle is a handful of small queries.
+    `after_change`: the cycle was asked for by the change of that number (`idle.note_change`);
+    when a committed cycle has seen it already, there is nothing to do (no query at all).
     `force` plans anyway."""
     result = CycleResult()
+    if not force and after_change is not None and idle.covered(after_change):
+        result.skipped = result.covered = True
+        return result
     now = timezone.now()
     timed = result.timed
     with timed("total"), transaction.atomic():
@@ -76,6 +81,7 @@ def cycle_run(*, force: bool = False) -> CycleResult:
             idle.remember(changes)
         nodes = set(result.nodes_to_notify)
         transaction.on_commit(lambda: notify_nodes(nodes))
+        transaction.on_commit(lambda: idle.cover(changes))
         cycle_done.send(sender=cycle_run, result=result, locked_ns=locked_ns)
     if result.placed or result.preempted or result.rejected or result.attempts_lost:
         logger.info(

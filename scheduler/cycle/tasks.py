@@ -10,14 +10,17 @@ from scheduler.cycle.run import cycle_run
 
 # The name it has always had, so messages queued by an older portal still run.
 @shared_task(name="scheduler.tasks.cycle", ignore_result=True)
-def cycle() -> None:
+def cycle(after_change: int | None = None) -> None:
     """One scheduling cycle (load snapshot → engine plan → apply), then the cycle's metrics and
-    a history sample (which skips itself when the last one is recent)."""
+    a history sample (which skips itself when the last one is recent). `after_change`: asked
+    for by that change (see cycle_run); a cycle it finds already done is not counted."""
     start = time.perf_counter()
     try:
-        cycle_run()
+        result = cycle_run(after_change=after_change)
     except Exception:
         cycle_record(time.perf_counter() - start, False)
         raise
+    if result.covered:
+        return
     cycle_record(time.perf_counter() - start, True)
     history_sample()

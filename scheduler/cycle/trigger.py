@@ -69,15 +69,17 @@ def request_cycle() -> None:
     every CYCLE_INTERVAL_SECONDS."""
 
     def enqueue() -> None:
-        note_change()
+        change = note_change()
         try:
             delay = _cycle_publish_delay()
             if delay is None:
                 return
             if delay:
+                # It covers the requests until it starts: it always runs.
                 cycle.apply_async(countdown=delay)
             else:
-                cycle.delay()
+                # It may find a cycle has already run since this change (see cycle_run).
+                cycle.delay(after_change=change)
         except Exception:  # noqa: BLE001 — the broker being down must not fail a submit
             logger.warning("could not enqueue a cycle; beat will run it", exc_info=True)
 

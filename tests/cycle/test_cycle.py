@@ -346,6 +346,21 @@ def test_a_cycle_asked_for_after_the_last_one_started_is_not_skipped(world, two_
     assert cycle_run().skipped
 
 
+def test_a_cycle_asked_for_by_a_change_a_cycle_has_seen_does_nothing(
+    world, two_nodes, django_capture_on_commit_callbacks
+):
+    """A request queued while a cycle ran is covered once a cycle that read the count of changes
+    after it has committed: it returns at once. A change after that cycle's read is not."""
+    submit(world.alice, "research", gpus=8)
+    change = note_change()  # what request_cycle does after the submit's commit
+    with django_capture_on_commit_callbacks(execute=True):
+        assert not cycle_run(after_change=change).covered  # no cycle has seen it yet
+    assert cycle_run(after_change=change).covered
+    submit(world.alice, "research", gpus=8)
+    result = cycle_run(after_change=note_change())
+    assert not result.covered and result.placed == 1
+
+
 def test_rejected_job_fails_with_the_reason(world, two_nodes):
     """A job that can no longer fit any set of nodes is FAILED with the engine's reason."""
     job = submit(world.alice, "research", gpus=16, nodes=2)

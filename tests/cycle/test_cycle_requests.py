@@ -96,5 +96,6 @@ def test_request_cycle_publishes_after_the_commit_as_the_window_says(
         for _ in range(3):
             with django_capture_on_commit_callbacks(execute=True):
                 trigger.request_cycle()
-    cycle.delay.assert_called_once_with()
+    (call,) = cycle.delay.call_args_list
+    assert isinstance(call.kwargs["after_change"], int)
     cycle.apply_async.assert_called_once_with(countdown=0.2)
