@@ -101,31 +101,35 @@ def node_heartbeat(*, node: Node) -> None:
 class Orders:
     run: list[dict]
     stop: list[dict]
+    # Every attempt that should run here, those left out of `run` included.
+    to_run: set[int]
 
-    def as_json(self) -> dict:
-        return {"run": self.run, "stop": self.stop}
 
-
-def node_orders(*, node: Node) -> Orders:
+def node_orders(*, node: Node, running: set[int] = frozenset()) -> Orders:
     """What the node should be doing: every attempt holding GPUs on it, to run or to stop.
     Orders are declarative; the agent reconciles them with what it runs (and kills what is
-    in neither list, see `orphan_stops`). Delivering a run order moves its job from SCHEDULED to
+    in neither list, see `orphan_stops`). The run orders of attempts the agent says it runs
+    (`running`) are left out: it has them, and a busy node would otherwise be sent its every
+    job's order with every answer. Delivering a run order moves its job from SCHEDULED to
     STARTING. One query while there is nothing to deliver (most polls)."""
     # One row per GPU held here, with what the order needs of its attempt and job.
     sql, fields = queries.orders_query()
     held = select_rows(sql, [node.pk, False], fields)
     run: list[dict] = []
     stop: list[dict] = []
+    to_run: set[int] = set()
     scheduled = []
-    order: dict = {}  # the order of the attempt of the previous row
+    previous = None  # the attempt of the previous row
+    order: dict | None = None  # its order, if it is sent
     for (
         index, attempt_id, number, started_at, stop_requested_at,
         job_id, job_state, command, env, timeout_seconds, grace,
     ) in held:  # fmt: skip
-        if order.get("attempt") == attempt_id:
-            if "gpu_indices" in order:
+        if attempt_id == previous:
+            if order is not None and "gpu_indices" in order:
                 order["gpu_indices"].append(index)
             continue
+        previous = attempt_id
         if stop_requested_at is not None:
             order = {
                 "attempt": attempt_id,
@@ -133,6 +137,12 @@ def node_orders(*, node: Node) -> Orders:
                 "started": started_at is not None,
             }
             stop.append(order)
+            continue
+        to_run.add(attempt_id)
+        if job_state == Job.State.SCHEDULED:
+            scheduled.append(job_id)
+        if attempt_id in running:
+            order = None
             continue
         order = {
             "attempt": attempt_id,
@@ -147,8 +157,6 @@ def node_orders(*, node: Node) -> Orders:
             "started": started_at is not None,
         }
         run.append(order)
-        if job_state == Job.State.SCHEDULED:
-            scheduled.append(job_id)
     if scheduled:
         # One transaction for all of them; rows locked in id order, as the cycle locks them.
         with transaction.atomic():
@@ -158,13 +166,13 @@ def node_orders(*, node: Node) -> Orders:
                                     [Job.State.SCHEDULED, *scheduled]):  # fmt: skip
                 changes.move(job, to_state=Job.State.STARTING, reason=reason)
             changes.save()
-    return Orders(run=run, stop=stop)
+    return Orders(run=run, stop=stop, to_run=to_run)
 
 
 def orphan_stops(*, node: Node, running: set[int], orders: Orders) -> list[dict]:
     """Processes the agent runs that hold no GPUs here any more (their attempt ended, e.g. as
     NODE_LOST while the agent was cut off): stop them with their share's grace."""
-    known = {o["attempt"] for o in orders.run} | {o["attempt"] for o in orders.stop}
+    known = orders.to_run | {o["attempt"] for o in orders.stop}
     extra = running - known
     if not extra:
         return []
@@ -224,7 +232,7 @@ def _release_database_connection() -> None:
 
 
 def _orders(node: Node, running: set[int]) -> dict[str, Any]:
-    orders = node_orders(node=node)
+    orders = node_orders(node=node, running=running)
     stop = orders.stop + orphan_stops(node=node, running=running, orders=orders)
     return {"run": orders.run, "stop": stop}
 

@@ -177,6 +177,7 @@ def test_agent_report_bodies(agent, data):
         optional={
             "running": st.lists(st.integers(-3, 2**63)) | json_values,
             "stopping": st.lists(st.integers(-3, 2**63)) | json_values,
+            "starting": st.lists(st.integers(-3, 2**63)) | json_values,
             "wait": st.floats(-1, 0) | st.integers(-5, 0) | json_values,
         },
     )
@@ -192,7 +193,7 @@ def test_agent_poll_bodies(agent, body):
     assert response.status_code < 500, response.content
     if response.status_code == 200:
         answer = response.json()
-        assert set(answer) == {"run", "stop", "results"}
+        assert set(answer) == {"run", "stop", "start", "results"}
         assert answer["results"] == []  # no events were sent with the poll
     else:
         assert_clear_refusal(response)
