@@ -134,18 +134,23 @@ def unchanged(changes: int | None) -> bool:
     if not value:
         return False
     last_changes, _, last_digest = value.decode().partition(":")
-    if last_changes != repr(changes):
+    if last_changes != repr(changes) or not last_digest:
         return False
     return fingerprint(changes) == last_digest
 
 
-def remember(changes: int | None) -> None:
-    """Remember the fingerprint of what this cycle leaves (with `changes`, the count it read
-    before its snapshot), for the next cycle's `unchanged`."""
+def remember(changes: int | None, *, changed: bool) -> None:
+    """Remember what this cycle leaves, with `changes` (the count it read before its snapshot),
+    for the next cycle's `unchanged`: its fingerprint, unless the cycle `changed` what a
+    fingerprint reads (it placed, preempted, rejected, stopped or lost jobs). Then the next
+    cycle with no new change plans once more and remembers the fingerprint of what that one
+    leaves: a busy queue's cycles, which change something nearly every time, do not each read
+    every active job for a fingerprint no cycle will use."""
+    digest = "" if changed else fingerprint(changes)
     try:
         redis_client().set(
             _fingerprint_key(),
-            f"{changes!r}:{fingerprint(changes)}",
+            f"{changes!r}:{digest}",
             ex=max(1, int(settings.CYCLE_FULL_EVERY_SECONDS)),
         )
     except Exception:  # noqa: BLE001

@@ -26,6 +26,14 @@ class CycleResult:
     # Seconds spent in each step, for the benchmark and for logs of slow cycles.
     timings: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def changed(self) -> bool:
+        """Whether the cycle changed jobs, attempts or GPUs (writing reasons aside)."""
+        return bool(
+            self.placed or self.preempted or self.rejected or self.stop_orders
+            or self.nodes_lost or self.attempts_lost
+        )  # fmt: skip
+
     @contextmanager
     def timed(self, step: str):
         start = time.perf_counter()

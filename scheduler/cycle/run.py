@@ -78,7 +78,7 @@ def cycle_run(*, force: bool = False, after_change: int | None = None) -> CycleR
             # Safe to remember before the commit: after a rollback the database is back in the
             # state this cycle read, whose fingerprint differs from the one remembered unless
             # this cycle changed nothing.
-            idle.remember(changes)
+            idle.remember(changes, changed=result.changed)
         nodes = set(result.nodes_to_notify)
         transaction.on_commit(lambda: notify_nodes(nodes))
         transaction.on_commit(lambda: idle.cover(changes))

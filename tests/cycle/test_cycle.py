@@ -323,13 +323,17 @@ def test_a_replayed_report_changes_nothing(world, two_nodes):
 
 
 def test_an_idle_cycle_is_skipped_and_reasons_are_written_once(world, two_nodes):
-    """With nothing changed, a cycle skips the engine; a waiting job's reason is written once."""
+    """With nothing changed, a cycle skips the engine; a waiting job's reason is written once.
+    After a cycle that placed jobs, the next one plans once more (it keeps no fingerprint of
+    what it changed), changes nothing, and from then on cycles are skipped."""
     jobs = [submit(world.alice, "research", gpus=8) for _ in range(3)]
     first = cycle_run()
     assert first.placed == 2
     assert first.reasons_updated == 1
     waiting = next(j for j in map(reload, jobs) if j.state == Job.State.RUNNABLE)
     assert waiting.reason and "queued" not in waiting.reason
+    second = cycle_run()
+    assert not second.skipped and not second.changed and second.reasons_updated == 0
     assert cycle_run().skipped
     assert cycle_run(force=True).reasons_updated == 0
 
@@ -340,6 +344,7 @@ def test_a_cycle_asked_for_after_the_last_one_started_is_not_skipped(world, two_
     cycle is counted, so the next cycle plans instead of skipping until the periodic one."""
     submit(world.alice, "research", gpus=8)
     cycle_run()
+    cycle_run()  # after a cycle that placed a job, the next plans once more
     assert cycle_run().skipped
     note_change()  # what request_cycle does after a commit
     assert not cycle_run().skipped
