@@ -1,16 +1,21 @@
-"""Submit throughput of the REST API: gunicorn (2 workers) on PostgreSQL, concurrent clients.
+"""Submit and read throughput of the REST API: gunicorn (2 workers) on PostgreSQL, concurrent
+clients.
 
     python bench/api.py [--runs 3] [--seconds 5] [--clients 8]
 
 Creates a scratch PostgreSQL database (dropped and re-created each time), migrates it, adds a
 team, a share, nodes and a user token, starts gunicorn (2 gthread workers, 4 threads each,
 keep-alive), then per run measures
-1. GET /health/ (the same server's trivial endpoint: the ceiling), and
+1. GET /health/ (the same server's trivial endpoint: the ceiling),
 2. POST /api/v1/jobs/ (a full submit: auth, membership, validation, insert, events, and the
-   cycle request — a Celery message to Redis; no worker runs, messages just accumulate),
+   cycle request — a Celery message to Redis; no worker runs, messages just accumulate), and
+3. GET /api/v1/jobs/<id>/ (describe, as a user polls a job) of random jobs among READ_JOBS of
+   the submitted ones, each given a history after the warm-up: a first attempt on a node,
+   preempted for another job (its GPUs released), and a second one running on a node (or, past
+   the cluster's 8 nodes, ended): two attempts with their GPUs, ten or eleven events,
 each for --seconds with --clients concurrent clients (processes, one keep-alive connection
 each). Prints per-run figures and the medians. Goal: ≥ 300 submits/s, p99 ≤ 100 ms,
-submit/health ratio ≥ 0.4."""
+submit/health ratio ≥ 0.4; ≥ 500 reads/s."""
 
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import http.client
 import json
 import multiprocessing
 import os
+import random
 import signal
 import socket
 import statistics
@@ -67,6 +73,52 @@ print(Token.objects.create(user=user).key)
 """
 
 
+READ_JOBS = 256
+
+# The history of a job that was preempted once and runs again, written as the cycle and the
+# agents' reports write it (scheduler.transitions, attempts holding GPU rows). Prints the ids.
+HISTORY = """
+from django.utils import timezone
+from scheduler.models import GpuAssignment, Job, JobAttempt, Node
+from scheduler.transitions import Transitions
+jobs = list(Job.objects.filter(share__name="bench").order_by("id")[:READ_JOBS])
+nodes = list(Node.objects.filter(name__startswith="bench-").order_by("name"))
+def attempt(job, number, node, ended, **fields):
+    now = timezone.now()
+    made = JobAttempt.objects.create(
+        job=job, number=number, started_at=now, ended_at=now if ended else None,
+        allocations=[{"node": node.name, "gpu_indices": list(range(8))}], **fields,
+    )
+    GpuAssignment.objects.bulk_create(
+        GpuAssignment(attempt=made, node=node, gpu_index=i, released=ended) for i in range(8)
+    )
+for number, job in enumerate(jobs):
+    node, other = nodes[number % len(nodes)], jobs[(number + 1) % len(jobs)]
+    attempt(
+        job, 1, node, True, outcome=JobAttempt.Outcome.PREEMPTED, preempted_for=other,
+        end_reason=f"reclaimed for job {other.pk} of share bench", log_tail="step 100 SIGTERM",
+    )
+    running = number < len(nodes)  # one running attempt per node; the others have ended
+    ended = {} if running else {"outcome": JobAttempt.Outcome.SUCCEEDED, "exit_code": 0}
+    attempt(job, 2, node, not running, log_tail="step 200", **ended)
+    steps = [
+        ("SCHEDULED", f"placed on {node.name}"), ("STARTING", "sent to its node"),
+        ("RUNNING", "started"), ("PREEMPTING", f"reclaimed for job {other.pk}"),
+        ("RUNNABLE", "preempted; requeued"), ("SCHEDULED", f"placed on {node.name}"),
+        ("STARTING", "sent to its node"), ("RUNNING", "started"),
+    ]
+    if not running:
+        steps.append(("SUCCEEDED", "exit code 0"))
+    transitions = Transitions()
+    for state, reason in steps[:-1]:
+        transitions.move(job, to_state=state, reason=reason)
+    state, reason = steps[-1]
+    counts = {"preemption_count": 1, "attempt_count": 2, "started_at": timezone.now()}
+    transitions.move(job, to_state=state, reason=reason, **counts).save()
+print(",".join(str(job.pk) for job in jobs))
+"""
+
+
 def server_env() -> dict[str, str]:
     return {
         **os.environ,
@@ -88,6 +140,15 @@ def prepare() -> str:
         text=True,
     )  # fmt: skip
     return result.stdout.strip().splitlines()[-1]
+
+
+def give_history(count: int) -> list[int]:
+    """READ_JOBS of the submitted jobs get their attempts and events (HISTORY); their ids."""
+    result = subprocess.run(
+        [PYTHON, str(ROOT / "manage.py"), "shell", "-c", HISTORY.replace("READ_JOBS", str(count))],
+        check=True, env=server_env(), cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    return [int(pk) for pk in result.stdout.strip().splitlines()[-1].split(",")]
 
 
 def free_port() -> int:
@@ -130,9 +191,11 @@ def start_server(port: int) -> subprocess.Popen:
     raise SystemExit("gunicorn did not start")
 
 
-def client(args: tuple[int, str, str, float]) -> tuple[int, int, list[float]]:
-    """One client: requests back to back for `seconds`; returns (ok, errors, latencies)."""
-    port, kind, token, seconds = args
+def client(args: tuple[int, str, str, float, list[int]]) -> tuple[int, int, list[float]]:
+    """One client: requests back to back for `seconds`; returns (ok, errors, latencies). A
+    reader GETs a random one of `job_ids` each time."""
+    port, kind, token, seconds, job_ids = args
+    chooser = random.Random()
     body = json.dumps(
         {"share": "bench", "gpu_type": "h100", "gpus": 8, "command": "python train.py"}
     )
@@ -151,6 +214,9 @@ def client(args: tuple[int, str, str, float]) -> tuple[int, int, list[float]]:
         try:
             if kind == "health":
                 connection.request("GET", "/health/", headers={"X-Forwarded-Proto": "https"})
+            elif kind == "read":
+                path = f"/api/v1/jobs/{chooser.choice(job_ids)}/"
+                connection.request("GET", path, headers=headers)
             else:
                 connection.request("POST", "/api/v1/jobs/", body=body, headers=headers)
             response = connection.getresponse()
@@ -168,9 +234,11 @@ def client(args: tuple[int, str, str, float]) -> tuple[int, int, list[float]]:
     return ok, errors, latencies
 
 
-def measure(pool, port: int, kind: str, token: str, seconds: float, clients: int) -> dict:
+def measure(
+    pool, port: int, kind: str, token: str, seconds: float, clients: int, job_ids=()
+) -> dict:
     started = time.perf_counter()
-    results = pool.map(client, [(port, kind, token, seconds)] * clients)
+    results = pool.map(client, [(port, kind, token, seconds, list(job_ids))] * clients)
     elapsed = time.perf_counter() - started
     ok = sum(r[0] for r in results)
     latencies = sorted(x for r in results for x in r[2])
@@ -197,30 +265,40 @@ def main() -> int:
         with multiprocessing.Pool(args.clients) as pool:
             measure(pool, port, "health", token, 1.0, args.clients)  # warm up both workers
             measure(pool, port, "submit", token, 1.0, args.clients)
+            job_ids = give_history(READ_JOBS)
+            measure(pool, port, "read", token, 1.0, args.clients, job_ids)
             for number in range(1, args.runs + 1):
                 health = measure(pool, port, "health", token, args.seconds, args.clients)
                 submit = measure(pool, port, "submit", token, args.seconds, args.clients)
-                runs.append((health, submit))
+                read = measure(pool, port, "read", token, args.seconds, args.clients, job_ids)
+                runs.append((health, submit, read))
                 print(
                     f"run {number}: submit {submit['rate']:.0f}/s p50 {submit['p50']:.1f} ms "
-                    f"p99 {submit['p99']:.1f} ms errors {submit['errors']} | health "
-                    f"{health['rate']:.0f}/s p99 {health['p99']:.1f} ms | ratio "
-                    f"{submit['rate'] / health['rate']:.2f}",
+                    f"p99 {submit['p99']:.1f} ms errors {submit['errors']} | read "
+                    f"{read['rate']:.0f}/s p50 {read['p50']:.1f} ms p99 {read['p99']:.1f} ms "
+                    f"errors {read['errors']} | health {health['rate']:.0f}/s p99 "
+                    f"{health['p99']:.1f} ms | ratios submit {submit['rate'] / health['rate']:.2f} "
+                    f"read {read['rate'] / health['rate']:.2f}",
                     flush=True,
                 )
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=30)
     median = lambda values: statistics.median(values)  # noqa: E731
-    submit_rate = median([s["rate"] for _, s in runs])
-    submit_p99 = median([s["p99"] for _, s in runs])
-    health_rate = median([h["rate"] for h, _ in runs])
-    ratio = median([s["rate"] / h["rate"] for h, s in runs])
+    submit_rate = median([s["rate"] for _, s, _ in runs])
+    submit_p99 = median([s["p99"] for _, s, _ in runs])
+    read_rate = median([r["rate"] for _, _, r in runs])
+    read_p50 = median([r["p50"] for _, _, r in runs])
+    read_p99 = median([r["p99"] for _, _, r in runs])
+    health_rate = median([h["rate"] for h, _, _ in runs])
+    ratio = median([s["rate"] / h["rate"] for h, s, _ in runs])
+    read_ratio = median([r["rate"] / h["rate"] for h, _, r in runs])
     print(
         f"median of {len(runs)} runs ({args.clients} clients, gunicorn 2 workers × 4 threads, "
         f"PostgreSQL, {os.cpu_count()} CPUs): submits/s {submit_rate:.0f} (goal ≥ 300), "
-        f"p99 {submit_p99:.1f} ms (goal ≤ 100), health/s {health_rate:.0f}, "
-        f"ratio {ratio:.2f} (goal ≥ 0.4)"
+        f"p99 {submit_p99:.1f} ms (goal ≤ 100), ratio {ratio:.2f} (goal ≥ 0.4); "
+        f"reads/s {read_rate:.0f} (goal ≥ 500), p50 {read_p50:.1f} ms, p99 {read_p99:.1f} ms, "
+        f"ratio {read_ratio:.2f}; health/s {health_rate:.0f}"
     )
     return 0
 

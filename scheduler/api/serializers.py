@@ -72,17 +72,20 @@ def _range(message: str) -> dict[str, str]:
     return {"min_value": message, "max_value": message}
 
 
+# The mixins' docs are comments, not docstrings: drf-spectacular describes a serializer that has
+# no docstring of its own with the first docstring of its classes, a mixin's included.
+
+
+# Build the serializer's fields once per class, not once per instance.
+#
+# DRF builds a serializer's fields for every instance (a deep copy of the declared fields; for
+# a ModelSerializer, about 20 model fields mapped with their kwargs and validators), which was
+# most of the time a submit spent turning its job into JSON, and checking its request. When
+# the fields need nothing from the request they can be shared: they are bound to a prototype
+# instance with an empty context, so they must not read `context` (no request-dependent
+# SerializerMethodField, no hyperlinks), and a writing serializer must not be `partial`.
+# Fields keep no state while they validate: errors and values live on the serializer.
 class SharedFieldsMixin:
-    """Build the serializer's fields once per class, not once per instance.
-
-    DRF builds a serializer's fields for every instance (a deep copy of the declared fields; for
-    a ModelSerializer, about 20 model fields mapped with their kwargs and validators), which was
-    most of the time a submit spent turning its job into JSON, and checking its request. When
-    the fields need nothing from the request they can be shared: they are bound to a prototype
-    instance with an empty context, so they must not read `context` (no request-dependent
-    SerializerMethodField, no hyperlinks), and a writing serializer must not be `partial`.
-    Fields keep no state while they validate: errors and values live on the serializer."""
-
     @property
     def fields(self) -> BindingDict:
         cls = type(self)
@@ -104,14 +107,13 @@ _SHOWN_AS_IS: dict[type[serializers.Field], type] = {
 }
 
 
+# DRF's to_representation of a model instance, minus the work that changes nothing: an
+# attribute is read straight off the instance (for fields whose source is one attribute, not
+# a pk-only related field), and a value that is None or already of exactly the type the
+# field shows (a str for a CharField, an int for an IntegerField, a bool for a BooleanField)
+# is shown as it is. Every other value, and every other field, goes DRF's way. Same output,
+# with less work for every job a response shows (bench/api.py).
 class PlainValuesMixin(SharedFieldsMixin):
-    """DRF's to_representation of a model instance, minus the work that changes nothing: an
-    attribute is read straight off the instance (for fields whose source is one attribute, not
-    a pk-only related field), and a value that is None or already of exactly the type the
-    field shows (a str for a CharField, an int for an IntegerField, a bool for a BooleanField)
-    is shown as it is. Every other value, and every other field, goes DRF's way. Same output,
-    with less work for every job a response shows (bench/api.py)."""
-
     def to_representation(self, instance) -> dict:
         cls = type(self)
         plan = cls.__dict__.get("_representation_plan")
@@ -211,7 +213,8 @@ class AllocationSerializer(serializers.Serializer):
     gpu_indices = serializers.ListField(child=serializers.IntegerField())
 
 
-class AttemptSerializer(serializers.ModelSerializer):
+class AttemptSerializer(PlainValuesMixin, serializers.ModelSerializer):
+    # Shows an attempt from `job_detail`, with its GPUs in `gpu_list`.
     allocations = serializers.SerializerMethodField()
     preempted_for = serializers.PrimaryKeyRelatedField(read_only=True)
 
@@ -238,17 +241,17 @@ class AttemptSerializer(serializers.ModelSerializer):
 
 
 def attempt_allocations(attempt: JobAttempt) -> list[dict]:
-    """[{node, gpu_indices}] from the GPUs the attempt holds or held; the attempt's own
-    `allocations` field when it has no GPU rows."""
+    """[{node, gpu_indices}] from the GPUs the attempt holds or held (`gpu_list`, from
+    `job_detail`); the attempt's own `allocations` field when it has no GPU rows."""
     by_node: dict[str, list[int]] = {}
-    for gpu in attempt.gpus.all():
-        by_node.setdefault(gpu.node.name, []).append(gpu.gpu_index)
+    for node, gpu_index in attempt.gpu_list:
+        by_node.setdefault(node, []).append(gpu_index)
     if not by_node:
         return list(attempt.allocations or [])
     return [{"node": node, "gpu_indices": sorted(indices)} for node, indices in by_node.items()]
 
 
-class EventSerializer(serializers.ModelSerializer):
+class EventSerializer(PlainValuesMixin, serializers.ModelSerializer):
     class Meta:
         model = JobEvent
         fields = ["at", "from_state", "to_state", "reason"]
@@ -268,8 +271,9 @@ class JobDetailSerializer(JobSerializer):
     """A job as describe shows it (AWS DescribeServiceJob): attempts, preemptions, where it
     runs and the end of its log."""
 
-    attempts = AttemptSerializer(many=True, read_only=True)
-    events = EventSerializer(many=True, read_only=True)
+    # Shows a job from `job_detail`, which loads its attempts and events.
+    attempts = AttemptSerializer(many=True, read_only=True, source="attempt_list")
+    events = EventSerializer(many=True, read_only=True, source="event_list")
     preemptions = serializers.SerializerMethodField()
     allocations = serializers.SerializerMethodField()
     log_tail = serializers.SerializerMethodField()
@@ -289,25 +293,24 @@ class JobDetailSerializer(JobSerializer):
     def get_preemptions(self, job: Job) -> dict:
         preempted = [
             attempt
-            for attempt in job.attempts.all()
+            for attempt in job.attempt_list
             if attempt.outcome == JobAttempt.Outcome.PREEMPTED
         ]
+        recent = preempted[-RECENT_PREEMPTIONS:][::-1]
         return {
             "count": job.preemption_count,
             "max_preemptions": job.max_preemptions,
-            "recent": AttemptSerializer(preempted[-RECENT_PREEMPTIONS:][::-1], many=True).data,
+            "recent": self.fields["attempts"].to_representation(recent),  # as `attempts` shows
         }
 
     @extend_schema_field(AllocationSerializer(many=True))
     def get_allocations(self, job: Job) -> list[dict]:
         """Where the latest attempt runs (or ran): nodes and GPU indices."""
-        attempts = list(job.attempts.all())
-        return attempt_allocations(attempts[-1]) if attempts else []
+        return attempt_allocations(job.attempt_list[-1]) if job.attempt_list else []
 
     @extend_schema_field(serializers.CharField())
     def get_log_tail(self, job: Job) -> str:
-        attempts = list(job.attempts.all())
-        return attempts[-1].log_tail if attempts else ""
+        return job.attempt_list[-1].log_tail if job.attempt_list else ""
 
 
 class EnvField(serializers.DictField):

@@ -6,20 +6,23 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
 
-from django.db.models import Prefetch, QuerySet
+from django.contrib.auth import get_user_model
+from django.db import models
+from django.db.models import QuerySet
 
 from portal.db.sql import instance_from_row, model_columns, prepared_cursor
 from scheduler.cycle.snapshot import cycle_snapshot
 from scheduler.engine import order
-from scheduler.models import GpuAssignment, Job, JobAttempt, Node
-from shares.models import CapacityLimit, Membership, QuotaShare
+from scheduler.models import GpuAssignment, Job, JobAttempt, JobEvent, Node
+from shares.models import CapacityLimit, Membership, QuotaShare, Team
 from shares.selectors import UsageReport, is_admin, share_usage
 
 QUEUE_FRONT_SIZE = 100
 
 
 def jobs_visible_to(user) -> QuerySet[Job]:
-    """Admins see every job; anyone else the jobs of their teams' shares."""
+    """Admins see every job; anyone else the jobs of their teams' shares (the rule that
+    `job_detail` and `submit_target` write out as `_MEMBER_SQL`)."""
     jobs = Job.objects.select_related("share__team", "submitted_by")
     if is_admin(user):
         return jobs
@@ -53,21 +56,104 @@ def job_list(
 
 
 def job_detail(*, user, job_id: int) -> Job | None:
-    """One job with its attempts (and their GPUs) and events, or None when `user` may not see it."""
-    return (
-        jobs_visible_to(user)
-        .prefetch_related(
-            Prefetch(
-                "attempts",
-                queryset=JobAttempt.objects.select_related("preempted_for").prefetch_related(
-                    Prefetch("gpus", queryset=GpuAssignment.objects.select_related("node"))
-                ),
-            ),
-            "events",
-        )
-        .filter(pk=job_id)
-        .first()
+    """One job as describe shows it, or None when `user` may not see it (the rule of
+    `jobs_visible_to`). The job comes with its `share` (with the share's `team`) and
+    `submitted_by`, as select_related loads them; `job.attempt_list` holds its attempts by
+    number, each with `gpu_list`: (node name, GPU index) of every GPU it holds or held, in the
+    order they were given; `job.event_list` its events by time, as Prefetch(to_attr=...) would
+    leave them."""
+    if is_admin(user):
+        rows = _detail_rows("job", [job_id])
+    elif user and user.is_authenticated:
+        rows = _detail_rows("job if on its team", [job_id, user.pk])
+    else:
+        return None
+    if not rows:
+        return None
+    job, share, team, submitted_by = _instances_from_row(
+        (Job, QuotaShare, Team, get_user_model()), rows[0]
     )
+    share.team = team
+    job.share, job.submitted_by = share, submitted_by
+    attempts = [instance_from_row(JobAttempt, row) for row in _detail_rows("attempts", [job_id])]
+    gpus: dict[int, list[tuple[str, int]]] = {}
+    if attempts:  # a job that never ran never held a GPU
+        for attempt_id, node, gpu_index in _detail_rows("gpus", [job_id]):
+            gpus.setdefault(attempt_id, []).append((node, gpu_index))
+    for attempt in attempts:
+        attempt.gpu_list = gpus.get(attempt.pk, [])
+    job.attempt_list = attempts
+    job.event_list = [instance_from_row(JobEvent, row) for row in _detail_rows("events", [job_id])]
+    return job
+
+
+# Written out, like the submit's read: composing the ORM's four queries of a describe (the job
+# with select_related, then the prefetches of its attempts, their GPUs and its events) cost
+# several times what the database spends running them, at every describe (bench/api.py).
+# Plain SQL that SQLite and PostgreSQL both run; table and column names come from the models.
+# A non-admin sees the job when they are on its share's team (`_MEMBER_SQL`, as for a submit).
+_JOB_DETAIL_SQL = """
+SELECT {job_columns}, {share_columns}, {team_columns}, {user_columns}
+FROM {job} j
+INNER JOIN {share} s ON s.id = j.share_id
+INNER JOIN {team} t ON t.id = s.team_id
+INNER JOIN {user} u ON u.id = j.submitted_by_id
+WHERE j.id = %s{visible}
+"""
+_ATTEMPTS_SQL = "SELECT {attempt_columns} FROM {attempt} a WHERE a.job_id = %s ORDER BY a.number"
+# GpuAssignment has no ordering of its own: its rows by id are an attempt's GPUs as given.
+_GPUS_SQL = """
+SELECT g.attempt_id, n.name, g.gpu_index
+FROM {gpu} g
+INNER JOIN {attempt} a ON a.id = g.attempt_id
+INNER JOIN {node} n ON n.id = g.node_id
+WHERE a.job_id = %s
+ORDER BY g.id
+"""
+_EVENTS_SQL = "SELECT {event_columns} FROM {event} e WHERE e.job_id = %s ORDER BY e.at, e.id"
+
+
+@cache
+def _detail_statements() -> dict[str, str]:
+    """`job_detail`'s statements by name, with the models' tables and columns."""
+    tables = {
+        "job": Job,
+        "share": QuotaShare,
+        "team": Team,
+        "user": get_user_model(),
+        "attempt": JobAttempt,
+        "event": JobEvent,
+        "gpu": GpuAssignment,
+        "node": Node,
+    }
+    names = {name: model._meta.db_table for name, model in tables.items()}
+    aliases = {"job": "j", "share": "s", "team": "t", "user": "u", "attempt": "a", "event": "e"}
+    for name, alias in aliases.items():
+        names[f"{name}_columns"] = model_columns(tables[name], alias)
+    member = _MEMBER_SQL.format(membership=Membership._meta.db_table)
+    return {
+        "job": _JOB_DETAIL_SQL.format(visible="", **names),
+        "job if on its team": _JOB_DETAIL_SQL.format(visible=f" AND {member}", **names),
+        "attempts": _ATTEMPTS_SQL.format(**names),
+        "gpus": _GPUS_SQL.format(**names),
+        "events": _EVENTS_SQL.format(**names),
+    }
+
+
+def _detail_rows(statement: str, params: list) -> list[tuple]:
+    with prepared_cursor() as cursor:
+        cursor.execute(_detail_statements()[statement], params)
+        return cursor.fetchall()
+
+
+def _instances_from_row(row_models: tuple[type[models.Model], ...], row: tuple) -> list:
+    """An instance of each of `row_models` from one row that selects each model's columns
+    (`model_columns`) in turn."""
+    instances, start = [], 0
+    for model in row_models:
+        instances.append(instance_from_row(model, row[start:]))
+        start += len(model._meta.concrete_fields)
+    return instances
 
 
 def user_role_for_share(user, share: QuotaShare) -> str | None:
@@ -89,13 +175,16 @@ def user_role_for_share(user, share: QuotaShare) -> str | None:
 @dataclass(frozen=True)
 class SubmitTarget:
     """What a submit checks, read in one query: the share (None when no share has that name),
-    whether the user may submit to it, its limits, and the nodes of the job's GPU type."""
+    whether the user may submit to it, its limits, the nodes of the job's GPU type, and whether
+    the user already submitted a job with the request's client_token."""
 
     share: QuotaShare | None
     visible: bool
     limits: dict[str, int]
     largest_node: int | None  # GPUs of the largest node of the type that is not DOWN
     nodes_that_fit: int  # nodes of the type, not DOWN, with at least per_node GPUs
+    # False too when no share has that name: the query has no row to say it on.
+    token_used: bool = False
 
 
 # Written out rather than composed with the ORM: building this query with annotations and
@@ -107,33 +196,46 @@ SELECT {share_columns}, {visible} AS visible,
            AS largest_node,
        (SELECT COUNT(*) FROM {node} n WHERE n.gpu_type = %s AND n.state <> %s AND n.gpus >= %s)
            AS nodes_that_fit,
+       {token_used} AS token_used,
        l.gpu_type AS limit_gpu_type, l.max_gpus AS limit_max_gpus
 FROM {share} s LEFT OUTER JOIN {limit} l ON l.share_id = s.id
 WHERE s.name = %s
 """
 _MEMBER_SQL = "EXISTS (SELECT 1 FROM {membership} m WHERE m.team_id = s.team_id AND m.user_id = %s)"
+# `client_token <> ''` says what the index of job_client_token_once_per_user covers, so that
+# the prepared statement's generic plan can use it (it cannot tell that %s is not '').
+_TOKEN_USED_SQL = (
+    "EXISTS (SELECT 1 FROM {job} j WHERE j.submitted_by_id = %s AND j.client_token = %s "
+    "AND j.client_token <> '')"
+)
 
 
 @cache
-def _submit_target_sql(admin: bool) -> str:
+def _submit_target_sql(admin: bool, client_token: bool) -> str:
     return _SUBMIT_TARGET_SQL.format(
         share_columns=model_columns(QuotaShare, "s"),
         visible="1" if admin else _MEMBER_SQL.format(membership=Membership._meta.db_table),
+        token_used=_TOKEN_USED_SQL.format(job=Job._meta.db_table) if client_token else "0",
         node=Node._meta.db_table,
         share=QuotaShare._meta.db_table,
         limit=CapacityLimit._meta.db_table,
     )
 
 
-def submit_target(*, user, share_name: str, gpu_type: str, per_node: int) -> SubmitTarget:
+def submit_target(
+    *, user, share_name: str, gpu_type: str, per_node: int, client_token: str = ""
+) -> SubmitTarget:
     """The share named `share_name` as `user` would submit to it, with its capacity limits,
-    membership and the node sizes of `gpu_type`, in one query (a submit's only read besides
-    the token): one row per capacity limit, the share's columns repeated."""
+    membership and the node sizes of `gpu_type`, and whether `user` already used
+    `client_token`, in one query (a submit's only read besides the token): one row per
+    capacity limit, the share's columns repeated."""
     admin = is_admin(user)
-    sql = _submit_target_sql(admin)
+    sql = _submit_target_sql(admin, bool(client_token))
     down = Node.State.DOWN
     params = [] if admin else [user.pk]
-    params += [gpu_type, down, gpu_type, down, per_node, share_name]
+    params += [gpu_type, down, gpu_type, down, per_node]
+    params += [user.pk, client_token] if client_token else []
+    params += [share_name]
     with prepared_cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
@@ -141,15 +243,17 @@ def submit_target(*, user, share_name: str, gpu_type: str, per_node: int) -> Sub
         return SubmitTarget(
             share=None, visible=False, limits={}, largest_node=None, nodes_that_fit=0
         )
-    # Each row: the share's columns, visible, largest_node, nodes_that_fit, then one limit.
+    # Each row: the share's columns, visible, largest_node, nodes_that_fit, token_used, then
+    # one limit.
     share_columns = len(QuotaShare._meta.concrete_fields)
-    visible, largest_node, nodes_that_fit = rows[0][share_columns : share_columns + 3]
+    visible, largest_node, nodes_that_fit, token_used = rows[0][share_columns : share_columns + 4]
     return SubmitTarget(
         share=instance_from_row(QuotaShare, rows[0]),
         visible=bool(visible),
         limits={gpu_type: gpus for *_, gpu_type, gpus in rows if gpu_type},
         largest_node=largest_node,
         nodes_that_fit=nodes_that_fit,
+        token_used=bool(token_used),
     )
 
 

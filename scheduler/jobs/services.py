@@ -192,11 +192,16 @@ def job_submit(
         "retry_attempts": retry_attempts,
     }
     target = submit_target(
-        user=user, share_name=share_name, gpu_type=gpu_type, per_node=gpus // max(nodes, 1)
+        user=user,
+        share_name=share_name,
+        gpu_type=gpu_type,
+        per_node=gpus // max(nodes, 1),
+        client_token=client_token,
     )
     if members_only and not target.visible:
         raise ShareNotVisible(share_name)
-    if client_token:
+    # Without a share of that name, the target cannot say whether the token was used.
+    if client_token and (target.token_used or target.share is None):
         existing = _job_for_token(user, client_token)
         if existing is not None:
             return _same_request_or_conflict(existing, share_name, request, client_token), False

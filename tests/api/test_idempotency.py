@@ -81,3 +81,34 @@ def test_concurrent_submits_with_one_token_make_one_job():
     assert statuses == [200] * 7 + [201], results
     assert len({job_id for _, job_id in results}) == 1
     assert Job.objects.filter(client_token="race").count() == 1
+
+
+def test_a_token_s_first_job_is_found_in_the_submit_s_one_query(world):
+    """Whether bob already used the token is read with the share, in the submit's one SELECT
+    besides the token; a token that was used then loads its job."""
+    from django.test.utils import CaptureQueriesContext
+
+    from tests.api.test_submit_queries import statements
+
+    bob = world.client("bob")
+    with CaptureQueriesContext(connection) as context:
+        first = bob.post(JOBS, job_request(client_token="run-7"), format="json")
+    assert first.status_code == 201
+    assert len(statements(context, "SELECT")) == 2, statements(context, "SELECT")
+    again = bob.post(JOBS, job_request(client_token="run-7"), format="json")
+    assert (again.status_code, again.json()["id"]) == (200, first.json()["id"])
+
+
+def test_a_used_token_with_an_unknown_share_is_a_conflict(world):
+    """Outside the API (no members_only), a token used for a job in research and sent again
+    with a share that does not exist names the first job, as for any other difference."""
+    from scheduler.jobs.services import ClientTokenConflict, job_submit
+
+    fields = {"gpu_type": "h100", "gpus": 8, "command": "x", "client_token": "run-8"}
+    first, created = job_submit(user=world.users["bob"], share_name="research", **fields)
+    assert created
+    with pytest.raises(ClientTokenConflict) as conflict:
+        job_submit(user=world.users["bob"], share_name="no-such-share", **fields)
+    assert conflict.value.job == first
+    again, created = job_submit(user=world.users["bob"], share_name="research", **fields)
+    assert (again, created) == (first, False)
