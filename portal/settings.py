@@ -185,10 +185,6 @@ CELERY_TIMEZONE = TIME_ZONE
 # The scheduling cycle: beat runs it every CYCLE_INTERVAL_SECONDS, and submits, finishes,
 # share and node changes trigger it at once.
 CYCLE_INTERVAL_SECONDS = env.float("CYCLE_INTERVAL_SECONDS", default=5.0)
-# Submits, finishes and changes ask for a cycle at once; those within this window share it:
-# at most one cycle is published at the start of a window and one at its end (0: one per
-# request). A burst of submits then costs the broker and the worker two messages, not one each.
-CYCLE_REQUEST_WINDOW_SECONDS = env.float("CYCLE_REQUEST_WINDOW_SECONDS", default=0.2)
 # How borrowers share idle capacity: "fifo" (as AWS Batch) or "fair" (lowest borrowed/weight).
 BORROW_ORDER = env.str("BORROW_ORDER", default="fifo")
 if BORROW_ORDER not in ("fifo", "fair"):

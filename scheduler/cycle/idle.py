@@ -26,6 +26,8 @@ CHANGES_KEY = "portal:cycle:changes:{db}"
 # by a change up to it has nothing left to do (a request queued while a cycle ran, or behind a
 # cycle that started after it).
 COVERED_KEY = "portal:cycle:covered:{db}"
+# Stands while a published cycle has not started reading the database (`cycle_started`).
+QUEUED_KEY = "portal:cycle:queued:{db}"
 
 
 # The jobs a plan depends on: those waiting and those holding GPUs.
@@ -83,6 +85,31 @@ def note_change() -> int | None:
     except Exception:  # noqa: BLE001 — without Redis nothing is skipped (no fingerprint kept)
         logger.warning("could not count a change for the cycle", exc_info=True)
         return None
+
+
+def cycle_queued() -> bool:
+    """For a request of a cycle: True when it must publish one, as no queued cycle will read
+    the database after its commit; it then marks one queued. The mark expires on its own
+    (CYCLE_INTERVAL_SECONDS), so a worker that died with the message taken holds nothing up for
+    long; beat runs cycles meanwhile."""
+    ttl_ms = max(1000, int(settings.CYCLE_INTERVAL_SECONDS * 1000))
+    try:
+        return bool(
+            redis_client().set(
+                QUEUED_KEY.format(db=connection.settings_dict["NAME"]), "1", nx=True, px=ttl_ms
+            )
+        )
+    except Exception:  # noqa: BLE001 — without the mark, publish as if no cycle were queued
+        return True
+
+
+def cycle_started() -> None:
+    """A cycle holds the lock and is about to read the database: requests from now on are not
+    covered by it, and publish the next one."""
+    try:
+        redis_client().delete(QUEUED_KEY.format(db=connection.settings_dict["NAME"]))
+    except Exception:  # noqa: BLE001 — the mark expires by itself
+        logger.warning("could not clear the queued cycle's mark", exc_info=True)
 
 
 def covered(change: int) -> bool:

@@ -47,6 +47,9 @@ def cycle_run(*, force: bool = False, after_change: int | None = None) -> CycleR
     `force` plans anyway."""
     result = CycleResult()
     if not force and after_change is not None and idle.covered(after_change):
+        # The request that published this cycle may have marked it queued after the covering
+        # cycle cleared the mark: clear it, or later requests would count on this cycle.
+        idle.cycle_started()
         result.skipped = result.covered = True
         return result
     now = timezone.now()
@@ -54,6 +57,7 @@ def cycle_run(*, force: bool = False, after_change: int | None = None) -> CycleR
     with timed("total"), transaction.atomic():
         with timed("lock"):
             _lock()
+        idle.cycle_started()
         locked_ns = time.monotonic_ns()
         with timed("nodes_lost"):
             nodes_mark_lost(now=now, result=result)
