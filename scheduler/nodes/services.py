@@ -5,6 +5,7 @@ attempts is `scheduler.nodes.attempts`."""
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -112,9 +113,14 @@ def node_orders(*, node: Node, running: set[int] = frozenset()) -> Orders:
     (`running`) are left out: it has them, and a busy node would otherwise be sent its every
     job's order with every answer. Delivering a run order moves its job from SCHEDULED to
     STARTING. One query while there is nothing to deliver (most polls)."""
-    # One row per GPU held here, with what the order needs of its attempt and job.
-    sql, fields = queries.orders_query()
-    held = select_rows(sql, [node.pk, False], fields)
+    # One row per GPU held here, with what the order needs of its attempt and job. Its values
+    # are used as the database gives them but for `env`, JSON text decoded only for the orders
+    # sent (a busy node holds a row for each of its GPUs at every poll); the times are only
+    # compared with None.
+    sql, _fields = queries.orders_query()
+    with prepared_cursor() as cursor:
+        cursor.execute(sql, [node.pk, False])
+        held = cursor.fetchall()
     run: list[dict] = []
     stop: list[dict] = []
     to_run: set[int] = set()
@@ -149,7 +155,7 @@ def node_orders(*, node: Node, running: set[int] = frozenset()) -> Orders:
             "job": job_id,
             "number": number,
             "command": command,
-            "env": env,
+            "env": json.loads(env) if isinstance(env, str) else env,
             "gpu_indices": [index],
             "timeout_seconds": timeout_seconds,
             "grace_seconds": grace,
