@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from functools import cache
+from typing import NamedTuple
 
 from django.conf import settings
 from django.db import connection
@@ -77,30 +78,28 @@ def _fingerprint_nodes_sql() -> str:
     )
 
 
-def note_change() -> int | None:
-    """After a commit that asks for a cycle: count it (see CHANGES_KEY). Returns its number,
-    None without Redis."""
-    try:
-        return int(redis_client().incr(CHANGES_KEY.format(db=connection.settings_dict["NAME"])))
-    except Exception:  # noqa: BLE001 — without Redis nothing is skipped (no fingerprint kept)
-        logger.warning("could not count a change for the cycle", exc_info=True)
-        return None
+class Change(NamedTuple):
+    number: int | None  # None without Redis
+    publish: bool  # no queued cycle will see it: the request publishes one
 
 
-def cycle_queued() -> bool:
-    """For a request of a cycle: True when it must publish one, as no queued cycle will read
-    the database after its commit; it then marks one queued. The mark expires on its own
-    (CYCLE_INTERVAL_SECONDS), so a worker that died with the message taken holds nothing up for
-    long; beat runs cycles meanwhile."""
+def note_change() -> Change:
+    """After a commit that asks for a cycle: count it (see CHANGES_KEY), and mark a cycle
+    queued unless one is (see QUEUED_KEY), in one round trip to Redis. `publish`: no queued
+    cycle will read the database after this commit, so the request publishes one. The mark
+    expires on its own (CYCLE_INTERVAL_SECONDS), so a worker that died with the message taken
+    holds nothing up for long; beat runs cycles meanwhile."""
+    db = connection.settings_dict["NAME"]
     ttl_ms = max(1000, int(settings.CYCLE_INTERVAL_SECONDS * 1000))
     try:
-        return bool(
-            redis_client().set(
-                QUEUED_KEY.format(db=connection.settings_dict["NAME"]), "1", nx=True, px=ttl_ms
-            )
-        )
-    except Exception:  # noqa: BLE001 — without the mark, publish as if no cycle were queued
-        return True
+        pipe = redis_client().pipeline(transaction=False)
+        pipe.incr(CHANGES_KEY.format(db=db))
+        pipe.set(QUEUED_KEY.format(db=db), "1", nx=True, px=ttl_ms)
+        number, marked = pipe.execute()
+    except Exception:  # noqa: BLE001 — without Redis nothing is skipped (no fingerprint kept)
+        logger.warning("could not count a change for the cycle", exc_info=True)
+        return Change(None, True)
+    return Change(int(number), bool(marked))
 
 
 def cycle_started() -> None:

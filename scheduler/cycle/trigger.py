@@ -9,7 +9,7 @@ import logging
 
 from django.db import transaction
 
-from scheduler.cycle.idle import cycle_queued, note_change
+from scheduler.cycle.idle import note_change
 from scheduler.cycle.tasks import cycle
 
 logger = logging.getLogger(__name__)
@@ -23,9 +23,9 @@ def request_cycle() -> None:
     def enqueue() -> None:
         change = note_change()
         try:
-            if cycle_queued():
+            if change.publish:
                 # It may find a cycle has already run since this change (see cycle_run).
-                cycle.delay(after_change=change)
+                cycle.delay(after_change=change.number)
         except Exception:  # noqa: BLE001 — the broker being down must not fail a submit
             logger.warning("could not enqueue a cycle; beat will run it", exc_info=True)
 

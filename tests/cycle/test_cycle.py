@@ -357,12 +357,12 @@ def test_a_cycle_asked_for_by_a_change_a_cycle_has_seen_does_nothing(
     """A request queued while a cycle ran is covered once a cycle that read the count of changes
     after it has committed: it returns at once. A change after that cycle's read is not."""
     submit(world.alice, "research", gpus=8)
-    change = note_change()  # what request_cycle does after the submit's commit
+    change = note_change().number  # what request_cycle does after the submit's commit
     with django_capture_on_commit_callbacks(execute=True):
         assert not cycle_run(after_change=change).covered  # no cycle has seen it yet
     assert cycle_run(after_change=change).covered
     submit(world.alice, "research", gpus=8)
-    result = cycle_run(after_change=note_change())
+    result = cycle_run(after_change=note_change().number)
     assert not result.covered and result.placed == 1
 
 

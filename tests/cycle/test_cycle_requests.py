@@ -60,15 +60,15 @@ def test_a_cycle_found_covered_clears_the_mark(
 ):
     """A request may mark a cycle queued just after the cycle that covers its change cleared
     the mark: that cycle, found covered, clears the mark too, so later requests publish."""
-    change = idle.note_change()
+    change = idle.note_change().number
     with django_capture_on_commit_callbacks(execute=True):
         cycle_run()  # it reads the count: `change` is covered
-    assert idle.cycle_queued()  # the late mark of the request
+    assert idle.note_change().publish  # the late mark of the request
     assert cycle_run(after_change=change).covered
     assert len(published(django_capture_on_commit_callbacks, 1)) == 1
 
 
 def test_without_redis_every_request_publishes():
-    broken = mock.Mock(set=mock.Mock(side_effect=redis.ConnectionError("down")))
+    broken = mock.Mock(pipeline=mock.Mock(side_effect=redis.ConnectionError("down")))
     with mock.patch("scheduler.cycle.idle.redis_client", return_value=broken):
-        assert idle.cycle_queued()
+        assert idle.note_change() == idle.Change(None, True)
