@@ -1,7 +1,9 @@
 """The agent's work: register, long-poll for orders, run and stop job processes, report.
 
 Threads: the poller long-polls the portal and hands each answer to the main thread, which
-alone starts and signals processes and writes reports. Orders are declarative (every attempt
+alone starts and signals processes; the reporter sends what the main thread has to report
+(unless the next poll is about to carry it), so the main thread never waits on the portal
+while orders wait to be carried out. Orders are declarative (every attempt
 that should run here, every attempt to stop); the agent reconciles them with what it runs.
 When the portal is unreachable, jobs keep running and events wait in the outbox, retried with
 backoff and sent in order when the portal answers again."""
@@ -49,6 +51,7 @@ MAX_BACKOFF_SECONDS = 10.0
 # periods and log tails.
 STEP_BUSY_SECONDS = 0.1  # main loop turn while jobs run here
 STEP_IDLE_SECONDS = 0.5  # main loop turn while none do
+REPORT_WAIT_SECONDS = 0.5  # the reporter retries what it could not send at least this often
 # Variables of the agent itself that a job must not see.
 PRIVATE_ENV = ("AGENT_JOIN_TOKEN",)
 
@@ -183,6 +186,8 @@ class Agent:
         os.set_blocking(self.wake_read, False)
         os.set_blocking(self.wake_write, False)
         self.applied = threading.Event()
+        self.outbox_filled = threading.Event()  # set with each new event, for the reporter
+        self.poll_due = threading.Event()  # set while an answer is applied: a poll follows
         self.stopping = threading.Event()
         self.report_backoff = Backoff()
         self.http = PortalClient(self.portal)
@@ -262,6 +267,7 @@ class Agent:
             # What the main thread has to report goes with the poll (the "started" of the
             # processes it just started, above all), saving a report request of its own.
             events = self._take_events() if self.poll_events else []
+            self.poll_due.clear()
             try:
                 response = self.http.post(
                     POLL_PATH,
@@ -294,6 +300,7 @@ class Agent:
                 continue
             backoff.succeeded()
             self.applied.clear()
+            self.poll_due.set()
             self.answers.put(answer)
             with contextlib.suppress(BlockingIOError):
                 os.write(self.wake_write, b"!")
@@ -336,6 +343,20 @@ class Agent:
     def _event(self, **event) -> None:
         with self.lock:
             self.outbox.append(event)
+        self.outbox_filled.set()
+
+    def reporter(self) -> None:
+        """Report the outbox's events as they come (those no poll carries), so that the main
+        thread, which starts and stops the processes, never waits on the portal."""
+        while not self.stopping.is_set():
+            self.outbox_filled.wait(REPORT_WAIT_SECONDS)
+            if self.poll_events and self.poll_due.is_set():
+                # The poller polls again as soon as the main thread has applied its answer, and
+                # carries them: one request, not two.
+                self.stopping.wait(0.01)
+                continue
+            self.outbox_filled.clear()
+            self.flush()
 
     # --- Orders ------------------------------------------------------------------------------
 
@@ -548,11 +569,8 @@ class Agent:
         self.supervise()
         if orders is not None:
             # The poller polls again at once and carries the new events (if the portal takes
-            # events with polls); the next turn reports whatever is left.
+            # events with polls); the reporter reports the others.
             self.applied.set()
-            if self.poll_events:
-                return
-        self.flush()
 
     def _wait(self, seconds: float) -> None:
         """Until an answer is queued, a process ends (its pidfd), or `seconds` pass."""
@@ -572,8 +590,8 @@ class Agent:
     def run(self) -> None:
         self.kill_leftovers()
         self.register()
-        poller = threading.Thread(target=self.poller, name="poller", daemon=True)
-        poller.start()
+        for target in (self.poller, self.reporter):
+            threading.Thread(target=target, name=target.__name__, daemon=True).start()
         while not self.stopping.is_set():
             # Exits are noticed by polling the processes: often while some run, seldom
             # otherwise (an answer from the portal ends the wait at once).
