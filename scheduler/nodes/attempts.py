@@ -30,6 +30,7 @@ from scheduler.models import GpuAssignment, Job, JobAttempt, Node
 from scheduler.nodes import queries
 from scheduler.transitions import Transitions
 
+STARTING_REASON = "order delivered to {node}; starting"
 RUNNING_REASON = "running on {where}"
 
 
@@ -37,9 +38,9 @@ def attempts_start(*, node: Node, attempt_ids: set[int]) -> set[int]:
     """The node's agent has these attempts' run orders and asks to start them: it starts only
     those this grants. An attempt whose stop was ordered first (a preemption or a cancel that
     reached the portal before the agent could start it) is never started: its agent reports it
-    never started and its GPUs are released. A granted attempt is started now (its job
-    RUNNING); asking again, after an answer that was lost, grants it again. Returns the ids
-    granted."""
+    never started and its GPUs are released. A granted attempt is started now: its job goes
+    STARTING (the order was delivered: the agent has it) and RUNNING; asking again, after an
+    answer that was lost, grants it again. Returns the ids granted."""
     if not attempt_ids:
         return set()
     ids = sorted(attempt_ids)
@@ -51,7 +52,7 @@ def attempts_start(*, node: Node, attempt_ids: set[int]) -> set[int]:
         started = select_rows(sql, [now, node.pk, False, *ids], fields)
         changes = Transitions()
         for _attempt_id, job_id, allocations in started:
-            _job_running(jobs[job_id], allocations, changes, now=now)
+            _job_running(jobs[job_id], allocations, changes, node=node, now=now)
         changes.save()
     return {attempt_id for attempt_id, _job_id, _allocations in started}
 
@@ -194,7 +195,7 @@ def _apply_changes(node: Node, events: list[dict]) -> list[str]:
             results.append("ignored")
             continue
         if event["type"] == EVENT_STARTED:
-            written[attempt.pk] |= _mark_started(attempt, changes, now=now)
+            written[attempt.pk] |= _mark_started(attempt, changes, node=node, now=now)
         else:
             others = holders[attempt.pk] - {node.pk}
             fields = _mark_exited(attempt, event, changes, node=node, others=others, now=now)
@@ -217,20 +218,25 @@ def _apply_changes(node: Node, events: list[dict]) -> list[str]:
     return results
 
 
-def _mark_started(attempt: JobAttempt, changes: Transitions, *, now) -> set[str]:
-    """The attempt's process runs (or ran): started_at, and the job RUNNING. Returns the
-    attempt fields written."""
-    _job_running(attempt.job, attempt.allocations, changes, now=now)
+def _mark_started(attempt: JobAttempt, changes: Transitions, *, node: Node, now) -> set[str]:
+    """The attempt's process runs (or ran) on `node`: started_at, and the job RUNNING. Returns
+    the attempt fields written."""
+    _job_running(attempt.job, attempt.allocations, changes, node=node, now=now)
     if attempt.started_at is not None:
         return set()
     attempt.started_at = now
     return {"started_at"}
 
 
-def _job_running(job: Job, allocations: list[dict], changes: Transitions, *, now) -> None:
-    """The job's attempt (on `allocations`) runs: the job is RUNNING, unless it already is or
-    has moved on."""
-    if job.state in (Job.State.SCHEDULED, Job.State.STARTING):
+def _job_running(
+    job: Job, allocations: list[dict], changes: Transitions, *, node: Node, now
+) -> None:
+    """The job's attempt (on `allocations`) runs, as `node`'s agent says: the job is RUNNING,
+    unless it already is or has moved on. A SCHEDULED job goes through STARTING: its order
+    reached the agent (every state change is recorded, DESIGN §2)."""
+    if job.state == Job.State.SCHEDULED:
+        changes.move(job, to_state=Job.State.STARTING, reason=STARTING_REASON.format(node=node))
+    if job.state == Job.State.STARTING:
         where = ", ".join(
             f"{a['node']} (GPU {','.join(map(str, a['gpu_indices']))})" for a in allocations
         )
@@ -252,7 +258,7 @@ def _mark_exited(
     if attempt.started_at is None and end in (END_EXIT, END_TIMEOUT):
         # Its process ran: an exit whose "started" report has not arrived yet (it may come
         # on another request, later; it is then ignored) implies the start.
-        written |= _mark_started(attempt, changes, now=now)
+        written |= _mark_started(attempt, changes, node=node, now=now)
     if event["log"]:
         attempt.log_tail = event["log"][-LOG_TAIL_CHARS:]
         written.add("log_tail")

@@ -65,7 +65,7 @@ def heartbeat_sql() -> str:
 def orders_query() -> tuple[str, tuple[models.Field, ...]]:
     fields = _columns(
         "gpu.gpu_index", "attempt.id", "attempt.number", "attempt.started_at",
-        "attempt.stop_requested_at", "job.id", "job.state", "job.command", "job.env",
+        "attempt.stop_requested_at", "job.id", "job.command", "job.env",
         "job.timeout_seconds", "share.grace_seconds",
     )  # fmt: skip
     template = (
@@ -114,12 +114,6 @@ def jobs_lock_query(count: int) -> tuple[str, tuple[models.Field, ...]]:
     return _job_lock_query(
         f"job.id IN (SELECT job_id FROM {{attempt}} WHERE id IN ({_placeholders(count)}))"
     )
-
-
-@cache
-def scheduled_lock_query(count: int) -> tuple[str, tuple[models.Field, ...]]:
-    """`count` jobs, those still in a state (the first parameter)."""
-    return _job_lock_query(f"job.state = %s AND job.id IN ({_placeholders(count)})")
 
 
 @cache

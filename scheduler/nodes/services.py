@@ -17,16 +17,13 @@ from django.utils import timezone
 from portal.db.sql import prepared_cursor, select_rows
 from scheduler.cycle.trigger import request_cycle
 from scheduler.cycle.wake import OrderWaiter
-from scheduler.models import ClusterSettings, Job, JobAttempt, Node
+from scheduler.models import ClusterSettings, JobAttempt, Node
 from scheduler.nodes import queries
 from scheduler.nodes.attempts import attempts_start, node_report
-from scheduler.transitions import Transitions
 
 JOIN_TOKEN_INVALID = (
     "join_token: not this cluster's join token (see Cluster settings in the admin)."
 )
-
-STARTING_REASON = "order delivered to {node}; starting"
 
 
 def hash_token(token: str) -> str:
@@ -111,8 +108,9 @@ def node_orders(*, node: Node, running: set[int] = frozenset()) -> Orders:
     Orders are declarative; the agent reconciles them with what it runs (and kills what is
     in neither list, see `orphan_stops`). The run orders of attempts the agent says it runs
     (`running`) are left out: it has them, and a busy node would otherwise be sent its every
-    job's order with every answer. Delivering a run order moves its job from SCHEDULED to
-    STARTING. One query while there is nothing to deliver (most polls)."""
+    job's order with every answer. One query, and no write: the agent's request to start the
+    attempt records that its order was delivered (STARTING) and its start (RUNNING) together
+    (`scheduler.nodes.attempts.attempts_start`)."""
     # One row per GPU held here, with what the order needs of its attempt and job. Its values
     # are used as the database gives them but for `env`, JSON text decoded only for the orders
     # sent (a busy node holds a row for each of its GPUs at every poll); the times are only
@@ -124,12 +122,11 @@ def node_orders(*, node: Node, running: set[int] = frozenset()) -> Orders:
     run: list[dict] = []
     stop: list[dict] = []
     to_run: set[int] = set()
-    scheduled = []
     previous = None  # the attempt of the previous row
     order: dict | None = None  # its order, if it is sent
     for (
         index, attempt_id, number, started_at, stop_requested_at,
-        job_id, job_state, command, env, timeout_seconds, grace,
+        job_id, command, env, timeout_seconds, grace,
     ) in held:  # fmt: skip
         if attempt_id == previous:
             if order is not None and "gpu_indices" in order:
@@ -145,8 +142,6 @@ def node_orders(*, node: Node, running: set[int] = frozenset()) -> Orders:
             stop.append(order)
             continue
         to_run.add(attempt_id)
-        if job_state == Job.State.SCHEDULED:
-            scheduled.append(job_id)
         if attempt_id in running:
             order = None
             continue
@@ -163,15 +158,6 @@ def node_orders(*, node: Node, running: set[int] = frozenset()) -> Orders:
             "started": started_at is not None,
         }
         run.append(order)
-    if scheduled:
-        # One transaction for all of them; rows locked in id order, as the cycle locks them.
-        with transaction.atomic():
-            reason = STARTING_REASON.format(node=node)
-            changes = Transitions()
-            for job in queries.jobs_locked(queries.scheduled_lock_query(len(scheduled)),
-                                    [Job.State.SCHEDULED, *scheduled]):  # fmt: skip
-                changes.move(job, to_state=Job.State.STARTING, reason=reason)
-            changes.save()
     return Orders(run=run, stop=stop, to_run=to_run)
 
 

@@ -71,8 +71,8 @@ def two_nodes(world):
 
 
 def test_placement_creates_attempts_and_gpu_assignments(world, two_nodes):
-    """A placed job gets attempt 1, one GpuAssignment per GPU, and goes SCHEDULED, then
-    STARTING when its agent receives the order and RUNNING when the agent starts it."""
+    """A placed job gets attempt 1, one GpuAssignment per GPU, and goes SCHEDULED; when its
+    agent, which has the order, starts it, STARTING then RUNNING."""
     job = submit(world.alice, "research", gpus=8, nodes=2)
     result = cycle_run(force=True)
     assert result.placed == 1
@@ -86,7 +86,7 @@ def test_placement_creates_attempts_and_gpu_assignments(world, two_nodes):
     assert held.count() == 8
     assert {a.node.name for a in held} == {"node-0", "node-1"}
     node_orders(node=two_nodes[0])
-    assert reload(job).state == Job.State.STARTING
+    assert reload(job).state == Job.State.SCHEDULED
     run(job)
     job = reload(job)
     assert job.state == Job.State.RUNNING

@@ -54,6 +54,7 @@ from scheduler.nodes.attempts import (
     END_TIMEOUT,
     attempt_exited,
     attempt_started,
+    attempts_start,
 )
 from scheduler.nodes.services import node_heartbeat, node_orders, node_register, node_set_state
 from shares.models import CapacityLimit, Membership, QuotaShare, ShareChange, Team
@@ -441,7 +442,7 @@ class PortalMachine(RuleBasedStateMachine):
 
     @rule(index=st.integers(0, 10_000))
     def agent_polls(self, index):
-        """An agent polls: heartbeat, and its run orders move SCHEDULED jobs to STARTING."""
+        """An agent polls: heartbeat, and the run orders of jobs placed on its node."""
         node = pick(list(Node.objects.exclude(state=Node.State.DOWN).order_by("pk")), index)
         if node is None:
             return
@@ -450,7 +451,7 @@ class PortalMachine(RuleBasedStateMachine):
         for order in orders.run:
             job = Job.objects.get(pk=order["job"])
             # A cancel becomes a stop order at the next cycle; until then the job runs on.
-            assert job.state in (Job.State.STARTING, Job.State.RUNNING) or (
+            assert job.state in RUNNING_STATES or (
                 job.state == Job.State.PREEMPTING and job.cancel_requested
             ), job.state
 
@@ -459,6 +460,18 @@ class PortalMachine(RuleBasedStateMachine):
     def agent_starts(self, index):
         attempt_id, node = pick(self.held(), index)
         assert attempt_started(node=node, attempt_id=attempt_id) == "ok"
+
+    @precondition(lambda self: GpuAssignment.objects.filter(released=False).exists())
+    @rule(index=st.integers(0, 10_000))
+    def agent_asks_to_start(self, index):
+        """An agent asks to start an attempt whose order it has: granted (and started) unless
+        its stop was ordered first."""
+        attempt_id, node = pick(self.held(), index)
+        stop_ordered = JobAttempt.objects.get(pk=attempt_id).stop_requested_at is not None
+        granted = attempts_start(node=node, attempt_ids={attempt_id})
+        assert (attempt_id in granted) == (not stop_ordered)
+        if granted:
+            assert JobAttempt.objects.get(pk=attempt_id).started_at is not None
 
     @precondition(lambda self: GpuAssignment.objects.filter(released=False).exists())
     @rule(

@@ -146,21 +146,22 @@ def test_an_exit_reported_before_its_start_implies_the_start(client_, world):
 
 def test_an_agent_starts_an_attempt_once_the_portal_grants_it(client_, world):
     """The agent asks to start the attempts whose run orders it has (`starting`, with its next
-    poll, answered at once): the portal records the start (the job is RUNNING) and grants it;
-    asked again (an answer that was lost) it grants it again, with no second RUNNING. Another
-    node's attempt is not granted to this node."""
+    poll, answered at once): the portal records that the order reached it (STARTING) and the
+    start (RUNNING), and grants it; asked again (an answer that was lost) it grants it again,
+    with no second RUNNING. Another node's attempt is not granted to this node."""
     job, mine, theirs = placed_job(client_, world)
     (run,) = post(client_, "poll", {"running": [], "wait": 0}, mine).json()["run"]
-    assert Job.objects.get(pk=job.pk).state == Job.State.STARTING
+    assert Job.objects.get(pk=job.pk).state == Job.State.SCHEDULED  # a poll writes nothing
     claim = {"running": [], "starting": [run["attempt"]], "wait": 5}
     assert post(client_, "poll", claim, theirs).json()["start"] == []
-    assert Job.objects.get(pk=job.pk).state == Job.State.STARTING
+    assert Job.objects.get(pk=job.pk).state == Job.State.SCHEDULED
     answer = post(client_, "poll", claim, mine).json()
     assert answer["start"] == [run["attempt"]] and answer["run"][0]["started"] is True
     assert post(client_, "poll", claim, mine).json()["start"] == [run["attempt"]]
     job = Job.objects.get(pk=job.pk)
     assert job.state == Job.State.RUNNING and job.attempts.get().started_at is not None
-    states = list(job.events.values_list("to_state", flat=True))
+    states = list(job.events.order_by("pk").values_list("to_state", flat=True))
+    assert states[-3:] == [Job.State.SCHEDULED, Job.State.STARTING, Job.State.RUNNING]
     assert states.count(Job.State.RUNNING) == 1
 
 
@@ -217,7 +218,7 @@ def test_orders_and_reports_end_to_end_over_http(client_, world):
     (run,) = orders["run"]
     assert run["command"] == "python train.py" and run["gpu_indices"] == list(range(8))
     assert run["env"] == {"SEED": "1"}
-    assert Job.objects.get(pk=job.pk).state == Job.State.STARTING
+    assert Job.objects.get(pk=job.pk).state == Job.State.SCHEDULED
     started = {"events": [{"type": "started", "attempt": run["attempt"]}]}
     assert post(client_, "report", started, mine).json() == {"results": ["ok"]}
     exited = {"events": [{"type": "exited", "attempt": run["attempt"], "end": "exit",

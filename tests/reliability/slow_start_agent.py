@@ -16,8 +16,13 @@ _apply = Agent.apply
 
 
 def _slow_apply(self, orders):
+    """Sits on an answer with new run orders; first, for a test to see that they arrived, it
+    writes WORK_DIR/order-<attempt> for each."""
     known = set(self.processes) | self.finished | set(getattr(self, "claims", {}))
-    if any(order["attempt"] not in known for order in orders.get("run", [])):
+    new = [order["attempt"] for order in orders.get("run", []) if order["attempt"] not in known]
+    for attempt in new:
+        (self.work_dir / f"order-{attempt}").touch()
+    if new:
         time.sleep(DELAY)
     _apply(self, orders)
 

@@ -167,7 +167,11 @@ def test_an_attempt_stopped_before_its_agent_could_start_it_never_starts(world, 
     own = alice.submit("research", job_command(30, 0.1), gpus=8)
     wait_jobs([own], Job.State.RUNNING)
     borrower = alice.submit("research", job_command(3, 0.1), gpus=8)
-    wait_jobs([borrower], Job.State.STARTING)  # its order reached its agent, still idle
+    wait_jobs([borrower], Job.State.SCHEDULED)
+    attempt = JobAttempt.objects.get(job_id=borrower)
+    (node,) = (allocation["node"] for allocation in attempt.allocations)
+    order_seen = system.tmp / "agents" / node / f"order-{attempt.pk}"
+    wait_for(order_seen.exists, what="the order reached its agent")  # which sits on it
     owner = carol.submit("vision", job_command(3, 0.1), gpus=8)
     wait_jobs([owner, borrower], Job.State.SUCCEEDED)
 
