@@ -427,12 +427,19 @@ class LiveRun(soak.Soak):
         figures.update(self.cpu_figures(len(accepted)))
 
         # 5. GPU busy: GPU-seconds the processes ran over GPU-seconds the attempts held GPUs.
+        # A process runs from its start on its agent (its log file's creation, as for 6b: not
+        # started_at, which one portal records when the agent reports the start and another
+        # when it grants it) to the attempt's ended_at; an attempt whose process never started
+        # held its GPUs for nothing.
+        process_starts = self.process_starts()
         running = held = 0.0
-        for job, _, scheduled, started, _, ended, _ in attempts:
-            if started is not None and ended is not None:
+        for job, number, scheduled, _, _, ended, _ in attempts:
+            if ended is not None:
                 gpus = jobs[job][1]
-                running += gpus * (ended - started)
                 held += gpus * (ended - scheduled)
+                start = process_starts.get((job, number))
+                if start is not None:
+                    running += gpus * max(0.0, ended - start)
         figures["gpu busy"] = 100 * running / held if held else float("nan")
 
         # 6a and 7: each GPU's attempts in the order they were admitted. Two that overlap are a
@@ -464,7 +471,6 @@ class LiveRun(soak.Soak):
         figures["release→admission p90"] = soak.percentile(gaps, 0.9)
 
         # 6b: admission → the process's start (its log file's creation).
-        process_starts = self.process_starts()
         delays = [
             process_starts[job, number] - scheduled
             for job, number, scheduled, *_ in attempts
