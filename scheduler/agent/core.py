@@ -38,6 +38,7 @@ from scheduler.agent.protocol import (
     POLL_PATH,
     REGISTER_PATH,
     REPORT_PATH,
+    START_PATH,
 )
 from scheduler.agent.transport import PortalClient, PortalUnreachable
 
@@ -170,9 +171,12 @@ class Agent:
         self.token: str | None = None
         self.processes: dict[int, Process] = {}
         self.finished: set[int] = set()  # attempts done here; never started again
-        # Run orders this agent has asked the portal to start (attempt → order): it starts one
-        # only once the portal grants it, so an attempt whose stop was ordered first never runs.
+        # Run orders the agent has and is to ask the portal to start (attempt → order): it
+        # starts one only once the portal grants it, so an attempt whose stop was ordered first
+        # never runs. The main thread's alone.
         self.claims: dict[int, dict] = {}
+        self.start_grants = True  # the portal grants starts (off for an older portal)
+        self.claim_backoff = Backoff()
         # Attempts a previous run of this agent had started (their process groups were left
         # behind, and killed): the portal hears they are lost.
         self.previous_life: set[int] = set()
@@ -238,8 +242,6 @@ class Agent:
                 ),
                 "wait": self.poll_wait,
             }
-            if self.claims:
-                body["starting"] = sorted(self.claims)
         if events:
             body["events"] = events
         return body
@@ -362,50 +364,73 @@ class Agent:
 
     def apply(self, orders: dict) -> None:
         """Reconcile with the portal's orders. A run order the agent does not have yet is
-        claimed: the next poll asks the portal to start it, and the agent starts it when the
-        answer grants it (`start`). A portal that answers without `start` (an older one) does
-        not grant starts: the agent starts what it is given."""
-        granted = orders.get("start")
-        granted = None if granted is None else set(granted)
+        claimed, and the agent asks the portal at once to start its claims (`claim`)."""
         ordered = set()
         for order in orders.get("run", []):
             attempt = order["attempt"]
             ordered.add(attempt)
             if attempt in self.processes or attempt in self.finished:
                 continue
-            if self._lost_here(attempt, order, granted):
+            if self._lost_here(attempt, order):
                 self._end(attempt, end=END_LOST, detail="the agent restarted")
-            elif granted is None or attempt in granted:
-                with self.lock:
-                    self.claims.pop(attempt, None)
-                self.start(order, report_start=granted is None)
             else:
-                with self.lock:
-                    self.claims[attempt] = order
+                self.claims[attempt] = order
         for order in orders.get("stop", []):
             attempt = order["attempt"]
             ordered.add(attempt)
-            with self.lock:
-                self.claims.pop(attempt, None)
+            self.claims.pop(attempt, None)
             process = self.processes.get(attempt)
             if process is not None:
                 if process.term_sent_at is None:
                     process.grace = float(order.get("grace_seconds", 0))
                     self.terminate(process)
             elif attempt not in self.finished:
-                if self._lost_here(attempt, order, granted):
+                if self._lost_here(attempt, order):
                     self._end(attempt, end=END_LOST, detail="the agent restarted")
                 else:
                     self._end(attempt, end=END_NEVER_STARTED, detail="stopped before it started")
-        with self.lock:
-            # Claims the portal no longer orders (their attempts ended there) are dropped.
-            for attempt in set(self.claims) - ordered:
-                del self.claims[attempt]
+        # Claims the portal no longer orders (their attempts ended there) are dropped.
+        for attempt in set(self.claims) - ordered:
+            del self.claims[attempt]
+        self.claim()
 
-    def _lost_here(self, attempt: int, order: dict, granted: set[int] | None) -> bool:
+    def claim(self) -> None:
+        """Ask the portal to start the claimed attempts (START_PATH) and start those it grants.
+        One it refuses had its stop ordered first (or ended): the next poll's answer says so,
+        and it is reported as never started. A portal that does not know START_PATH (an older
+        one) grants no starts: the agent then starts what it is ordered."""
+        attempts = sorted(self.claims)
+        if not attempts or not self.claim_backoff.ready():
+            return
+        if self.start_grants:
+            try:
+                response = self.http.post(START_PATH, json={"attempts": attempts},
+                                          headers=self._headers(), timeout=10)  # fmt: skip
+            except PortalUnreachable as error:
+                logger.warning("could not ask to start %d attempt(s) (%s)", len(attempts), error)
+                self.claim_backoff.failed()
+                return
+            if response.status_code == 404:
+                logger.warning("the portal grants no starts; starting what it orders")
+                self.start_grants = False
+            elif response.status_code != 200:
+                logger.warning("start refused (%s): %s", response.status_code,
+                               response.text[:200])  # fmt: skip
+                self.claim_backoff.failed()
+                return
+        self.claim_backoff.succeeded()
+        granted = set(response.json().get("start", [])) if self.start_grants else set(attempts)
+        for attempt in attempts:
+            order = self.claims.pop(attempt)
+            if attempt in granted:
+                self.start(order, report_start=not self.start_grants)
+
+    def _lost_here(self, attempt: int, order: dict) -> bool:
         """Whether an attempt the agent does not run had been started here, by a previous run
         of this agent (an older portal, which grants no starts, says so with `started`)."""
-        return attempt in self.previous_life or (granted is None and bool(order.get("started")))
+        return attempt in self.previous_life or (
+            not self.start_grants and bool(order.get("started"))
+        )
 
     def _end(self, attempt: int, *, end: str, exit_code=None, signalled=False, log_tail="",
              detail="") -> None:  # fmt: skip
@@ -566,6 +591,8 @@ class Agent:
             orders = None
         if orders is not None:
             self.apply(orders)
+        elif self.claims:
+            self.claim()  # after a failed request, once its backoff allows
         self.supervise()
         if orders is not None:
             # The poller polls again at once and carries the new events (if the portal takes

@@ -1,11 +1,12 @@
 """The words the node agent and the portal exchange (no Django: both sides import it).
 
-The agent POSTs JSON to three endpoints: it registers, then long-polls for its orders (run and
-stop) with what it has to report, and reports on its own when it cannot wait for the next
-poll."""
+The agent POSTs JSON to four endpoints: it registers, then long-polls for its orders (run and
+stop) with what it has to report, asks to start the attempts whose run orders it got, and
+reports on its own when it cannot wait for the next poll."""
 
 REGISTER_PATH = "/api/v1/agent/register/"
 POLL_PATH = "/api/v1/agent/poll/"
+START_PATH = "/api/v1/agent/start/"
 REPORT_PATH = "/api/v1/agent/report/"
 
 # What an agent reports about an attempt.

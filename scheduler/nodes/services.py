@@ -19,7 +19,7 @@ from scheduler.cycle.trigger import request_cycle
 from scheduler.cycle.wake import OrderWaiter
 from scheduler.models import ClusterSettings, JobAttempt, Node
 from scheduler.nodes import queries
-from scheduler.nodes.attempts import attempts_start, node_report
+from scheduler.nodes.attempts import node_report
 
 JOIN_TOKEN_INVALID = (
     "join_token: not this cluster's join token (see Cluster settings in the admin)."
@@ -184,27 +184,18 @@ def poll_wait_seconds(requested: float | None) -> float:
 
 
 def node_poll(
-    *,
-    node: Node,
-    running: set[int],
-    stopping: set[int],
-    starting: set[int],
-    wait: float | None,
-    events: list[dict],
+    *, node: Node, running: set[int], stopping: set[int], wait: float | None, events: list[dict]
 ) -> dict[str, Any]:
     """One long poll of a node's agent: a heartbeat; `events` applied first, as a report would
-    apply them (their results in `results`); then the starts the agent asks for (`starting`:
-    attempts whose run orders it has; those granted in `start`, see `attempts_start`); then
-    the orders. It answers at once when the agent asked to start something or when the orders
-    differ from what the agent says it runs (`running`) and stops (`stopping`); otherwise it
-    waits up to `wait` seconds (see `poll_wait_seconds`) for them to change."""
+    apply them (their results in `results`); then the orders. It answers at once when the
+    orders differ from what the agent says it runs (`running`) and stops (`stopping`);
+    otherwise it waits up to `wait` seconds (see `poll_wait_seconds`) for them to change."""
     node_heartbeat(node=node)
     results = node_report(node=node, events=events)
-    granted = attempts_start(node=node, attempt_ids=starting)
     waiter = OrderWaiter(node.pk)
     try:
         orders = _orders(node, running)
-        if not starting and not _news(orders, running, stopping):
+        if not _news(orders, running, stopping):
             # Give the database connection back while waiting: the web server has a thread
             # per waiting agent, not a connection per waiting agent (DATABASE_POOL_SIZE).
             _release_database_connection()
@@ -212,7 +203,7 @@ def node_poll(
                 orders = _orders(node, running)
     finally:
         waiter.close()
-    return {**orders, "start": sorted(granted), "results": results}
+    return {**orders, "results": results}
 
 
 def _release_database_connection() -> None:

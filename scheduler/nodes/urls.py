@@ -9,5 +9,6 @@ app_name = "agent"
 urlpatterns = [
     path("register/", views.register, name="register"),
     path("poll/", views.poll, name="poll"),
+    path("start/", views.start, name="start"),
     path("report/", views.report, name="report"),
 ]

@@ -17,7 +17,7 @@ from django.views.decorators.http import require_POST
 
 from scheduler.agent.protocol import END_REASONS, EVENT_EXITED, EVENT_TYPES
 from scheduler.models import MAX_GPUS_PER_NODE, Node
-from scheduler.nodes.attempts import node_report
+from scheduler.nodes.attempts import attempts_start, node_report
 from scheduler.nodes.services import node_for_token, node_heartbeat, node_poll, node_register
 
 AUTH_SCHEME = "Node"
@@ -84,7 +84,7 @@ def _has_nul(value: Any) -> bool:
     return False
 
 
-def _ids(data: dict, name: str) -> set[int]:
+def _ids(data: dict, name: str, *, most: int | None = None) -> set[int]:
     value = data.get(name, [])
     if not isinstance(value, list) or not all(
         isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_ID for v in value
@@ -92,6 +92,8 @@ def _ids(data: dict, name: str) -> set[int]:
         raise BadRequest(
             name, f"{name}: must be a list of attempt ids (integers between 1 and {MAX_ID})."
         )
+    if most is not None and len(value) > most:
+        raise BadRequest(name, f"{name}: at most {most} attempt ids.")
     return set(value)
 
 
@@ -157,25 +159,30 @@ def register(request: HttpRequest, data: dict) -> JsonResponse:
 
 @agent_view()
 def poll(request: HttpRequest, node: Node, data: dict) -> JsonResponse:
-    """Heartbeat and long poll: {running: [attempt ids], stopping: [attempt ids], starting?:
-    [attempt ids], wait: s, events?: [...]} → {run: [...], stop: [...], start: [attempt ids],
-    results: [...]}. `events` are applied first, as by `report` (their results in `results`),
-    so an agent can send what it has to say with its next poll instead of a request of its
-    own. `starting`: run orders the agent has and asks to start; it starts those in `start`
-    (an attempt whose stop was ordered first never starts). Answers at once when the agent
-    asks to start something or the orders differ from what it reports; otherwise waits up to
-    `wait` seconds for them to change."""
+    """Heartbeat and long poll: {running: [attempt ids], stopping: [attempt ids], wait: s,
+    events?: [...]} → {run: [...], stop: [...], results: [...]}. `events` are applied first,
+    as by `report` (their results in `results`), so an agent can send what it has to say
+    with its next poll instead of a request of its own. Answers at once when the orders
+    differ from what the agent reports; otherwise waits up to `wait` seconds for them to
+    change."""
     running = _ids(data, "running")
     stopping = _ids(data, "stopping")
-    starting = _ids(data, "starting")
     wait = data.get("wait")
     if wait is not None and (isinstance(wait, bool) or not isinstance(wait, int | float)):
         raise BadRequest("wait", "wait: must be a number of seconds.")
     events = _events(data, required=False)
-    orders = node_poll(
-        node=node, running=running, stopping=stopping, starting=starting, wait=wait, events=events
-    )
+    orders = node_poll(node=node, running=running, stopping=stopping, wait=wait, events=events)
     return JsonResponse(orders)
+
+
+@agent_view()
+def start(request: HttpRequest, node: Node, data: dict) -> JsonResponse:
+    """{attempts: [attempt ids]} → {start: [attempt ids]}: the agent has these attempts' run
+    orders and starts those in `start`; an attempt whose stop was ordered first never starts
+    (`attempts_start`). At most MAX_GPUS_PER_NODE attempts: each holds a GPU here."""
+    attempts = _ids(data, "attempts", most=MAX_GPUS_PER_NODE)
+    node_heartbeat(node=node)
+    return JsonResponse({"start": sorted(attempts_start(node=node, attempt_ids=attempts))})
 
 
 @agent_view()

@@ -3,11 +3,13 @@ through setpriv or set in the child), and a command exec cannot find never start
 
 from __future__ import annotations
 
+import http.server
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -93,3 +95,45 @@ def test_a_command_that_cannot_be_found_never_starts(tmp_path):
     assert (event["type"], event["end"]) == ("exited", "never_started")
     assert "No such file or directory" in event["detail"]
     assert not agent.processes
+
+
+class _OlderPortal(http.server.BaseHTTPRequestHandler):
+    """A portal from before start grants: it does not know the start endpoint."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.paths.append(self.path)
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_portal_that_grants_no_starts_gets_its_orders_started_and_reported(tmp_path):
+    """The agent asks to start its new run orders; a portal that does not know how to grant
+    (404) gets them started as ordered, reported with a started event, as before grants."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OlderPortal)
+    server.paths = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        agent = Agent(portal=f"http://127.0.0.1:{server.server_address[1]}", join_token="x",
+                      name="n", gpu_type="h100", gpus=fake_gpus(1, "h100"), work_dir=tmp_path,
+                      checkpoint_root=tmp_path / "checkpoints")  # fmt: skip
+        agent.token = "t"
+        order = {"attempt": 7, "job": 3, "number": 1, "command": "sleep 30", "env": {},
+                 "gpu_indices": [0], "timeout_seconds": None, "grace_seconds": 0}  # fmt: skip
+        agent.apply({"run": [order], "stop": []})
+        assert server.paths == ["/api/v1/agent/start/"]
+        assert 7 in agent.processes and not agent.claims
+        assert [(e["type"], e["attempt"]) for e in agent.outbox] == [("started", 7)]
+        agent.apply({"run": [{**order, "attempt": 8}], "stop": []})  # no more asking
+        assert server.paths == ["/api/v1/agent/start/"] and 8 in agent.processes
+    finally:
+        for process in agent.processes.values():
+            os.killpg(process.popen.pid, signal.SIGKILL)
+        server.shutdown()
+        server.server_close()

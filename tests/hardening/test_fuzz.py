@@ -172,12 +172,36 @@ def test_agent_report_bodies(agent, data):
 
 @FUZZ
 @given(
+    data=st.data(),
+)
+def test_agent_start_bodies(agent, data):
+    """Any start body: the attempts granted (only this node's, never one that ended), or a 4xx
+    naming the field that changes nothing."""
+    client, token, attempts = agent
+    body = data.draw(
+        st.fixed_dictionaries(
+            {"attempts": st.lists(st.sampled_from(attempts) | st.integers(-3, 2**63))}
+        )
+        | st.dictionaries(st.sampled_from(("attempts", "x")), json_values, max_size=2)
+        | json_values
+    )
+    before = database_state()
+    response = post_agent(client, "start", json.dumps(body).encode(), token)
+    assert response.status_code < 500, response.content
+    if response.status_code == 200:
+        assert set(response.json()["start"]) <= set(attempts)
+    else:
+        assert_clear_refusal(response)
+        assert database_state() == before
+
+
+@FUZZ
+@given(
     body=st.fixed_dictionaries(
         {},
         optional={
             "running": st.lists(st.integers(-3, 2**63)) | json_values,
             "stopping": st.lists(st.integers(-3, 2**63)) | json_values,
-            "starting": st.lists(st.integers(-3, 2**63)) | json_values,
             "wait": st.floats(-1, 0) | st.integers(-5, 0) | json_values,
         },
     )
@@ -193,7 +217,7 @@ def test_agent_poll_bodies(agent, body):
     assert response.status_code < 500, response.content
     if response.status_code == 200:
         answer = response.json()
-        assert set(answer) == {"run", "stop", "start", "results"}
+        assert set(answer) == {"run", "stop", "results"}
         assert answer["results"] == []  # no events were sent with the poll
     else:
         assert_clear_refusal(response)

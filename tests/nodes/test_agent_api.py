@@ -73,6 +73,7 @@ def test_user_tokens_do_not_reach_agent_endpoints(client_, world):
     assert post(client_, "poll", {"wait": 0}, key, scheme="Token").status_code == 401
     assert post(client_, "poll", {"wait": 0}, key).status_code == 401
     assert post(client_, "report", {"events": []}).status_code == 401
+    assert post(client_, "start", {"attempts": []}, key).status_code == 401
 
 
 def test_bad_events_name_the_field(client_):
@@ -91,6 +92,9 @@ def test_bad_events_name_the_field(client_):
             response = post(client_, path, {**body, "wait": 0}, token)
             assert response.status_code == 400, (path, body)
             assert field in response.json(), response.json()
+    for attempts in ("x", [0], [True], list(range(1, 66))):  # a node holds at most 64 GPUs
+        response = post(client_, "start", {"attempts": attempts}, token)
+        assert response.status_code == 400 and "attempts" in response.json(), attempts
 
 
 def placed_job(client_, world):
@@ -119,7 +123,7 @@ def test_events_sent_with_a_poll_are_applied_before_the_orders(client_, world):
     assert job.state == Job.State.RUNNING and job.attempts.get().started_at is not None
     exited = [{"type": "exited", "attempt": run["attempt"], "end": "exit", "exit_code": 0}]
     answer = post(client_, "poll", {"running": [], "wait": 0, "events": exited}, mine).json()
-    assert answer == {"run": [], "stop": [], "start": [], "results": ["ok"]}
+    assert answer == {"run": [], "stop": [], "results": ["ok"]}
     assert post(client_, "poll", {"wait": 0, "events": started}, mine).json()["results"] == [
         "ignored"
     ]
@@ -145,19 +149,20 @@ def test_an_exit_reported_before_its_start_implies_the_start(client_, world):
 
 
 def test_an_agent_starts_an_attempt_once_the_portal_grants_it(client_, world):
-    """The agent asks to start the attempts whose run orders it has (`starting`, with its next
-    poll, answered at once): the portal records that the order reached it (STARTING) and the
-    start (RUNNING), and grants it; asked again (an answer that was lost) it grants it again,
-    with no second RUNNING. Another node's attempt is not granted to this node."""
+    """The agent asks to start the attempts whose run orders it has (`start/`): the portal
+    records that the order reached it (STARTING) and the start (RUNNING), and grants it; asked
+    again (an answer that was lost) it grants it again, with no second RUNNING. Another node's
+    attempt is not granted to this node."""
     job, mine, theirs = placed_job(client_, world)
     (run,) = post(client_, "poll", {"running": [], "wait": 0}, mine).json()["run"]
     assert Job.objects.get(pk=job.pk).state == Job.State.SCHEDULED  # a poll writes nothing
-    claim = {"running": [], "starting": [run["attempt"]], "wait": 5}
-    assert post(client_, "poll", claim, theirs).json()["start"] == []
+    claim = {"attempts": [run["attempt"]]}
+    assert post(client_, "start", claim, theirs).json() == {"start": []}
     assert Job.objects.get(pk=job.pk).state == Job.State.SCHEDULED
-    answer = post(client_, "poll", claim, mine).json()
-    assert answer["start"] == [run["attempt"]] and answer["run"][0]["started"] is True
-    assert post(client_, "poll", claim, mine).json()["start"] == [run["attempt"]]
+    assert post(client_, "start", claim, mine).json() == {"start": [run["attempt"]]}
+    assert post(client_, "start", claim, mine).json() == {"start": [run["attempt"]]}
+    (run,) = post(client_, "poll", {"running": [], "wait": 0}, mine).json()["run"]
+    assert run["started"] is True
     job = Job.objects.get(pk=job.pk)
     assert job.state == Job.State.RUNNING and job.attempts.get().started_at is not None
     states = list(job.events.order_by("pk").values_list("to_state", flat=True))
@@ -188,9 +193,9 @@ def test_an_attempt_whose_stop_came_first_never_starts(client_, world):
                           command="sleep 1")  # fmt: skip
     cycle_run(force=True)
     assert JobAttempt.objects.get(pk=attempt.pk).preempted_for_id == owner.pk
-    claim = {"running": [], "starting": [attempt.pk], "wait": 5}
-    answer = post(client_, "poll", claim, token).json()
-    assert answer["start"] == [] and answer["run"] == []
+    assert post(client_, "start", {"attempts": [attempt.pk]}, token).json() == {"start": []}
+    answer = post(client_, "poll", {"running": [], "wait": 5}, token).json()
+    assert answer["run"] == []
     assert answer["stop"] == [{"attempt": attempt.pk, "grace_seconds": 2, "started": False}]
     never = {"events": [{"type": "exited", "attempt": attempt.pk, "end": "never_started",
                          "detail": "stopped before it started"}]}  # fmt: skip

@@ -65,7 +65,7 @@ def exited(ids):
 def test_an_idle_poll_reads_the_node_and_its_orders_only(agent):
     """Nothing to deliver, nothing to report: the node's token, then its orders."""
     answer, statements = agent("poll", {"running": [], "wait": 0})
-    assert answer == {"run": [], "stop": [], "start": [], "results": []}
+    assert answer == {"run": [], "stop": [], "results": []}
     assert statements == 2
 
 
@@ -109,16 +109,16 @@ def test_events_of_many_jobs_cost_what_the_events_of_one_job_cost(world, agent):
 
 
 def test_granting_the_starts_of_many_attempts_costs_what_one_costs(world, agent):
-    """An agent asks to start every attempt its orders gave it in one poll: the locks, one
+    """An agent asks to start every attempt an answer gave it in one request: the locks, one
     conditional update for all of them, the jobs and their events, whatever their number."""
     placed(world, 1)
     (run,) = agent("poll", {"running": [], "wait": 0})[0]["run"]
-    answer, one = agent("poll", {"running": [], "starting": [run["attempt"]], "wait": 0})
+    answer, one = agent("start", {"attempts": [run["attempt"]]})
     assert answer["start"] == [run["attempt"]]
     placed(world, 3)
     orders = agent("poll", {"running": [run["attempt"]], "wait": 0})[0]["run"]
     claims = [order["attempt"] for order in orders if order["attempt"] != run["attempt"]]
-    answer, three = agent("poll", {"running": [run["attempt"]], "starting": claims, "wait": 0})
+    answer, three = agent("start", {"attempts": claims})
     assert answer["start"] == sorted(claims)
     if connection.vendor == "postgresql":
         assert three == one
