@@ -266,8 +266,8 @@ class Agent:
         """Long-poll for orders; hand each answer to the main thread and wait until applied."""
         backoff = Backoff()
         while not self.stopping.is_set():
-            # What the main thread has to report goes with the poll (the "started" of the
-            # processes it just started, above all), saving a report request of its own.
+            # What the main thread has to report goes with the poll (what it saw while it
+            # applied the last answer), saving a report request of its own.
             events = self._take_events() if self.poll_events else []
             self.poll_due.clear()
             try:
@@ -620,8 +620,8 @@ class Agent:
         for target in (self.poller, self.reporter):
             threading.Thread(target=target, name=target.__name__, daemon=True).start()
         while not self.stopping.is_set():
-            # Exits are noticed by polling the processes: often while some run, seldom
-            # otherwise (an answer from the portal ends the wait at once).
+            # A turn ends when an answer comes or a process ends (see _wait); otherwise often
+            # while processes run (their timeouts, grace periods, log tails), seldom when none.
             self.step(STEP_BUSY_SECONDS if self.processes else STEP_IDLE_SECONDS)
         self.shutdown()
 

@@ -3,7 +3,6 @@ open attempts) and runnable jobs, as tuples of the needed columns."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -15,7 +14,7 @@ from django.db.models import F, Max
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from portal.db.sql import prepared_cursor
+from portal.db.sql import json_value, prepared_cursor
 from scheduler import engine
 from scheduler.models import Job, JobAttempt, Node
 from shares.models import QuotaShare
@@ -61,7 +60,7 @@ def cycle_snapshot() -> tuple[engine.Snapshot, SnapshotContext]:
             started=to_epoch(started),
             allocations=tuple(
                 allocation(node=a["node"], gpu_indices=tuple(a["gpu_indices"]))
-                for a in (json.loads(allocations) if isinstance(allocations, str) else allocations)
+                for a in json_value(allocations)
             ),
             stopping=bool(stopping),
             preempted_for=str(preempted_for) if preempted_for else None,

@@ -62,7 +62,9 @@ def heartbeat_sql() -> str:
 
 
 @cache
-def orders_query() -> tuple[str, tuple[models.Field, ...]]:
+def orders_sql() -> str:
+    """Every GPU a node (the first parameter) holds, not released (the second), with what its
+    attempt's order needs, by attempt."""
     fields = _columns(
         "gpu.gpu_index", "attempt.id", "attempt.number", "attempt.started_at",
         "attempt.stop_requested_at", "job.id", "job.command", "job.env",
@@ -76,7 +78,7 @@ def orders_query() -> tuple[str, tuple[models.Field, ...]]:
         "WHERE gpu.node_id = %s AND gpu.released = %s AND attempt.ended_at IS NULL "
         "ORDER BY gpu.attempt_id, gpu.gpu_index"
     )
-    return _sql(template, fields), fields
+    return _sql(template, fields)
 
 
 # What the reports read and write of an attempt, and of its job.
@@ -137,18 +139,16 @@ def start_query(count: int) -> tuple[str, tuple[models.Field, ...]]:
     those whose stop was not ordered, that have not ended and that hold GPUs on the node. The
     condition is the UPDATE's own, so a stop order written at the same moment either comes
     first (no start) or waits for this one (a stop of a started attempt). Returns the started
-    attempts."""
+    attempts: these `fields`, the columns RETURNING names."""
     fields = _columns("attempt.id", "attempt.job", "attempt.allocations")
     template = (
         "UPDATE {attempt} SET started_at = COALESCE(started_at, %s) "
         "WHERE stop_requested_at IS NULL AND ended_at IS NULL "
         "AND id IN (SELECT attempt_id FROM {gpu} WHERE node_id = %s AND released = %s "
         f"AND attempt_id IN ({_placeholders(count)})) "
-        "RETURNING {returning}"
+        "RETURNING id, job_id, allocations"
     )
-    quote = connection.ops.quote_name
-    returning = ", ".join(quote(field.column) for field in fields)
-    return _sql(template.replace("{returning}", returning), ()), fields
+    return _sql(template, ()), fields
 
 
 @cache

@@ -5,7 +5,6 @@ attempts is `scheduler.nodes.attempts`."""
 from __future__ import annotations
 
 import hashlib
-import json
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -14,7 +13,7 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, transaction
 from django.utils import timezone
 
-from portal.db.sql import prepared_cursor, select_rows
+from portal.db.sql import json_value, prepared_cursor, select_rows
 from scheduler.cycle.trigger import request_cycle
 from scheduler.cycle.wake import OrderWaiter
 from scheduler.models import ClusterSettings, JobAttempt, Node
@@ -115,9 +114,8 @@ def node_orders(*, node: Node, running: set[int] = frozenset()) -> Orders:
     # are used as the database gives them but for `env`, JSON text decoded only for the orders
     # sent (a busy node holds a row for each of its GPUs at every poll); the times are only
     # compared with None.
-    sql, _fields = queries.orders_query()
     with prepared_cursor() as cursor:
-        cursor.execute(sql, [node.pk, False])
+        cursor.execute(queries.orders_sql(), [node.pk, False])
         held = cursor.fetchall()
     run: list[dict] = []
     stop: list[dict] = []
@@ -150,7 +148,7 @@ def node_orders(*, node: Node, running: set[int] = frozenset()) -> Orders:
             "job": job_id,
             "number": number,
             "command": command,
-            "env": json.loads(env) if isinstance(env, str) else env,
+            "env": json_value(env),
             "gpu_indices": [index],
             "timeout_seconds": timeout_seconds,
             "grace_seconds": grace,

@@ -1,5 +1,6 @@
 """How the agent starts job processes: a dead agent leaves no job behind (PR_SET_PDEATHSIG,
-through setpriv or set in the child), and a command exec cannot find never starts."""
+through setpriv or set in the child), a command exec cannot find never starts, and an older
+portal, which grants no starts, gets its orders started."""
 
 from __future__ import annotations
 

@@ -171,11 +171,9 @@ def test_agent_report_bodies(agent, data):
 
 
 @FUZZ
-@given(
-    data=st.data(),
-)
+@given(data=st.data())
 def test_agent_start_bodies(agent, data):
-    """Any start body: the attempts granted (only this node's, never one that ended), or a 4xx
+    """Any start body: the attempts granted, only among those placed on this node, or a 4xx
     naming the field that changes nothing."""
     client, token, attempts = agent
     body = data.draw(
