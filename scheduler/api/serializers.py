@@ -4,6 +4,7 @@ DESIGN §2 stay in the services, whose ValidationErrors come back as 400s (see e
 from __future__ import annotations
 
 import re
+import shlex
 from functools import cache
 
 from drf_spectacular.utils import extend_schema_field
@@ -47,6 +48,19 @@ MAX_INT = 2_147_483_647  # PostgreSQL integer
 
 COMMAND_TOO_LONG = f"command: at most {MAX_COMMAND_CHARS} characters; put long scripts in a file."
 COMMAND_REQUIRED = "command: required; the shell command the job runs."
+COMMAND_TYPE = "command: must be a shell command (a string) or its argv (a list of strings)."
+COMMAND_ARGV_EMPTY = (
+    "command: an argv list must not be empty; its first item is the program to run."
+)
+COMMAND_ARGV_ITEM_TYPE = "command: argv item {index} must be a string, not {kind}."
+COMMAND_ARGV_NUL = (
+    "command: argv item {index} contains a NUL character, which no argument can hold."
+)
+COMMAND_ARGV_PROGRAM = "command: argv item 0, the program to run, must not be blank."
+COMMAND_ARGV_TOO_LONG = (
+    f"command: the argv list joined into one shell command (shlex.join) is longer than "
+    f"{MAX_COMMAND_CHARS} characters; put long scripts in a file."
+)
 ENV_TOO_MANY = f"env: at most {MAX_ENV_VARS} variables."
 ENV_NAME = (
     "env: {name!r} is not a valid variable name (letters, digits and underscores, not starting "
@@ -331,6 +345,52 @@ class EnvField(serializers.DictField):
         return dict(data)
 
 
+# What a JSON value that is not a string is called in COMMAND_ARGV_ITEM_TYPE.
+_JSON_KINDS = {
+    bool: "a boolean",
+    int: "a number",
+    float: "a number",
+    list: "a list",
+    dict: "an object",
+    type(None): "null",
+}
+
+
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "string", "maxLength": MAX_COMMAND_CHARS},
+            {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        ]
+    }
+)
+class CommandField(serializers.CharField):
+    """A shell command, as it is, or an argv list, kept as `shlex.join(argv)`: a command the
+    agent runs as exactly those arguments (as is when no item needs quoting, else under
+    /bin/sh, which takes the quotes off)."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, list):
+            return super().to_internal_value(data)
+        if not data:
+            raise serializers.ValidationError(COMMAND_ARGV_EMPTY)
+        for index, item in enumerate(data):
+            if not isinstance(item, str):
+                kind = _JSON_KINDS.get(type(item), type(item).__name__)
+                raise serializers.ValidationError(
+                    COMMAND_ARGV_ITEM_TYPE.format(index=index, kind=kind)
+                )
+            if "\x00" in item:
+                raise serializers.ValidationError(COMMAND_ARGV_NUL.format(index=index))
+        # An empty argument is one ('' in the command); an empty program is not.
+        if not data[0].strip():
+            raise serializers.ValidationError(COMMAND_ARGV_PROGRAM)
+        command = shlex.join(data)
+        if len(command) > MAX_COMMAND_CHARS:
+            raise serializers.ValidationError(COMMAND_ARGV_TOO_LONG)
+        return command
+
+
 @extend_schema_field({"type": "string", "pattern": r"^[a-z0-9][a-z0-9-]{0,31}$"})
 class GpuTypeField(serializers.CharField):
     def to_internal_value(self, data):
@@ -354,11 +414,18 @@ class JobSubmitSerializer(SharedFieldsMixin, serializers.Serializer):
     priority = serializers.IntegerField(
         default=0, min_value=0, max_value=MAX_PRIORITY, error_messages=_range(PRIORITY_RANGE)
     )
-    command = serializers.CharField(
+    command = CommandField(
         max_length=MAX_COMMAND_CHARS,
         trim_whitespace=False,
         allow_blank=True,
-        error_messages={"max_length": COMMAND_TOO_LONG, "required": COMMAND_REQUIRED},
+        error_messages={
+            "max_length": COMMAND_TOO_LONG,
+            "required": COMMAND_REQUIRED,
+            "invalid": COMMAND_TYPE,
+            "null": COMMAND_TYPE,
+        },
+        help_text="The shell command the job runs, or its argv as a list of strings, which is "
+        "kept as the command shlex.join(argv).",
     )
     name = serializers.CharField(
         default="",
