@@ -2,7 +2,7 @@
 
 import os
 
-from celery import Celery
+from celery import Celery, signals
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
@@ -10,6 +10,17 @@ app = Celery("portal")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 app.autodiscover_tasks(["scheduler.cycle"])  # the cycle's task
+
+
+@signals.setup_logging.connect
+def log_as_django_does(**kwargs) -> None:
+    """The worker and beat log through Django's LOGGING (JSON lines under the production
+    server), not Celery's own format."""
+    import logging.config
+
+    from django.conf import settings
+
+    logging.config.dictConfig(settings.LOGGING)
 
 
 @app.on_after_finalize.connect

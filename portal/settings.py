@@ -14,7 +14,11 @@ from django.core.exceptions import ImproperlyConfigured
 # checkout or installation it lies in.
 PACKAGE_DIR = Path(__file__).resolve().parent
 BASE_DIR = PACKAGE_DIR.parent
-VAR_DIR = Path(environ.Env().str("PORTAL_VAR_DIR", default=str(BASE_DIR / "var")))
+# Where the portal keeps its state (SQLite file, embedded Redis, static files, beat's schedule):
+# var/ of the checkout, or of the working directory where the portal is installed as a package.
+_IN_CHECKOUT = (BASE_DIR / "manage.py").exists()
+_VAR_DEFAULT = (BASE_DIR if _IN_CHECKOUT else Path.cwd()) / "var"
+VAR_DIR = Path(environ.Env().str("PORTAL_VAR_DIR", default=str(_VAR_DEFAULT)))
 
 env = environ.Env()
 env.read_env(BASE_DIR / ".env") if (BASE_DIR / ".env").exists() else None
@@ -65,7 +69,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "portal.middleware.StaticFilesMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -132,6 +136,13 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env.boo
     # before 1.21).
     DATABASES["default"].setdefault("OPTIONS", {}).setdefault("prepare_threshold", 2**31 - 1)
 
+# Under the production server (ASGI), the database work of the async views (the agents'
+# endpoints) runs on this many threads per process (portal.db.threads): as many as the pool has
+# connections, so that no call waits for one.
+DATABASE_THREADS = env.int(
+    "DATABASE_THREADS", default=env.int("DATABASE_POOL_SIZE", default=0) or 4
+)
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -145,11 +156,12 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
+STATIC_ROOT = env.path("STATIC_ROOT", default=VAR_DIR / "static")
 STATICFILES_DIRS = [PACKAGE_DIR / "static"]
-# Serve static files straight from the apps and static/ without collectstatic (no CDN: the
-# machines have no internet, so plotly.js and Swagger UI come from here).
-WHITENOISE_USE_FINDERS = True
+# Static files are the portal's own (no CDN: the machines may have no internet, so plotly.js and
+# Swagger UI come from here). By default straight from the apps and portal/static without
+# collectstatic; the production server collects them into STATIC_ROOT and serves those.
+WHITENOISE_USE_FINDERS = env.bool("WHITENOISE_USE_FINDERS", default=True)
 
 LOGIN_URL = "/admin/login/"
 
@@ -249,10 +261,22 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
 }
 
+LOG_FORMAT = env.str("LOG_FORMAT", default="plain")
+if LOG_FORMAT not in ("plain", "json"):
+    raise ImproperlyConfigured(f"LOG_FORMAT: 'plain' or 'json', not {LOG_FORMAT!r}.")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+        "json": {"()": "portal.logging.JsonFormatter"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "stream": "ext://sys.stdout",
+            "formatter": LOG_FORMAT,
+        }
+    },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
 }

@@ -1,7 +1,7 @@
-"""Real processes for end-to-end tests: a web server (`manage.py runserver --noreload` on a
-free port), a Celery worker with embedded beat, and node agents with fake GPUs (the one
-stand-in: no GPU machine runs these tests). They share the test database (its settings are
-passed through DATABASE_URL) and the Redis of REDIS_URL."""
+"""Real processes for end-to-end tests: a web server (`manage.py runserver --noreload`, or the
+production server's, on a free port), a Celery worker with embedded beat, and node agents with
+fake GPUs (the one stand-in: no GPU machine runs these tests). They share the test database
+(its settings are passed through DATABASE_URL) and the Redis of REDIS_URL."""
 
 from __future__ import annotations
 
@@ -81,17 +81,26 @@ class LiveSystem:
         self.workers: dict[str, subprocess.Popen] = {}
         self.agents: dict[str, subprocess.Popen] = {}
 
-    def _spawn(self, name: str, command: list[str], **env: str) -> subprocess.Popen:
+    def _spawn(
+        self, name: str, command: list[str], *, cwd: Path = ROOT, **env: str
+    ) -> subprocess.Popen:
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 — closed with the process
         return subprocess.Popen(
-            command, cwd=ROOT, env={**self.env, **env}, stdout=log, stderr=subprocess.STDOUT
+            command, cwd=cwd, env={**self.env, **env}, stdout=log, stderr=subprocess.STDOUT
         )
 
-    def start_web(self) -> None:
-        self.web = self._spawn(
-            "web",
-            [sys.executable, "manage.py", "runserver", f"127.0.0.1:{self.port}", "--noreload"],
-        )
+    def start_web(self, *, production: bool = False, **env: str) -> None:
+        """Django's development server, or (`production`) the production server's web
+        process (`gpu-portal-server web`: uvicorn, DEBUG off, plain HTTP)."""
+        if production:
+            command = [sys.executable, "-m", "portal.server", "web"]
+            env = {"PORTAL_ADDRESS": f"127.0.0.1:{self.port}", "DEBUG": "0",
+                   "SECRET_KEY": "live-test-secret-key-" + "x" * 40, "SECURE_SSL_REDIRECT": "0",
+                   "WEB_WORKERS": "1", "LOG_FORMAT": "json", **env}  # fmt: skip
+        else:
+            command = [sys.executable, "manage.py", "runserver", f"127.0.0.1:{self.port}",
+                       "--noreload"]  # fmt: skip
+        self.web = self._spawn("web", command, **env)
         wait_for(self._healthy, timeout=30, what="the web server")
 
     def _healthy(self) -> bool:
@@ -141,16 +150,20 @@ class LiveSystem:
         gpu_type: str = "h100",
         *,
         module: str = "scheduler.agent",
+        program: list[str] | None = None,
         **env: str,
     ) -> None:
         """A node agent with fake GPUs; `module` runs another entry point with the same flags
-        (e.g. an agent whose clock is off)."""
+        (e.g. an agent whose clock is off), `program` another program (e.g. an installed
+        `gpu-agent`, run outside the checkout)."""
+        command = program or [sys.executable, "-m", module]
         self.agents[name] = self._spawn(
             f"agent-{name}",
-            [sys.executable, "-m", module, "--portal", self.url, "--name", name,
+            [*command, "--portal", self.url, "--name", name,
              "--fake-gpus", str(gpus), "--gpu-type", gpu_type, "--poll-wait", "5",
              "--work-dir", str(self.tmp / "agents" / name),
              "--checkpoint-root", str(self.checkpoints)],
+            cwd=self.tmp if program else ROOT,
             **env,
         )  # fmt: skip
 

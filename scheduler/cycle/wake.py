@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import redis
 
@@ -41,41 +42,41 @@ def notify_nodes(node_ids: Iterable[int]) -> None:
 
 
 class _Listener:
-    """One Redis subscription per process (a pattern over every node's channel), shared by all
-    the long polls waiting in the process: a poll registers an event for its node and waits on
-    it, without a Redis connection of its own."""
+    """One Redis subscription per process (a pattern over every node's channel), in a thread of
+    its own, shared by all the long polls waiting in the process: a poll registers a waker for
+    its node, without a Redis connection or a thread of its own."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.waiting: dict[int, set[threading.Event]] = defaultdict(set)
+        self.waiting: dict[int, set[Callable[[], None]]] = defaultdict(set)
         # Set at the first outcome of the first subscription (subscribed, or Redis down).
         self.settled = threading.Event()
         self.thread: threading.Thread | None = None
 
-    def add(self, node_id: int, event: threading.Event) -> None:
+    def add(self, node_id: int, wake: Callable[[], None]) -> None:
         with self.lock:
-            self.waiting[node_id].add(event)
+            self.waiting[node_id].add(wake)
             if self.thread is None or not self.thread.is_alive():
                 self.thread = threading.Thread(target=self._run, name="order-listener", daemon=True)
                 self.thread.start()
 
-    def remove(self, node_id: int, event: threading.Event) -> None:
+    def remove(self, node_id: int, wake: Callable[[], None]) -> None:
         with self.lock:
-            events = self.waiting.get(node_id)
-            if events is not None:
-                events.discard(event)
-                if not events:
+            wakers = self.waiting.get(node_id)
+            if wakers is not None:
+                wakers.discard(wake)
+                if not wakers:
                     del self.waiting[node_id]
 
     def _wake(self, node_id: int | None) -> None:
         """Wake the polls of one node, or of every node (None)."""
         with self.lock:
             if node_id is None:
-                events = [e for node_events in self.waiting.values() for e in node_events]
+                wakers = [w for node_wakers in self.waiting.values() for w in node_wakers]
             else:
-                events = list(self.waiting.get(node_id, ()))
-        for event in events:
-            event.set()
+                wakers = list(self.waiting.get(node_id, ()))
+        for wake in wakers:
+            wake()
 
     def _run(self) -> None:
         delay = 0.5
@@ -114,21 +115,39 @@ _listener = _Listener()
 
 
 class OrderWaiter:
-    """Register before reading the orders, then wait: a change committed in between is not
-    missed. Without Redis (or before the process's subscription is in place, at most a moment)
-    the wait is a plain sleep of the whole time."""
+    """A long poll's wait for its node's orders to change, on the event loop of the poll: while
+    it waits it holds no thread and no database connection, only this object. Made on the
+    loop; `watch` (from any thread) registers it before the orders are read, so that a change
+    committed in between is not missed. Without Redis (or before the process's subscription is
+    in place, at most a moment) the wait is a plain sleep of the whole time."""
 
     SUBSCRIBE_WAIT_SECONDS = 3.0  # longest a process's first poll waits for the subscription
 
-    def __init__(self, node_id: int) -> None:
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.event = asyncio.Event()
+        self.node_id: int | None = None
+
+    def watch(self, node_id: int) -> None:
+        """Start listening for `node_id`'s changes. May block (up to SUBSCRIBE_WAIT_SECONDS,
+        at a process's first poll): call it off the event loop, in the poll's database step."""
         self.node_id = node_id
-        self.event = threading.Event()
-        _listener.add(node_id, self.event)
+        _listener.add(node_id, self._wake)
         _listener.settled.wait(self.SUBSCRIBE_WAIT_SECONDS)
 
-    def wait(self, seconds: float) -> bool:
+    def _wake(self) -> None:
+        # From the listener's thread; the loop may be gone (the poll answered and ended).
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.event.set)
+
+    async def wait(self, seconds: float) -> bool:
         """Wait up to `seconds` for a notification; True if one came."""
-        return self.event.wait(seconds)
+        try:
+            await asyncio.wait_for(self.event.wait(), seconds)
+        except TimeoutError:
+            return False
+        return True
 
     def close(self) -> None:
-        _listener.remove(self.node_id, self.event)
+        if self.node_id is not None:
+            _listener.remove(self.node_id, self._wake)

@@ -1,5 +1,5 @@
 """Writes about nodes: registration, heartbeats, the orders a node's agent polls for (one
-`node_poll` per long poll), and an admin's drain/undrain. What agents report about their
+`node_poll_start` per long poll), and an admin's drain/undrain. What agents report about their
 attempts is `scheduler.nodes.attempts`."""
 
 from __future__ import annotations
@@ -181,35 +181,35 @@ def poll_wait_seconds(requested: float | None) -> float:
     return max(0.0, min(float(requested), cap))
 
 
-def node_poll(
-    *, node: Node, running: set[int], stopping: set[int], wait: float | None, events: list[dict]
-) -> dict[str, Any]:
-    """One long poll of a node's agent: a heartbeat; `events` applied first, as a report would
-    apply them (their results in `results`); then the orders. It answers at once when the
-    orders differ from what the agent says it runs (`running`) and stops (`stopping`);
-    otherwise it waits up to `wait` seconds (see `poll_wait_seconds`) for them to change."""
+@dataclass
+class PollStart:
+    """What a long poll found before it waits: the results of the events it carried, the
+    orders, and whether they are news to the agent (then it answers at once)."""
+
+    results: list[str]
+    orders: dict[str, Any]
+    news: bool
+
+
+def node_poll_start(
+    *, node: Node, running: set[int], stopping: set[int], events: list[dict], waiter: OrderWaiter
+) -> PollStart:
+    """The database step of a long poll (`scheduler.nodes.views.poll`): a heartbeat; `events`
+    applied first, as a report would apply them; `waiter` watching the node's changes before
+    the orders are read (a change committed in between is not missed); then the orders. They
+    are news when they differ from what the agent says it runs (`running`) and stops
+    (`stopping`); otherwise the poll waits on `waiter` and reads them again
+    (`node_poll_orders`) if it is woken."""
     node_heartbeat(node=node)
     results = node_report(node=node, events=events)
-    waiter = OrderWaiter(node.pk)
-    try:
-        orders = _orders(node, running)
-        if not _news(orders, running, stopping):
-            # Give the database connection back while waiting: the web server has a thread
-            # per waiting agent, not a connection per waiting agent (DATABASE_POOL_SIZE).
-            _release_database_connection()
-            if waiter.wait(poll_wait_seconds(wait)):
-                orders = _orders(node, running)
-    finally:
-        waiter.close()
-    return {**orders, "results": results}
+    waiter.watch(node.pk)
+    orders = _orders(node, running)
+    return PollStart(results=results, orders=orders, news=_news(orders, running, stopping))
 
 
-def _release_database_connection() -> None:
-    """With a connection pool, hand this thread's connection back (unless a transaction needs
-    it); the next query takes one again. Without one, closing would only make the next query
-    open a new connection, which costs more than keeping it."""
-    if getattr(connection, "pool", None) is not None and not connection.in_atomic_block:
-        connection.close()
+def node_poll_orders(*, node: Node, running: set[int]) -> dict[str, Any]:
+    """The orders again, after a waiting poll was woken."""
+    return _orders(node, running)
 
 
 def _orders(node: Node, running: set[int]) -> dict[str, Any]:

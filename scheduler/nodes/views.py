@@ -6,6 +6,7 @@ accepted anywhere else. Bad input gets a 400 naming the field."""
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -15,10 +16,20 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
+from portal.db.threads import in_database_thread, release_database_connection
 from scheduler.agent.protocol import END_REASONS, EVENT_EXITED, EVENT_TYPES
+from scheduler.cycle.wake import OrderWaiter
 from scheduler.models import MAX_GPUS_PER_NODE, Node
 from scheduler.nodes.attempts import attempts_start, node_report
-from scheduler.nodes.services import node_for_token, node_heartbeat, node_poll, node_register
+from scheduler.nodes.services import (
+    PollStart,
+    node_for_token,
+    node_heartbeat,
+    node_poll_orders,
+    node_poll_start,
+    node_register,
+    poll_wait_seconds,
+)
 
 AUTH_SCHEME = "Node"
 NOT_AUTHENTICATED = (
@@ -105,19 +116,19 @@ def _authenticated_node(request: HttpRequest) -> Node | None:
 
 
 def agent_view(authenticated: bool = True):
-    """POST-only JSON view; `authenticated`: the node is passed in, or 401."""
+    """POST-only JSON view, async: the body is parsed on the event loop, then `view` runs with
+    the database (`in_database_thread`); `authenticated`: the node is passed in, or 401."""
 
     def decorate(view):
         @csrf_exempt
         @require_POST
-        def wrapper(request: HttpRequest) -> JsonResponse:
+        @functools.wraps(view)
+        async def wrapper(request: HttpRequest) -> JsonResponse:
             try:
+                data = _body(request)
                 if not authenticated:
-                    return view(request, _body(request))
-                node = _authenticated_node(request)
-                if node is None:
-                    return JsonResponse({"detail": NOT_AUTHENTICATED}, status=401)
-                return view(request, node, _body(request))
+                    return await in_database_thread(view, request, data)
+                return await in_database_thread(_authenticated_call, view, request, data)
             except BadRequest as error:
                 return JsonResponse(error.errors, status=400)
             except ValidationError as error:
@@ -126,6 +137,17 @@ def agent_view(authenticated: bool = True):
         return wrapper
 
     return decorate
+
+
+def _authenticated_call(view, request: HttpRequest, data: dict) -> JsonResponse:
+    node = _authenticated_node(request)
+    if node is None:
+        return _not_authenticated()
+    return view(request, node, data)
+
+
+def _not_authenticated() -> JsonResponse:
+    return JsonResponse({"detail": NOT_AUTHENTICATED}, status=401)
 
 
 @agent_view(authenticated=False)
@@ -157,22 +179,52 @@ def register(request: HttpRequest, data: dict) -> JsonResponse:
     )
 
 
-@agent_view()
-def poll(request: HttpRequest, node: Node, data: dict) -> JsonResponse:
+@csrf_exempt
+@require_POST
+async def poll(request: HttpRequest) -> JsonResponse:
     """Heartbeat and long poll: {running: [attempt ids], stopping: [attempt ids], wait: s,
     events?: [...]} → {run: [...], stop: [...], results: [...]}. `events` are applied first,
     as by `report` (their results in `results`), so an agent can send what it has to say
     with its next poll instead of a request of its own. Answers at once when the orders
     differ from what the agent reports; otherwise waits up to `wait` seconds for them to
-    change."""
-    running = _ids(data, "running")
-    stopping = _ids(data, "stopping")
-    wait = data.get("wait")
-    if wait is not None and (isinstance(wait, bool) or not isinstance(wait, int | float)):
-        raise BadRequest("wait", "wait: must be a number of seconds.")
-    events = _events(data, required=False)
-    orders = node_poll(node=node, running=running, stopping=stopping, wait=wait, events=events)
-    return JsonResponse(orders)
+    change, on the event loop: a waiting poll holds no thread and no database connection."""
+    try:
+        data = _body(request)
+        running = _ids(data, "running")
+        stopping = _ids(data, "stopping")
+        wait = data.get("wait")
+        if wait is not None and (isinstance(wait, bool) or not isinstance(wait, int | float)):
+            raise BadRequest("wait", "wait: must be a number of seconds.")
+        events = _events(data, required=False)
+    except BadRequest as error:
+        return JsonResponse(error.errors, status=400)
+    waiter = OrderWaiter()
+    try:
+        found = await in_database_thread(
+            _poll_start, request, running=running, stopping=stopping, events=events,
+            waiter=waiter,
+        )  # fmt: skip
+        if found is None:
+            return _not_authenticated()
+        node, begun = found
+        orders = begun.orders
+        if not begun.news and await waiter.wait(poll_wait_seconds(wait)):
+            orders = await in_database_thread(node_poll_orders, node=node, running=running)
+    except ValidationError as error:
+        return JsonResponse(error.message_dict, status=400)
+    finally:
+        waiter.close()
+    return JsonResponse({**orders, "results": begun.results})
+
+
+def _poll_start(request: HttpRequest, **poll) -> tuple[Node, PollStart] | None:
+    node = _authenticated_node(request)
+    if node is None:
+        return None
+    start = node_poll_start(node=node, **poll)
+    if not start.news:
+        release_database_connection()  # the poll waits next: it needs no connection meanwhile
+    return node, start
 
 
 @agent_view()

@@ -1,0 +1,68 @@
+"""Database work of async views, on a few threads of their own.
+
+Under the production server (ASGI, `portal.asgi`) an async view awaits `in_database_thread(fn)`:
+`fn` runs on one of a fixed set of threads (DATABASE_THREADS), each with its connection taken
+for the call and given back after it (to the pool of DATABASE_POOL_SIZE, or kept while it is
+usable without one). So thousands of requests that wait (the agents' long polls) hold no thread
+and no connection, and those that work share as many threads as the pool has connections.
+
+Under WSGI (`manage.py runserver`, the test client) an async view runs on its request's thread
+anyway: `fn` runs there too, as Django's own `sync_to_async` does, so it sees the request's
+transaction (a test's, for instance)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import ParamSpec, TypeVar
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import close_old_connections, connection
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_executor: ThreadPoolExecutor | None = None
+
+
+def use_database_threads() -> None:
+    """Run async views' database work on the shared threads (called by `portal.asgi`)."""
+    global _executor
+    if _executor is None:
+        _executor = ThreadPoolExecutor(
+            max_workers=settings.DATABASE_THREADS, thread_name_prefix="database"
+        )
+
+
+async def in_database_thread(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    """Run `fn(*args, **kwargs)` where it may use the database, and return what it returns."""
+    call = functools.partial(fn, *args, **kwargs)
+    if _executor is None:
+        return await sync_to_async(call, thread_sensitive=True)()
+    return await sync_to_async(
+        functools.partial(_with_connection, call), thread_sensitive=False, executor=_executor
+    )()
+
+
+def _with_connection(call: Callable[[], R]) -> R:
+    # What Django does around a request (request_started / request_finished), around one call:
+    # a broken or too old connection is not reused; with a pool, the connection goes back.
+    close_old_connections()
+    try:
+        return call()
+    finally:
+        release_database_connection()
+
+
+def release_database_connection() -> None:
+    """With a connection pool, hand this thread's connection back (unless a transaction needs
+    it); the next query takes one again. Without one, keep it while it is usable: closing would
+    only make the next query open a new connection, which costs more than keeping it."""
+    if connection.in_atomic_block:
+        return
+    if getattr(connection, "pool", None) is not None:
+        connection.close()
+    else:
+        connection.close_if_unusable_or_obsolete()

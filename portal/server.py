@@ -1,0 +1,216 @@
+"""`gpu-portal-server`: the portal on its production server (`make serve` runs `serve`).
+
+    gpu-portal-server serve     setup, then the web server, the Celery worker and beat, in the
+                                foreground; Ctrl-C (or SIGTERM) stops them all
+    gpu-portal-server setup     apply migrations and collect static files (run before `web`
+                                after an upgrade: migrations first, agents after)
+    gpu-portal-server web       the web server only: uvicorn on `portal.asgi` (one systemd unit)
+    gpu-portal-server worker    the Celery worker that runs the scheduling cycle
+    gpu-portal-server beat      Celery beat: the cycle's timer and the dashboards' sampling
+    gpu-portal-server manage …  any `manage.py` command (createsuperuser, agent_join_token, …)
+
+Configuration comes from the environment (docs/deploy.md): DATABASE_URL and REDIS_URL are
+required (PostgreSQL and Redis: the embedded defaults are for `make run`), PORTAL_ADDRESS
+(host:port, default 127.0.0.1:8000), WEB_WORKERS (processes, default 2), DATABASE_POOL_SIZE
+(connections per process, default 8), PORTAL_VAR_DIR (state: static files, beat's schedule, a
+generated SECRET_KEY). DEBUG is off; logs go to stdout as one JSON object a line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from scheduler.version import VERSION
+
+DEFAULT_ADDRESS = "127.0.0.1:8000"
+REQUIRED = {
+    "DATABASE_URL": "postgres://USER@HOST:5432/DB (the portal's PostgreSQL database)",
+    "REDIS_URL": "redis://HOST:6379/0 (the Celery broker, the cycle's lock, the agents' wake-ups)",
+}
+PRODUCTION_DEFAULTS = {
+    "DEBUG": "0",
+    "LOG_FORMAT": "json",
+    "DATABASE_POOL_SIZE": "8",
+    "WHITENOISE_USE_FINDERS": "0",
+}
+
+
+def _environment() -> dict[str, str]:
+    """The environment of the server's processes: the caller's, with the production defaults
+    under it and a SECRET_KEY kept in PORTAL_VAR_DIR when none is given."""
+    env = {**PRODUCTION_DEFAULTS, **os.environ}
+    missing = [f"  {name}={example}" for name, example in REQUIRED.items() if not env.get(name)]
+    if missing:
+        sys.exit("gpu-portal-server: set in the environment:\n" + "\n".join(missing))
+    var = Path(env.setdefault("PORTAL_VAR_DIR", str(Path.cwd() / "var")))
+    if not env.get("SECRET_KEY"):
+        env["SECRET_KEY"] = _kept_secret_key(var / "secret-key")
+    env.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    return env
+
+
+def _kept_secret_key(path: Path) -> str:
+    """A secret key generated once and kept (mode 0600), so that sessions survive restarts."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as file:
+            file.write(secrets.token_urlsafe(50))
+        print(f"gpu-portal-server: generated SECRET_KEY in {path}", file=sys.stderr, flush=True)
+    return path.read_text().strip()
+
+
+def _address(env: dict[str, str]) -> tuple[str, int]:
+    host, _, port = env.get("PORTAL_ADDRESS", DEFAULT_ADDRESS).rpartition(":")
+    if not host or not port.isdigit():
+        sys.exit("gpu-portal-server: PORTAL_ADDRESS must be HOST:PORT, e.g. 0.0.0.0:8000")
+    return host.strip("[]"), int(port)
+
+
+def _manage(env: dict[str, str], *args: str) -> None:
+    subprocess.run([sys.executable, "-m", "django", *args], check=True, env=env)
+
+
+def setup(env: dict[str, str]) -> None:
+    _manage(env, "migrate", "--no-input", "-v1")
+    _manage(env, "collectstatic", "--no-input", "-v0")
+
+
+def commands(env: dict[str, str]) -> dict[str, list[str]]:
+    """The long-running processes of the portal, as the systemd units run them one each."""
+    var = Path(env["PORTAL_VAR_DIR"])
+    return {
+        "web": [sys.executable, "-m", "portal.server", "web"],
+        "worker": [sys.executable, "-m", "celery", "-A", "portal", "worker", "-l", "info",
+                   "-c", env.get("WORKER_CONCURRENCY", "2")],
+        "beat": [sys.executable, "-m", "celery", "-A", "portal", "beat", "-l", "info",
+                 "-s", str(var / "celerybeat-schedule")],
+    }  # fmt: skip
+
+
+def web(env: dict[str, str]) -> None:
+    """uvicorn in this process: one or more worker processes on `portal.asgi`. Logging is
+    Django's (LOGGING), set up in each worker when it imports the application."""
+    import uvicorn
+
+    os.environ.update(env)
+    host, port = _address(env)
+    uvicorn.run(
+        "portal.asgi:application",
+        host=host,
+        port=port,
+        workers=int(env.get("WEB_WORKERS", "2")),
+        loop="uvloop",
+        http="httptools",
+        lifespan="off",  # Django's ASGI handler has no lifespan events
+        log_config=None,
+        access_log=env.get("ACCESS_LOG", "0") == "1",
+        # An agent's long poll waits up to AGENT_POLL_MAX_WAIT_SECONDS; its connection is
+        # reused for the next one.
+        timeout_keep_alive=int(env.get("KEEP_ALIVE_SECONDS", "75")),
+        proxy_headers=True,
+        forwarded_allow_ips=env.get("FORWARDED_ALLOW_IPS", "127.0.0.1"),
+    )
+
+
+def serve(env: dict[str, str]) -> int:
+    """Setup, then web, worker and beat, supervised: if one exits, the others are stopped."""
+    setup(env)
+    processes = {name: subprocess.Popen(argv, env=env) for name, argv in commands(env).items()}
+    host, port = _address(env)
+    print(f"gpu-portal-server: serving at http://{host}:{port}/ (TLS is the reverse proxy's, "
+          "docs/deploy.md); Ctrl-C stops everything", file=sys.stderr, flush=True)  # fmt: skip
+    return supervise(processes)
+
+
+def supervise(processes: dict[str, subprocess.Popen], *, interval: float = 0.5) -> int:
+    """Wait until SIGINT/SIGTERM or until one process exits, then stop them all (SIGTERM, then
+    SIGKILL after 10 s). Returns the exit code of the one that ended first, 0 on a signal."""
+    stopping = False
+
+    def stop(*_args) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    exit_code = 0
+    while not stopping:
+        for name, process in processes.items():
+            if process.poll() is not None:
+                print(f"{name} exited with {process.returncode}; stopping the rest.",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                exit_code = process.returncode or 1
+                stopping = True
+                break
+        else:
+            time.sleep(interval)
+    for process in processes.values():
+        if process.poll() is None:
+            process.terminate()
+    deadline = time.monotonic() + 10
+    for process in processes.values():
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return exit_code
+
+
+def wait_until_answering(url: str, *, timeout: float = 60.0) -> bool:
+    """True once `url` answers 200 (the web server is up), False after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="gpu-portal-server",
+        description="The GPU quota portal on its production server.",
+        epilog="Configuration comes from the environment: see docs/deploy.md.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_text in (
+        ("serve", "setup, then web, worker and beat in the foreground"),
+        ("setup", "apply migrations and collect static files"),
+        ("web", "the web server only (uvicorn)"),
+        ("worker", "the Celery worker (the scheduling cycle)"),
+        ("beat", "Celery beat (timers)"),
+    ):
+        sub.add_parser(name, help=help_text)
+    manage = sub.add_parser("manage", help="a manage.py command, e.g. createsuperuser")
+    manage.add_argument("args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    env = _environment()
+    if args.command == "serve":
+        return serve(env)
+    if args.command == "setup":
+        setup(env)
+        return 0
+    if args.command == "web":
+        web(env)
+        return 0
+    if args.command == "manage":
+        return subprocess.run([sys.executable, "-m", "django", *args.args], env=env).returncode
+    os.execve(sys.executable, commands(env)[args.command], env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The agent endpoints under the production server (ASGI), served beside Django's request
+handling rather than through it.
+
+Django's ASGI handler runs every request's sync steps (its `request_started` receivers, the
+process_request of each middleware) on a thread of the request's own, which lives until the
+request ends: a long poll that waits 20 s would hold an idle thread all that while, and a
+thousand waiting agents a thousand threads. The agent endpoints need none of those steps: they
+authenticate with their node token (no session, no CSRF), answer JSON, and do their database work
+on the shared database threads (`portal.db.threads`). So requests under /api/v1/agent/ are
+routed here, to the same views, and everything else goes to Django's handler."""
+
+from __future__ import annotations
+
+import logging
+
+from django.core.exceptions import RequestAborted, RequestDataTooBig
+from django.core.handlers.asgi import ASGIHandler
+from django.db import InterfaceError, OperationalError
+from django.http import HttpResponse, JsonResponse
+from django.urls import Resolver404, resolve
+
+from portal.middleware import database_unavailable
+from scheduler.nodes import views
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "/api/v1/agent/"
+VIEWS = frozenset((views.register, views.poll, views.start, views.report))
+
+
+class AgentEndpoints:
+    """ASGI application: the agent endpoints here, anything else to `django`."""
+
+    def __init__(self, django: ASGIHandler) -> None:
+        self.django = django
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(PREFIX):
+            await self.django(scope, receive, send)
+            return
+        try:
+            body = await self.django.read_body(receive)
+        except RequestAborted:  # the agent went away before it sent its body
+            return
+        try:
+            response = await self._answer(scope, body)
+        finally:
+            body.close()
+        await self.django.send_response(response, send)
+
+    async def _answer(self, scope, body) -> HttpResponse:
+        try:
+            request = self.django.request_class(scope, body)
+            match = resolve(request.path_info)
+        except Resolver404:
+            return JsonResponse({"detail": "no such agent endpoint"}, status=404)
+        except (UnicodeDecodeError, RequestDataTooBig):
+            return JsonResponse({"body": "body: too large, or not UTF-8."}, status=400)
+        if match.func not in VIEWS:
+            return JsonResponse({"detail": "no such agent endpoint"}, status=404)
+        try:
+            return await match.func(request)
+        except (OperationalError, InterfaceError) as error:
+            return database_unavailable(request, error)
+        except Exception:
+            logger.exception("agent endpoint %s failed", request.path)
+            return JsonResponse({"detail": "internal error; the portal logged it."}, status=500)

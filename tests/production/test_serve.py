@@ -1,0 +1,76 @@
+"""`gpu-portal-server serve` (`make serve`): it migrates, collects the static files, starts the
+web server, the Celery worker and beat, serves /health/ and the static files with DEBUG off,
+logs JSON lines, and Ctrl-C stops every process it started."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import psutil
+import pytest
+import requests
+
+from tests.live import ROOT, database_url, free_port, wait_for
+
+pytestmark = pytest.mark.live
+
+
+def answers(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def test_serve_starts_everything_serves_and_ctrl_c_stops_it_all(transactional_db, tmp_path):
+    from django.conf import settings
+
+    port = free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "REDIS_URL": settings.REDIS_URL,
+        "PORTAL_ADDRESS": f"127.0.0.1:{port}",
+        "PORTAL_VAR_DIR": str(tmp_path / "var"),
+        "SECURE_SSL_REDIRECT": "0",
+        "WEB_WORKERS": "1",
+        "WORKER_CONCURRENCY": "1",
+    }
+    env.pop("DEBUG", None)
+    env.pop("SECRET_KEY", None)
+    log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115 — closed below
+    server = subprocess.Popen([sys.executable, "-m", "portal.server", "serve"], cwd=ROOT, env=env,
+                              stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_for(lambda: answers(f"{base}/health/"), timeout=90, what="/health/")
+        started = psutil.Process(server.pid).children(recursive=True)
+        names = " ".join(" ".join(p.cmdline()) for p in started)
+        assert "portal.server web" in names and " worker" in names and " beat" in names, names
+        # Collected static files, served with DEBUG off (no finders).
+        assert (tmp_path / "var" / "static" / "vendor" / "plotly.min.js").exists()
+        assert answers(f"{base}/static/vendor/plotly.min.js")
+        # DEBUG off: an unknown page is a plain 404, not Django's debug page.
+        missing = requests.get(f"{base}/no-such-page/", timeout=5)
+        assert missing.status_code == 404 and "URLconf" not in missing.text
+        # The key it generated is kept, private.
+        assert (tmp_path / "var" / "secret-key").stat().st_mode & 0o077 == 0
+
+        server.send_signal(signal.SIGINT)
+        assert server.wait(timeout=30) == 0
+        gone, alive = psutil.wait_procs(started, timeout=15)
+        assert not alive, [p.cmdline() for p in alive]
+    finally:
+        if server.poll() is None:
+            server.kill()
+        log.close()
+    lines = (tmp_path / "serve.log").read_text().splitlines()
+    logged = [json.loads(line) for line in lines if line.startswith("{")]
+    loggers = {entry["logger"] for entry in logged}
+    assert "uvicorn.error" in loggers, loggers
+    assert any(name.startswith("celery") for name in loggers), loggers
+    assert all({"time", "level", "logger", "message"} <= set(entry) for entry in logged)
