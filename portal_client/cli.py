@@ -1,7 +1,8 @@
-"""`python -m portal_client COMMAND`: submit, ls, show, cancel, logs, queue, shares, wait.
+"""`gpu-portal COMMAND` (or `python -m portal_client`): submit, ls, show, cancel, logs, queue,
+shares, wait.
 
 export PORTAL_URL=http://127.0.0.1:8000 PORTAL_TOKEN=...
-python -m portal_client submit --share research --gpus 8 --gpu-type h100 -- python train.py
+gpu-portal submit --share research --gpus 8 --gpu-type h100 -- python train.py
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from portal_client.client import FINAL_STATES, Client, PortalError
+from scheduler.version import VERSION
 
 NO_URL = "no portal URL: pass --url or set PORTAL_URL (like http://127.0.0.1:8000)."
 NO_TOKEN = "no API token: pass --token or set PORTAL_TOKEN (manage.py drf_create_token USER)."
@@ -21,9 +23,8 @@ BAD_ENV = "--env takes NAME=VALUE, not {value!r}."
 
 
 def parser() -> argparse.ArgumentParser:
-    main = argparse.ArgumentParser(
-        prog="python -m portal_client", description=__doc__.split("\n")[0]
-    )
+    main = argparse.ArgumentParser(prog="gpu-portal", description=__doc__.split("\n")[0])
+    main.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     main.add_argument("--url", default=os.environ.get("PORTAL_URL"), help="default: $PORTAL_URL")
     main.add_argument(
         "--token", default=os.environ.get("PORTAL_TOKEN"), help="default: $PORTAL_TOKEN"

@@ -1,4 +1,4 @@
-"""`python -m scheduler.agent`: run the node agent. See docs/agent.md."""
+"""`gpu-agent` (or `python -m scheduler.agent`): run the node agent. See docs/agent.md."""
 
 from __future__ import annotations
 
@@ -12,13 +12,15 @@ from pathlib import Path
 
 from scheduler.agent.core import Agent
 from scheduler.agent.gpus import DiscoveryError, fake_gpus, nvml_gpus
+from scheduler.version import VERSION
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     env = os.environ.get
     parser = argparse.ArgumentParser(
-        prog="python -m scheduler.agent", description="Run jobs of the GPU portal on this node."
+        prog="gpu-agent", description="Run jobs of the GPU portal on this node."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     parser.add_argument(
         "--portal",
         default=env("PORTAL_URL", "http://127.0.0.1:8000"),
