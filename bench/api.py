@@ -1,11 +1,12 @@
-"""Submit and read throughput of the REST API: gunicorn (2 workers) on PostgreSQL, concurrent
-clients.
+"""Submit and read throughput of the REST API on PostgreSQL, concurrent clients: on the
+production server (`gpu-portal-server web`: uvicorn, 2 workers, a pool of 8 connections each), or
+with `--server gunicorn` on gunicorn (2 gthread workers × 4 threads), the WSGI server it had
+before, for comparison.
 
-    python bench/api.py [--runs 3] [--seconds 5] [--clients 8]
+    python bench/api.py [--runs 3] [--seconds 5] [--clients 8] [--server production|gunicorn]
 
 Creates a scratch PostgreSQL database (dropped and re-created each time), migrates it, adds a
-team, a share, nodes and a user token, starts gunicorn (2 gthread workers, 4 threads each,
-keep-alive), then per run measures
+team, a share, nodes and a user token, starts the server (keep-alive), then per run measures
 1. GET /health/ (the same server's trivial endpoint: the ceiling),
 2. POST /api/v1/jobs/ (a full submit: auth, membership, validation, insert, events, and the
    cycle request — a Celery message to Redis; no worker runs, messages just accumulate), and
@@ -165,22 +166,22 @@ def free_port() -> int:
 GUNICORN_OPTIONS = ["--worker-class", "gthread", "--threads", "4", "--keep-alive", "5"]
 
 
-def start_server(port: int) -> subprocess.Popen:
-    server = subprocess.Popen(
-        [
-            GUNICORN,
-            "portal.wsgi",
-            "-w",
-            "2",
-            *GUNICORN_OPTIONS,
-            "-b",
-            f"127.0.0.1:{port}",
-            "--log-level",
-            "warning",
-        ],
-        env=server_env(),
-        cwd=ROOT,
-    )
+SERVERS = {
+    "production": "gpu-portal-server web (uvicorn) 2 workers, pool of 8",
+    "gunicorn": "gunicorn 2 workers × 4 threads",
+}
+
+
+def start_server(port: int, kind: str) -> subprocess.Popen:
+    if kind == "gunicorn":
+        command = [GUNICORN, "portal.wsgi", "-w", "2", *GUNICORN_OPTIONS,
+                   "-b", f"127.0.0.1:{port}", "--log-level", "warning"]  # fmt: skip
+        env = server_env()
+    else:
+        command = [PYTHON, "-m", "portal.server", "web"]
+        env = {**server_env(), "PORTAL_ADDRESS": f"127.0.0.1:{port}", "WEB_WORKERS": "2",
+               "DATABASE_POOL_SIZE": "8", "SECURE_SSL_REDIRECT": "0"}  # fmt: skip
+    server = subprocess.Popen(command, env=env, cwd=ROOT)
     for _ in range(100):
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
@@ -188,7 +189,7 @@ def start_server(port: int) -> subprocess.Popen:
         except OSError:
             time.sleep(0.1)
     server.kill()
-    raise SystemExit("gunicorn did not start")
+    raise SystemExit(f"{kind} did not start")
 
 
 def client(args: tuple[int, str, str, float, list[int]]) -> tuple[int, int, list[float]]:
@@ -256,10 +257,11 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--server", choices=("production", "gunicorn"), default="production")
     args = parser.parse_args()
     token = prepare()
     port = free_port()
-    server = start_server(port)
+    server = start_server(port, args.server)
     runs = []
     try:
         with multiprocessing.Pool(args.clients) as pool:
@@ -294,7 +296,7 @@ def main() -> int:
     ratio = median([s["rate"] / h["rate"] for h, s, _ in runs])
     read_ratio = median([r["rate"] / h["rate"] for h, _, r in runs])
     print(
-        f"median of {len(runs)} runs ({args.clients} clients, gunicorn 2 workers × 4 threads, "
+        f"median of {len(runs)} runs ({args.clients} clients, {SERVERS[args.server]}, "
         f"PostgreSQL, {os.cpu_count()} CPUs): submits/s {submit_rate:.0f} (goal ≥ 300), "
         f"p99 {submit_p99:.1f} ms (goal ≤ 100), ratio {ratio:.2f} (goal ≥ 0.4); "
         f"reads/s {read_rate:.0f} (goal ≥ 500), p50 {read_p50:.1f} ms, p99 {read_p99:.1f} ms, "

@@ -49,6 +49,14 @@ def _environment() -> dict[str, str]:
     missing = [f"  {name}={example}" for name, example in REQUIRED.items() if not env.get(name)]
     if missing:
         sys.exit("gpu-portal-server: set in the environment:\n" + "\n".join(missing))
+    if not env["DATABASE_URL"].startswith(("postgres://", "postgresql://", "pgsql://")):
+        sys.exit("gpu-portal-server: DATABASE_URL must be a PostgreSQL database (postgres://...); "
+                 "SQLite is for `make run`.")  # fmt: skip
+    if not env["DATABASE_POOL_SIZE"].isdigit() or int(env["DATABASE_POOL_SIZE"]) < 1:
+        # Under ASGI each request runs on a thread of its own: without a pool, each would open
+        # a connection of its own.
+        sys.exit("gpu-portal-server: DATABASE_POOL_SIZE must be 1 or more (connections per "
+                 "process; 8 by default).")  # fmt: skip
     var = Path(env.setdefault("PORTAL_VAR_DIR", str(Path.cwd() / "var")))
     if not env.get("SECRET_KEY"):
         env["SECRET_KEY"] = _kept_secret_key(var / "secret-key")

@@ -28,7 +28,10 @@ def answers(url: str) -> bool:
 
 def test_serve_starts_everything_serves_and_ctrl_c_stops_it_all(transactional_db, tmp_path):
     from django.conf import settings
+    from django.db import connection
 
+    if connection.vendor != "postgresql":
+        pytest.skip("the production server runs on PostgreSQL (CI's database)")
     port = free_port()
     env = {
         **os.environ,
@@ -74,3 +77,20 @@ def test_serve_starts_everything_serves_and_ctrl_c_stops_it_all(transactional_db
     assert "uvicorn.error" in loggers, loggers
     assert any(name.startswith("celery") for name in loggers), loggers
     assert all({"time", "level", "logger", "message"} <= set(entry) for entry in logged)
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"DATABASE_URL": ""}, "DATABASE_URL=postgres://"),
+        ({"REDIS_URL": ""}, "REDIS_URL=redis://"),
+        ({"DATABASE_URL": "sqlite:///portal.sqlite3"}, "must be a PostgreSQL database"),
+        ({"DATABASE_POOL_SIZE": "0"}, "DATABASE_POOL_SIZE must be 1 or more"),
+    ],
+)
+def test_the_server_refuses_to_start_without_what_it_needs_and_says_what(env, says, tmp_path):
+    base = {**os.environ, "DATABASE_URL": "postgres://127.0.0.1/x", "REDIS_URL": "redis://x",
+            "PORTAL_VAR_DIR": str(tmp_path)}  # fmt: skip
+    result = subprocess.run([sys.executable, "-m", "portal.server", "web"], cwd=ROOT,
+                            env={**base, **env}, capture_output=True, text=True)  # fmt: skip
+    assert result.returncode != 0 and says in result.stderr, result.stderr
