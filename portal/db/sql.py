@@ -120,3 +120,45 @@ def instance_from_row(model: type[models.Model], row: Sequence):
 @cache
 def _attnames(model: type[models.Model]) -> list[str]:
     return [field.attname for field in model._meta.concrete_fields]
+
+
+# --- Sets of rows as one parameter -------------------------------------------------------------
+# A statement about thousands of rows (the cycle's placements, its waiting reasons) takes them
+# as one parameter of JSON text: json.dumps writes it in C, and both PostgreSQL and SQLite
+# read it in C (jsonb_array_elements, json_each), where binding arrays costs psycopg a Python
+# loop over every value and SQLite a bound parameter each, below its limit. The same SQL, with
+# a vendor's function names, serves both databases.
+
+
+def ids_sql(column: str) -> str:
+    """`column` is one of the ids given as one parameter (`ids_param`). A semi-join on
+    PostgreSQL: as a filter, `= ANY(array)` compares each row with every id (a prepared
+    statement's generic plan cannot hash a parameter's array)."""
+    if connection.vendor == "postgresql":
+        return f"{column} IN (SELECT unnest(%s::bigint[]))"
+    return f"{column} IN (SELECT value FROM json_each(%s))"
+
+
+def ids_param(ids) -> str:
+    """The parameter of `ids_sql`: an array literal on PostgreSQL, JSON elsewhere."""
+    text = ",".join(map(str, ids))
+    return f"{{{text}}}" if connection.vendor == "postgresql" else f"[{text}]"
+
+
+def json_rows_sql(types: Sequence[str]) -> str:
+    """A subquery of the rows given as one parameter, a JSON array of arrays (`json_rows_param`):
+    columns c0, c1, ... of the SQL `types` (PostgreSQL's names, e.g. a field's db_type; "jsonb"
+    values stay JSON)."""
+    if connection.vendor == "postgresql":
+        columns = ", ".join(
+            f"(e.value -> {i}) AS c{i}" if kind == "jsonb" else f"(e.value ->> {i})::{kind} AS c{i}"
+            for i, kind in enumerate(types)
+        )
+        return f"(SELECT {columns} FROM jsonb_array_elements(%s::jsonb) AS e)"
+    columns = ", ".join(f"json_extract(e.value, '$[{i}]') AS c{i}" for i in range(len(types)))
+    return f"(SELECT {columns} FROM json_each(%s) AS e)"
+
+
+def json_rows_param(rows) -> str:
+    """The parameter of `json_rows_sql`: `rows` (sequences of JSON values) as JSON text."""
+    return json.dumps(rows if isinstance(rows, list) else list(rows), separators=(",", ":"))

@@ -4,10 +4,14 @@ still runs and is not already stopping. A stale plan therefore changes nothing i
 
 from __future__ import annotations
 
+from functools import cache
+
+from django.db import connection
 from django.db.models import F
 from django.utils import timezone
 
-from portal.db.bulk import id_batches, rows_insert
+from portal.db.bulk import json_insert
+from portal.db.sql import ids_param, ids_sql, prepared_cursor
 from scheduler import engine
 from scheduler.cycle.result import CycleResult
 from scheduler.cycle.snapshot import SnapshotContext
@@ -19,19 +23,39 @@ SCHEDULED_REASON = "scheduled on {where}"
 SCHEDULED_JOB_REASON = "scheduled: waiting for its node agent(s) to start it"
 
 
-def _lock_jobs(ids: list[int], **conditions) -> dict[int, dict]:
-    """Lock the jobs among `ids` that still meet `conditions` (the conditional part of every
-    update below) and return their rows by id. Rows are locked in id order."""
+def _lock_jobs(
+    ids: list[int], *, states: tuple[str, ...], cancel_requested: bool | None = None
+) -> dict[int, dict]:
+    """Lock the jobs among `ids` that are still in one of `states` (and, when given, whose
+    cancel_requested is that), the conditional part of every update below, and return their
+    rows by id. Rows are locked in id order, in one statement."""
+    if not ids:
+        return {}
+    params = [ids_param(ids), *states]
+    if cancel_requested is not None:
+        params.append(cancel_requested)
     rows: dict[int, dict] = {}
-    for batch in id_batches(sorted(ids)):
-        for row in (
-            Job.objects.select_for_update()
-            .filter(pk__in=batch, **conditions)
-            .order_by("pk")
-            .values("pk", "state", "attempt_count")
-        ):
-            rows[row["pk"]] = row
+    with prepared_cursor() as cursor:
+        cursor.execute(_lock_sql(len(states), cancel_requested is not None), params)
+        for pk, state, attempt_count in cursor.fetchall():
+            rows[pk] = {"pk": pk, "state": state, "attempt_count": attempt_count}
     return rows
+
+
+@cache
+def _lock_sql(states: int, cancel_condition: bool) -> str:
+    """The jobs among the ids (the first parameter) in one of `states` states (the next
+    parameters), with cancel_requested equal to the last parameter if `cancel_condition`."""
+    sql = (
+        f"SELECT id, state, attempt_count FROM {connection.ops.quote_name(Job._meta.db_table)} "
+        f"WHERE {ids_sql('id')} AND state IN ({', '.join(['%s'] * states)})"
+    )
+    if cancel_condition:
+        sql += " AND cancel_requested = %s"
+    sql += " ORDER BY id"
+    if connection.features.has_select_for_update:
+        sql += " FOR UPDATE"
+    return sql
 
 
 def cycle_apply(plan: engine.Plan, context: SnapshotContext, *, result: CycleResult) -> None:
@@ -52,7 +76,7 @@ def _apply_preemptions(preemptions: tuple[engine.Preemption, ...], *, result: Cy
         return
     by_job = {int(p.job_id): p for p in preemptions}
     running = (Job.State.SCHEDULED, Job.State.STARTING, Job.State.RUNNING)
-    jobs = _lock_jobs(list(by_job), state__in=running, cancel_requested=False)
+    jobs = _lock_jobs(list(by_job), states=running, cancel_requested=False)
     attempts = list(
         JobAttempt.objects.filter(
             job_id__in=jobs, ended_at__isnull=True, stop_requested_at__isnull=True
@@ -100,17 +124,13 @@ def _apply_placements(
     if not placements:
         return
     jobs = _lock_jobs(
-        [int(p.job_id) for p in placements], state=Job.State.RUNNABLE, cancel_requested=False
+        [int(p.job_id) for p in placements], states=(Job.State.RUNNABLE,), cancel_requested=False
     )
-    names = {a.node for p in placements for a in p.allocations}
-    ready = dict(
-        Node.objects.filter(name__in=names, state=Node.State.READY).values_list("name", "pk")
-    )
-    held = set(
-        GpuAssignment.objects.filter(node_id__in=ready.values(), released=False).values_list(
-            "node_id", "gpu_index"
-        )
-    )
+    with prepared_cursor() as cursor:
+        cursor.execute(_ready_nodes_sql(), [Node.State.READY])
+        ready = dict(cursor.fetchall())
+        cursor.execute(_held_gpus_sql(), [False, Node.State.READY])
+        held = set(cursor.fetchall())
     accepted: list[tuple[engine.Placement, dict]] = []
     for placement in placements:
         job = jobs.get(int(placement.job_id))
@@ -123,14 +143,14 @@ def _apply_placements(
             if node_id is None:
                 wanted = None
                 break
-            wanted.update((node_id, index) for index in allocation.gpu_indices)
-        if wanted is None or wanted & held:
+            wanted.update([(node_id, index) for index in allocation.gpu_indices])
+        if wanted is None or not held.isdisjoint(wanted):
             result.stale.append(f"place {placement.job_id}: node not ready or GPU held")
             continue
         held |= wanted
         accepted.append((placement, job))
     attempt_ids = dict(
-        rows_insert(
+        json_insert(
             JobAttempt,
             ("job_id", "number", "allocations", "borrowed_gpus"),
             [
@@ -146,7 +166,7 @@ def _apply_placements(
         )
     )
     # The partial unique index gpu_held_by_one_attempt refuses a GPU that is still held.
-    rows_insert(
+    json_insert(
         GpuAssignment,
         ("attempt_id", "node_id", "gpu_index"),
         [
@@ -171,12 +191,30 @@ def _apply_placements(
     result.placed += len(accepted)
 
 
+@cache
+def _ready_nodes_sql() -> str:
+    """(name, id) of the nodes in a state (the parameter)."""
+    return f"SELECT name, id FROM {connection.ops.quote_name(Node._meta.db_table)} WHERE state = %s"
+
+
+@cache
+def _held_gpus_sql() -> str:
+    """(node id, GPU index) of the GPUs held (released is the first parameter) on the nodes
+    in a state (the second)."""
+    quote = connection.ops.quote_name
+    return (
+        f"SELECT gpu.node_id, gpu.gpu_index FROM {quote(GpuAssignment._meta.db_table)} gpu "
+        f"JOIN {quote(Node._meta.db_table)} node ON node.id = gpu.node_id "
+        "WHERE gpu.released = %s AND node.state = %s"
+    )
+
+
 def _apply_rejections(rejections: tuple[engine.Rejection, ...], *, result: CycleResult) -> None:
     """Jobs that could never run here end FAILED with the engine's reason."""
     if not rejections:
         return
     by_job = {int(r.job_id): r.reason for r in rejections}
-    jobs = _lock_jobs(list(by_job), state=Job.State.RUNNABLE)
+    jobs = _lock_jobs(list(by_job), states=(Job.State.RUNNABLE,))
     Transitions().move_rows(
         to_state=Job.State.FAILED,
         changes=[(job_id, row["state"], by_job[job_id]) for job_id, row in jobs.items()],
@@ -185,12 +223,35 @@ def _apply_rejections(rejections: tuple[engine.Rejection, ...], *, result: Cycle
 
 
 def _apply_waiting(waiting, context: SnapshotContext, *, result: CycleResult) -> None:
-    """Write why each job waits, only where it changed (an idle cycle writes nothing). Not a
-    state change, so no event; the update is conditional on the job still being RUNNABLE."""
+    """Write why each job waits, only where it changed (an idle cycle writes nothing), in one
+    statement. Not a state change, so no event; the update is conditional on the job still
+    being RUNNABLE. A kept snapshot's reasons (`context.keeps_reasons`) are written without
+    a record in the change feed and updated here: a job whose row changed meanwhile is in the
+    feed anyway, and the next cycle reads it again."""
+    reasons = context.reasons
     changed = {
-        int(job_id): reason
-        for job_id, reason in waiting.items()
-        if context.reasons.get(int(job_id)) != reason
+        job_id: reason
+        for job_id, reason in zip(map(int, waiting), waiting.values(), strict=True)
+        if reasons.get(job_id) != reason
     }
-    jobs_set_reasons(changed, state=Job.State.RUNNABLE)
+    if not changed:
+        return
+    quiet = context.keeps_reasons and connection.vendor == "postgresql"
+    if quiet:
+        _feed_quiet(True)
+    try:
+        jobs_set_reasons(changed, state=Job.State.RUNNABLE)
+    finally:
+        if quiet:
+            _feed_quiet(False)
+    reasons.update(changed)
     result.reasons_updated += len(changed)
+
+
+def _feed_quiet(quiet: bool) -> None:
+    """Whether this transaction's changes of job reasons go unrecorded in the change feed
+    (PostgreSQL; the setting ends with the transaction anyway)."""
+    with prepared_cursor() as cursor:
+        cursor.execute(
+            "SELECT set_config('portal.snapshot_quiet', %s, true)", ["on" if quiet else "off"]
+        )

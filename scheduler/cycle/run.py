@@ -5,7 +5,8 @@ run it at once.
 
 The steps are separate functions so tests can run one step at a time:
 `housekeeping.nodes_mark_lost`, `housekeeping.cancels_to_stop_orders`,
-`snapshot.cycle_snapshot`, `apply.cycle_apply`. Two signals let a process watch the cycle:
+`snapshot.SnapshotCache.load` (the snapshot kept between cycles; `snapshot.cycle_snapshot`
+reads it all), `apply.cycle_apply`. Two signals let a process watch the cycle:
 `plan_applied` (after the plan is applied, before the commit) and `cycle_done` (at its end,
 while the lock is still held).
 """
@@ -24,7 +25,7 @@ from scheduler.cycle import idle
 from scheduler.cycle.apply import cycle_apply
 from scheduler.cycle.housekeeping import cancels_to_stop_orders, nodes_mark_lost
 from scheduler.cycle.result import CycleResult
-from scheduler.cycle.snapshot import cycle_snapshot
+from scheduler.cycle.snapshot import snapshot_cache
 from scheduler.cycle.wake import notify_nodes
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,15 @@ def cycle_run(*, force: bool = False, after_change: int | None = None) -> CycleR
         idle.cycle_started()
         result.skipped = result.covered = True
         return result
+    try:
+        return _cycle(force=force, result=result)
+    except BaseException:
+        # Whatever the kept snapshot took in, the transaction is gone: read everything next.
+        snapshot_cache.forget()
+        raise
+
+
+def _cycle(*, force: bool, result: CycleResult) -> CycleResult:
     now = timezone.now()
     timed = result.timed
     with timed("total"), transaction.atomic():
@@ -73,7 +83,7 @@ def cycle_run(*, force: bool = False, after_change: int | None = None) -> CycleR
                 cycle_done.send(sender=cycle_run, result=result, locked_ns=locked_ns)
                 return result
         with timed("snapshot"):
-            snapshot, context = cycle_snapshot()
+            snapshot, context = snapshot_cache.load()
         with timed("plan"):
             plan = engine.plan(snapshot)
         cycle_apply(plan, context, result=result)

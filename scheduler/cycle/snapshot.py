@@ -1,23 +1,51 @@
 """What the engine needs to plan, loaded from the database: nodes, shares, placed jobs (their
-open attempts) and runnable jobs, as tuples of the needed columns."""
+open attempts) and runnable jobs, as tuples of the needed columns.
+
+`cycle_snapshot()` reads it all. The cycle itself (`SnapshotCache.load`, under the cycle lock)
+keeps the placed and runnable jobs between cycles and reads again only the jobs the database's
+change feed names (migration 0005: triggers record every job whose row, or one of whose
+attempts, changed, whoever wrote it, in the writer's transaction; the cycle consumes the feed).
+Nodes and shares, a few thousand rows at most, are read every cycle. Whenever the cache cannot
+prove itself current (first cycle, another worker's or a rolled-back cycle, a TRUNCATE, a
+missing trigger, an error) it reads everything, as `cycle_snapshot()`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import logging
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import F, Max
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from portal.db.sql import json_value, prepared_cursor
+from portal.db.sql import ids_param, ids_sql, json_value, prepared_cursor
 from scheduler import engine
 from scheduler.models import Job, JobAttempt, Node
 from shares.models import QuotaShare
+
+logger = logging.getLogger(__name__)
+
+CHANGES_TABLE = "scheduler_snapshotchange"
+# Up to this many changed jobs are always read one by one.
+FULL_READ_CHANGES = 1000
+STATE_TABLE = "scheduler_snapshotstate"
+# The triggers of migration 0005, by database: without all of them the feed may miss changes.
+FEED_TRIGGERS = {
+    "postgresql": (
+        "job_snapshot_insert_delete", "job_snapshot_update", "job_snapshot_truncate",
+        "attempt_snapshot_insert_delete", "attempt_snapshot_update", "attempt_snapshot_truncate",
+    ),
+    "sqlite": (
+        "job_snapshot_insert", "job_snapshot_delete", "job_snapshot_update",
+        "attempt_snapshot_insert", "attempt_snapshot_delete", "attempt_snapshot_update",
+    ),
+}  # fmt: skip
 
 
 @dataclass
@@ -26,48 +54,85 @@ class SnapshotContext:
 
     reasons: dict[int, str]  # runnable job id → its reason when loaded
     node_ids: dict[str, int]  # node name → id
+    # The reasons are the kept snapshot's own: the cycle writes them without recording them in
+    # the change feed, and updates `reasons` with what it wrote (apply._apply_waiting).
+    keeps_reasons: bool = False
 
 
 def cycle_snapshot() -> tuple[engine.Snapshot, SnapshotContext]:
-    """Load what the engine needs: nodes, shares, placed jobs (open attempts) and runnable jobs,
-    as tuples of the needed columns (no model instances but the few shares). The placed and
-    runnable jobs are read with written-out SQL: for a queue of 10,000 jobs, composing and
-    iterating the ORM's queries cost the cycle several times what PostgreSQL spends on them
-    (bench/cycle.py)."""
-    nodes = list(Node.objects.values_list("pk", "name", "gpu_type", "gpus", "state"))
-    node_views = tuple(
-        engine.NodeView(name=name, gpu_type=gpu_type, gpus=gpus, state=state)
+    """Load everything the engine needs: nodes, shares, placed jobs (open attempts) and
+    runnable jobs (in id order), as tuples of the needed columns (no model instances but the
+    few shares), with written-out SQL: for a queue of 10,000 jobs, composing and iterating the
+    ORM's queries cost the cycle several times what PostgreSQL spends on them
+    (bench/cycle.py). Reads the change feed nothing and leaves it as it is."""
+    jobs = _Jobs()
+    node_ids, node_views = _nodes()
+    share_names, share_views = _shares()
+    jobs.load(share_names, ids=None)
+    return jobs.snapshot(node_views, share_views), SnapshotContext(
+        reasons=dict(jobs.reasons), node_ids=node_ids
+    )
+
+
+def _nodes() -> tuple[dict[str, int], tuple[engine.NodeView, ...]]:
+    with prepared_cursor() as cursor:
+        cursor.execute(_nodes_sql())
+        nodes = cursor.fetchall()
+    node_view = engine.NodeView
+    views = tuple(
+        node_view(name=name, gpu_type=gpu_type, gpus=gpus, state=state)
         for _, name, gpu_type, gpus, state in nodes
     )
+    return {name: pk for pk, name, *_ in nodes}, views
+
+
+def _shares() -> tuple[dict[int, str], tuple[engine.ShareView, ...]]:
     share_views = []
     share_names: dict[int, str] = {}
     for share in QuotaShare.objects.prefetch_related("capacity_limits"):
         share_names[share.pk] = share.name
         share_views.append(share.engine_view())
-    sql, to_epoch = _placed_sql()
-    with prepared_cursor() as cursor:
-        cursor.execute(sql, [Job.State.PREEMPTING, *Job.PLACED_STATES])
-        attempts = cursor.fetchall()
-    allocation = engine.Allocation
-    placed = [
-        engine.PlacedJob(
-            id=str(job_id),
-            share=share_names[share_id],
-            gpu_type=gpu_type,
-            gpus=gpus,
-            priority=priority,
-            submitted=to_epoch(submitted),
-            started=to_epoch(started),
-            allocations=tuple(
-                allocation(node=a["node"], gpu_indices=tuple(a["gpu_indices"]))
-                for a in json_value(allocations)
-            ),
-            stopping=bool(stopping),
-            preempted_for=str(preempted_for) if preempted_for else None,
-            # Victim ties: jobs on borrowed GPUs go before jobs on their own quota.
-            borrowed=borrowed,
-        )
+    return share_names, tuple(share_views)
+
+
+@dataclass
+class _Jobs:
+    """The placed and runnable jobs of a snapshot, by id, as the engine takes them."""
+
+    runnable: dict[int, engine.RunnableJob] = field(default_factory=dict)  # no claims
+    reasons: dict[int, str] = field(default_factory=dict)
+    # Requeued victims whose latest attempt was preempted for a job: id → (that job's id,
+    # the attempt's end), for `_claims`.
+    victims: dict[int, tuple[int, float]] = field(default_factory=dict)
+    placed: dict[int, engine.PlacedJob] = field(default_factory=dict)  # by attempt id
+    attempts_of: dict[int, list[int]] = field(default_factory=dict)  # job id → attempt ids
+
+    def forget(self, ids: Iterable[int]) -> None:
+        for job_id in ids:
+            self.runnable.pop(job_id, None)
+            self.reasons.pop(job_id, None)
+            self.victims.pop(job_id, None)
+            for attempt_id in self.attempts_of.pop(job_id, ()):
+                self.placed.pop(attempt_id, None)
+
+    def load(self, share_names: dict[int, str], *, ids: list[int] | None) -> None:
+        """Read the placed and runnable jobs among `ids` (all of them: None), which this holds
+        none of."""
+        self._load_placed(share_names, ids)
+        self._load_runnable(share_names, ids)
+
+    def _load_placed(self, share_names: dict[int, str], ids: list[int] | None) -> None:
+        sql, to_epoch = _placed_sql(ids is not None)
+        params = [Job.State.PREEMPTING, *Job.PLACED_STATES]
+        if ids is not None:
+            params.append(ids_param(ids))
+        with prepared_cursor() as cursor:
+            cursor.execute(sql, params)
+            attempts = cursor.fetchall()
+        allocation = engine.Allocation
+        placed_job = engine.PlacedJob
         for (
+            attempt_id,
             job_id,
             share_id,
             gpu_type,
@@ -79,39 +144,189 @@ def cycle_snapshot() -> tuple[engine.Snapshot, SnapshotContext]:
             preempted_for,
             allocations,
             borrowed,
-        ) in attempts  # fmt: skip
-    ]
-    claims = _reclaim_claims()
-    sql, to_epoch = _runnable_sql()
-    with prepared_cursor() as cursor:
-        cursor.execute(sql, [Job.State.RUNNABLE])
-        rows = cursor.fetchall()
-    runnable_job = engine.RunnableJob
-    runnable = [
-        runnable_job(
-            str(job_id),
-            share_names[share_id],
-            gpu_type,
-            gpus,
-            nodes_wanted,
-            priority,
-            to_epoch(submitted),
-            claims.get(job_id),
+        ) in attempts:  # fmt: skip
+            self.placed[attempt_id] = placed_job(
+                id=str(job_id),
+                share=share_names[share_id],
+                gpu_type=gpu_type,
+                gpus=gpus,
+                priority=priority,
+                submitted=to_epoch(submitted),
+                started=to_epoch(started),
+                allocations=tuple(
+                    allocation(node=a["node"], gpu_indices=tuple(a["gpu_indices"]))
+                    for a in json_value(allocations)
+                ),
+                stopping=bool(stopping),
+                preempted_for=str(preempted_for) if preempted_for else None,
+                # Victim ties: jobs on borrowed GPUs go before jobs on their own quota.
+                borrowed=borrowed,
+            )
+            self.attempts_of.setdefault(job_id, []).append(attempt_id)
+
+    def _load_runnable(self, share_names: dict[int, str], ids: list[int] | None) -> None:
+        sql, to_epoch = _runnable_sql(ids is not None)
+        params = [JobAttempt.Outcome.PREEMPTED, Job.State.RUNNABLE]
+        if ids is not None:
+            params.append(ids_param(ids))
+        with prepared_cursor() as cursor:
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+        runnable_job = engine.RunnableJob
+        runnable, reasons, victims = self.runnable, self.reasons, self.victims
+        for (
+            job_id, share_id, gpu_type, gpus, nodes_wanted, priority, submitted, reason,
+            claimant, ended,
+        ) in rows:  # fmt: skip
+            runnable[job_id] = runnable_job(
+                str(job_id),
+                share_names[share_id],
+                gpu_type,
+                gpus,
+                nodes_wanted,
+                priority,
+                to_epoch(submitted),
+            )
+            reasons[job_id] = reason
+            if claimant is not None:
+                victims[job_id] = (claimant, to_epoch(ended))
+
+    def snapshot(
+        self, nodes: tuple[engine.NodeView, ...], shares: tuple[engine.ShareView, ...]
+    ) -> engine.Snapshot:
+        """The engine's snapshot: jobs in id order (placed ones by attempt), claims as of
+        now."""
+        runnable = self.runnable
+        jobs = [runnable[job_id] for job_id in sorted(runnable)]
+        claims = _claims(self.victims)
+        if claims:
+            for place, job in enumerate(jobs):
+                claimant = claims.get(int(job.id))
+                if claimant is not None:
+                    jobs[place] = engine.RunnableJob(
+                        job.id, job.share, job.gpu_type, job.gpus, job.nodes, job.priority,
+                        job.submitted, claimant,
+                    )  # fmt: skip
+        placed = self.placed
+        return engine.Snapshot(
+            nodes=nodes,
+            shares=shares,
+            placed=tuple(placed[attempt_id] for attempt_id in sorted(placed)),
+            runnable=tuple(jobs),
+            borrow_order=settings.BORROW_ORDER,
         )
-        for job_id, share_id, gpu_type, gpus, nodes_wanted, priority, submitted, _reason in rows
-    ]
-    snapshot = engine.Snapshot(
-        nodes=node_views,
-        shares=tuple(share_views),
-        placed=tuple(placed),
-        runnable=tuple(runnable),
-        borrow_order=settings.BORROW_ORDER,
+
+
+def _claims(victims: dict[int, tuple[int, float]]) -> dict[int, str]:
+    """{requeued victim: the job it was last preempted for}, while that job has not been placed
+    since: the engine lets the claimant start on the freed GPUs before its victims return
+    (without it, within-limit victims retake them and the same preemption repeats forever)."""
+    if not victims:
+        return {}
+    claimants = sorted({claimant for claimant, _ in victims.values()})
+    sql, to_epoch = _last_placed_sql()
+    with prepared_cursor() as cursor:
+        cursor.execute(sql, [ids_param(claimants)])
+        last_placed = {job_id: to_epoch(latest) for job_id, latest in cursor.fetchall()}
+    return {
+        victim: str(claimant)
+        for victim, (claimant, ended_at) in victims.items()
+        if last_placed.get(claimant) is None or last_placed[claimant] < ended_at
+    }
+
+
+class SnapshotCache:
+    """The cycle's snapshot, kept between cycles and brought up to date from the change feed.
+    `load()` runs under the cycle lock, in the cycle's transaction; `forget()` after anything
+    that went wrong."""
+
+    def __init__(self) -> None:
+        self.token: str | None = None  # the feed's token this copy is current with
+        self.jobs = _Jobs()
+        self.share_names: dict[int, str] = {}
+        # What the last load did, for tests and the benchmark: "full" or "changes", and how
+        # many jobs the feed named.
+        self.last_load = ""
+        self.last_changes = 0
+
+    def forget(self) -> None:
+        self.token = None
+
+    def load(self) -> tuple[engine.Snapshot, SnapshotContext]:
+        token, triggers = self._feed_state()
+        # Until this load completes, this copy proves nothing (an error leaves it forgotten).
+        known, self.token = self.token, None
+        with prepared_cursor() as cursor:
+            cursor.execute(_consume_sql())
+            changed = sorted({job_id for (job_id,) in cursor.fetchall()})
+        node_ids, node_views = _nodes()
+        share_names, share_views = _shares()
+        jobs = self.jobs
+        current = (
+            known is not None
+            and token == known
+            and triggers
+            and share_names == self.share_names
+            # Reading most of the jobs one by one costs more than reading them all.
+            and len(changed) <= max(FULL_READ_CHANGES, (len(jobs.runnable) + len(jobs.placed)) // 2)
+        )
+        if current:
+            jobs.forget(changed)
+            if changed:
+                jobs.load(share_names, ids=changed)
+        else:
+            jobs = self.jobs = _Jobs()
+            jobs.load(share_names, ids=None)
+        self.share_names = share_names
+        self.last_load, self.last_changes = ("changes" if current else "full"), len(changed)
+        new_token = uuid.uuid4().hex
+        with prepared_cursor() as cursor:
+            cursor.execute(f"DELETE FROM {STATE_TABLE}")
+            cursor.execute(f"INSERT INTO {STATE_TABLE} (id, token) VALUES (1, %s)", [new_token])
+        self.token = new_token
+        context = SnapshotContext(
+            reasons=jobs.reasons,
+            node_ids=node_ids,
+            keeps_reasons=connection.vendor == "postgresql",
+        )
+        return jobs.snapshot(node_views, share_views), context
+
+    def _feed_state(self) -> tuple[str | None, bool]:
+        """The feed's token, and whether every trigger that writes the feed is in place."""
+        names = FEED_TRIGGERS.get(connection.vendor, ())
+        with prepared_cursor() as cursor:
+            cursor.execute(_feed_state_sql(len(names)), list(names))
+            token, triggers = cursor.fetchone()
+        return token, bool(names) and triggers == len(names)
+
+
+snapshot_cache = SnapshotCache()
+
+
+@cache
+def _nodes_sql() -> str:
+    return (
+        "SELECT id, name, gpu_type, gpus, state "
+        f"FROM {connection.ops.quote_name(Node._meta.db_table)} ORDER BY name"
     )
-    context = SnapshotContext(
-        reasons={row[0]: row[-1] for row in rows},
-        node_ids={name: pk for pk, name, *_ in nodes},
-    )
-    return snapshot, context
+
+
+@cache
+def _consume_sql() -> str:
+    """Take every change the feed holds (that this transaction can see)."""
+    return f"DELETE FROM {CHANGES_TABLE} RETURNING job_id"
+
+
+@cache
+def _feed_state_sql(triggers: int) -> str:
+    """The token (NULL without one) and how many of the named triggers (the parameters)
+    exist."""
+    names = ", ".join(["%s"] * triggers)
+    if connection.vendor == "postgresql":
+        present = f"SELECT COUNT(*) FROM pg_trigger WHERE tgname IN ({names})"
+    else:
+        present = f"SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger' AND name IN ({names})"
+    return f"SELECT (SELECT MAX(token) FROM {STATE_TABLE}), ({present})"
 
 
 def _epoch(column: str) -> tuple[str, Callable[[object], float]]:
@@ -138,16 +353,16 @@ def _parsed_epoch(value) -> float:
 
 
 @cache
-def _placed_sql() -> tuple[str, Callable[[object], float]]:
-    """The open attempts of placed jobs, with what the engine needs of them and of their jobs.
-    Parameters: PREEMPTING (`stopping`: a stop was ordered, or the job is PREEMPTING), then the
-    placed states."""
+def _placed_sql(of_ids: bool) -> tuple[str, Callable[[object], float]]:
+    """The open attempts of placed jobs, by attempt id, with what the engine needs of them and
+    of their jobs. Parameters: PREEMPTING (`stopping`: a stop was ordered, or the job is
+    PREEMPTING), then the placed states, then (`of_ids`) the jobs' ids."""
     table = connection.ops.quote_name
     submitted, to_epoch = _epoch("job.submitted_at")
     started, _ = _epoch("COALESCE(attempt.started_at, attempt.scheduled_at)")
     states = ", ".join(["%s"] * len(Job.PLACED_STATES))
     sql = (
-        "SELECT attempt.job_id, job.share_id, job.gpu_type, job.gpus, job.priority, "
+        "SELECT attempt.id, attempt.job_id, job.share_id, job.gpu_type, job.gpus, job.priority, "
         f"{submitted}, {started}, "
         "(attempt.stop_requested_at IS NOT NULL OR job.state = %s), "
         "attempt.preempted_for_id, attempt.allocations, attempt.borrowed_gpus "
@@ -155,44 +370,40 @@ def _placed_sql() -> tuple[str, Callable[[object], float]]:
         f"JOIN {table(Job._meta.db_table)} job ON job.id = attempt.job_id "
         f"WHERE attempt.ended_at IS NULL AND job.state IN ({states})"
     )
-    return sql, to_epoch
+    if of_ids:
+        sql += f" AND {ids_sql('attempt.job_id')}"
+    return sql + " ORDER BY attempt.id", to_epoch
 
 
 @cache
-def _runnable_sql() -> tuple[str, Callable[[object], float]]:
-    """The runnable jobs (the state is the parameter), with their reasons; the index
-    job_state_gpu_type serves WHERE state = 'RUNNABLE'."""
-    submitted, to_epoch = _epoch("submitted_at")
+def _runnable_sql(of_ids: bool) -> tuple[str, Callable[[object], float]]:
+    """The runnable jobs, in id order, with their reasons and, for a requeued victim whose
+    latest attempt was preempted for a job, that job and the attempt's end. Parameters:
+    PREEMPTED, RUNNABLE, then (`of_ids`) the jobs' ids. The index job_state_gpu_type serves
+    WHERE state = 'RUNNABLE', attempt_number_once_per_job the latest attempt."""
+    table = connection.ops.quote_name
+    submitted, to_epoch = _epoch("job.submitted_at")
+    ended, _ = _epoch("attempt.ended_at")
     sql = (
-        f"SELECT id, share_id, gpu_type, gpus, nodes, priority, {submitted}, reason "
-        f"FROM {connection.ops.quote_name(Job._meta.db_table)} WHERE state = %s"
+        "SELECT job.id, job.share_id, job.gpu_type, job.gpus, job.nodes, job.priority, "
+        f"{submitted}, job.reason, attempt.preempted_for_id, {ended} "
+        f"FROM {table(Job._meta.db_table)} job "
+        f"LEFT JOIN {table(JobAttempt._meta.db_table)} attempt ON attempt.job_id = job.id "
+        "AND attempt.number = job.attempt_count AND attempt.outcome = %s "
+        "AND attempt.preempted_for_id IS NOT NULL "
+        "WHERE job.state = %s"
+    )
+    if of_ids:
+        sql += f" AND {ids_sql('job.id')}"
+    return sql + " ORDER BY job.id", to_epoch
+
+
+@cache
+def _last_placed_sql() -> tuple[str, Callable[[object], float]]:
+    """(job id, its latest attempt's scheduling) of the jobs among the ids (the parameter)."""
+    latest, to_epoch = _epoch("MAX(scheduled_at)")
+    sql = (
+        f"SELECT job_id, {latest} FROM {connection.ops.quote_name(JobAttempt._meta.db_table)} "
+        f"WHERE {ids_sql('job_id')} GROUP BY job_id"
     )
     return sql, to_epoch
-
-
-def _reclaim_claims() -> dict[int, str]:
-    """{requeued victim: the job it was last preempted for}, while that job has not been placed
-    since: the engine lets the claimant start on the freed GPUs before its victims return
-    (without it, within-limit victims retake them and the same preemption repeats forever)."""
-    victims = list(
-        JobAttempt.objects.filter(
-            job__state=Job.State.RUNNABLE,
-            outcome=JobAttempt.Outcome.PREEMPTED,
-            preempted_for__isnull=False,
-            number=F("job__attempt_count"),  # the victim's latest attempt
-        ).values_list("job_id", "preempted_for_id", "ended_at")
-    )
-    if not victims:
-        return {}
-    last_placed = dict(
-        JobAttempt.objects.filter(job_id__in={claimant for _, claimant, _ in victims})
-        .values("job_id")
-        .annotate(latest=Max("scheduled_at"))
-        .values_list("job_id", "latest")
-        .order_by()
-    )
-    return {
-        victim: str(claimant)
-        for victim, claimant, ended_at in victims
-        if last_placed.get(claimant) is None or last_placed[claimant] < ended_at
-    }

@@ -1,0 +1,224 @@
+"""The snapshot the cycle keeps between cycles (scheduler.cycle.snapshot.SnapshotCache): after a
+change made by any write path, the next cycle's snapshot, brought up to date from the database's
+change feed, is exactly what reading everything gives; whenever it cannot prove itself current
+it reads everything."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from scheduler.cycle import apply as cycle_apply_module
+from scheduler.cycle.run import cycle_run
+from scheduler.cycle.snapshot import STATE_TABLE, cycle_snapshot, snapshot_cache
+from scheduler.jobs.services import job_cancel, job_set_priority, job_submit
+from scheduler.models import Job, JobAttempt, Node
+from scheduler.nodes.attempts import END_EXIT, attempt_exited, attempt_log, attempts_start
+from scheduler.nodes.services import node_set_state
+from shares.models import ShareChange
+from shares.services import share_update
+from tests.conftest import make_node
+
+pytestmark = pytest.mark.django_db
+
+
+def submit(user, share: str, gpus: int, **fields) -> Job:
+    job, _ = job_submit(
+        user=user, share_name=share, gpu_type="h100", gpus=gpus, command="true", **fields
+    )
+    return job
+
+
+def attempt_of(job: Job) -> JobAttempt:
+    return JobAttempt.objects.filter(job=job).order_by("-number").first()
+
+
+def node_of(job: Job) -> Node:
+    return Node.objects.get(name=attempt_of(job).allocations[0]["node"])
+
+
+def kept_snapshot() -> str:
+    """Load the kept snapshot as a cycle does; check it is what reading everything gives, and
+    that the reasons it compares the plan's with are the database's. Returns how it loaded."""
+    snapshot, context = snapshot_cache.load()
+    full, full_context = cycle_snapshot()
+    assert snapshot == full
+    assert context.reasons == full_context.reasons
+    return snapshot_cache.last_load
+
+
+@pytest.fixture
+def cluster(world):
+    """Two 8-GPU nodes; alice's `running` job runs on one, `scheduled` waits for its agent on
+    the other, `waiting` finds no room; the kept snapshot is current."""
+    make_node("node-0")
+    make_node("node-1")
+    running = submit(world.alice, "research", 8)
+    scheduled = submit(world.alice, "research", 8)
+    waiting = submit(world.alice, "research", 8)
+    assert cycle_run(force=True).placed == 2
+    attempts_start(node=node_of(running), attempt_ids={attempt_of(running).pk})
+    kept_snapshot()
+    return {"running": running, "scheduled": scheduled, "waiting": waiting}
+
+
+def _submit(world, jobs):
+    submit(world.bob, "research", 2, priority=7)
+
+
+def _cancel_waiting(world, jobs):
+    job_cancel(job=jobs["waiting"], user=world.alice)
+
+
+def _cancel_running(world, jobs):
+    job_cancel(job=jobs["running"], user=world.alice)
+
+
+def _priority_of_waiting(world, jobs):
+    job_set_priority(job=jobs["waiting"], priority=9)
+
+
+def _priority_of_running(world, jobs):
+    job_set_priority(job=jobs["running"], priority=9)
+
+
+def _agent_starts(world, jobs):
+    job = jobs["scheduled"]
+    attempts_start(node=node_of(job), attempt_ids={attempt_of(job).pk})
+
+
+def _agent_reports_exit(world, jobs):
+    job = jobs["running"]
+    attempt_exited(node=node_of(job), attempt_id=attempt_of(job).pk, end=END_EXIT, exit_code=0)
+
+
+def _agent_reports_log(world, jobs):
+    job = jobs["running"]
+    attempt_log(node=node_of(job), attempt_id=attempt_of(job).pk, log_tail="epoch 3")
+
+
+def _node_drained(world, jobs):
+    node_set_state(node=node_of(jobs["running"]), state=Node.State.DRAINING)
+
+
+def _share_limit_lowered(world, jobs):
+    share_update(
+        share=world.shares["research"], actor=world.root, source=ShareChange.Source.ADMIN,
+        capacity_limits={"h100": 4},
+    )  # fmt: skip
+
+
+def _share_renamed(world, jobs):
+    share = world.shares["research"]
+    share.name = "research-renamed"
+    share.save()
+
+
+def _reason_edited_in_a_shell(world, jobs):
+    Job.objects.filter(pk=jobs["waiting"].pk).update(reason="edited in a shell")
+
+
+def _job_deleted(world, jobs):
+    Job.objects.filter(pk=jobs["waiting"].pk).delete()
+
+
+def _attempt_edited_in_a_shell(world, jobs):
+    JobAttempt.objects.filter(job=jobs["running"]).update(stop_requested_at=timezone.now())
+
+
+def _placing_cycle(world, jobs):
+    _agent_reports_exit(world, jobs)
+    assert cycle_run(force=True).placed == 1
+
+
+def _reclaiming_cycle(world, jobs):
+    submit(world.carol, "vision", 8)
+    assert cycle_run(force=True).preempted == 1
+
+
+def _node_lost(world, jobs):
+    Node.objects.filter(pk=node_of(jobs["running"]).pk).update(
+        last_heartbeat=timezone.now() - timedelta(hours=1)
+    )
+    assert cycle_run(force=True).attempts_lost == 1
+
+
+WRITE_PATHS = [
+    _submit, _cancel_waiting, _cancel_running, _priority_of_waiting, _priority_of_running,
+    _agent_starts, _agent_reports_exit, _agent_reports_log, _node_drained, _share_limit_lowered,
+    _reason_edited_in_a_shell, _job_deleted, _attempt_edited_in_a_shell, _placing_cycle,
+    _reclaiming_cycle, _node_lost,
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("write", WRITE_PATHS, ids=lambda write: write.__name__.strip("_"))
+def test_a_change_by_any_write_path_is_in_the_next_cycles_snapshot(world, cluster, write):
+    """Whatever wrote it (a service, an agent's report, the cycle itself, the ORM in a shell),
+    a change between two cycles is in the next cycle's snapshot, read from the change feed
+    alone, and that snapshot equals reading everything."""
+    write(world, cluster)
+    assert kept_snapshot() == "changes"
+
+
+def test_a_renamed_share_makes_the_next_cycle_read_everything(world, cluster):
+    """The kept jobs carry their share's name: a renamed share means reading everything."""
+    _share_renamed(world, cluster)
+    assert kept_snapshot() == "full"
+
+
+def test_the_cycles_own_reasons_are_kept_and_written(world, cluster):
+    """The reasons a cycle writes are those the next cycle compares with, and the database's:
+    a second cycle with nothing new writes none."""
+    submit(world.bob, "research", 8)
+    assert cycle_run(force=True).reasons_updated == 1  # the new job's
+    assert kept_snapshot() == "changes"
+    assert cycle_run(force=True).reasons_updated == 0
+    waiting = Job.objects.filter(state=Job.State.RUNNABLE)
+    assert all(job.reason == snapshot_cache.jobs.reasons[job.pk] for job in waiting)
+
+
+def test_another_workers_cycle_makes_the_next_cycle_read_everything(world, cluster):
+    """A cycle of another worker (another token in the feed's state) consumed changes this
+    copy never saw: the next cycle reads everything."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {STATE_TABLE} SET token = %s", ["another worker"])
+    assert kept_snapshot() == "full"
+    assert kept_snapshot() == "changes"
+
+
+def test_a_lost_feed_state_makes_the_next_cycle_read_everything(world, cluster):
+    """No token (a new database, a TRUNCATE of the jobs, which clears it): read everything."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"DELETE FROM {STATE_TABLE}")
+    assert kept_snapshot() == "full"
+
+
+def test_a_failed_cycle_makes_the_next_one_read_everything(world, cluster, monkeypatch):
+    """After a cycle that failed (rolled back), the kept copy proves nothing: the next cycle
+    reads everything, and plans what reading everything gives."""
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the database went away")
+
+    submit(world.bob, "research", 2)
+    monkeypatch.setattr(cycle_apply_module, "_apply_waiting", broken)
+    with pytest.raises(RuntimeError):
+        cycle_run(force=True)
+    monkeypatch.undo()
+    assert snapshot_cache.token is None
+    assert kept_snapshot() == "full"
+
+
+def test_a_missing_trigger_makes_every_cycle_read_everything(world, cluster):
+    """Without every trigger of the feed, changes may go unrecorded: read everything."""
+    name = "job_snapshot_update"
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"DROP TRIGGER {name} ON {Job._meta.db_table}")
+        else:
+            cursor.execute(f"DROP TRIGGER {name}")
+    assert kept_snapshot() == "full"
+    assert kept_snapshot() == "full"
