@@ -3,9 +3,12 @@
 Creates a scratch database on the server of DATABASE_URL (default
 postgres://postgres@127.0.0.1:5432/test), migrates it, and for each of --runs runs: a cycle
 that places everything it can (admissions per second), a forced re-plan with nothing to place,
-and an idle cycle (nothing changed since: skipped). Baseline, measured in the same run: the engine's
-plan() alone on the same snapshot, so the ratio shows what loading and applying cost on top.
-Prints medians. `python bench/cycle.py [--runs 3] [--nodes 1000] [--jobs 20000]`"""
+and an idle cycle (nothing changed since: skipped); then a steady cycle, as a busy live system
+runs them: --finish jobs end (their agents report the exits), and the next cycle places the jobs
+that take their GPUs (the worker's kept snapshot reads only what changed). Baseline, measured in
+the same run: the engine's plan() alone on the same snapshot, so the ratio shows what loading and
+applying cost on top. Prints medians.
+`python bench/cycle.py [--runs 3] [--nodes 1000] [--jobs 20000] [--finish 200]`"""
 
 from __future__ import annotations
 
@@ -90,6 +93,27 @@ def reset() -> None:
         cursor.execute("ANALYZE")
 
 
+def finish_jobs(count: int) -> int:
+    """End `count` running attempts as their agents would report it (exit 0); returns how many
+    ended."""
+    from scheduler.models import JobAttempt, Node
+    from scheduler.nodes.attempts import node_report
+
+    attempts = list(JobAttempt.objects.filter(ended_at__isnull=True).order_by("id")[:count])
+    by_node: dict[str, list[dict]] = {}
+    for attempt in attempts:
+        node = attempt.allocations[0]["node"]
+        by_node.setdefault(node, []).append(
+            {"type": "exited", "attempt": attempt.pk, "end": "exit", "exit_code": 0,
+             "signalled": False, "log": "", "detail": ""}
+        )  # fmt: skip
+    nodes = {n.name: n for n in Node.objects.filter(name__in=by_node)}
+    ended = 0
+    for name, events in by_node.items():
+        ended += node_report(node=nodes[name], events=events).count("ok")
+    return ended
+
+
 def print_steps(title: str, runs: list[dict[str, float]]) -> None:
     """Median seconds of each step of a cycle (CycleResult.timings); `commit` is what the
     steps do not account for: mostly the COMMIT itself."""
@@ -107,6 +131,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--jobs", type=int, default=20000)
+    parser.add_argument("--finish", type=int, default=200)
     args = parser.parse_args()
     server = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")
     if not server.startswith("postgres"):
@@ -128,6 +153,7 @@ def main() -> int:
         call_command("migrate", verbosity=0)
         populate(args.nodes, args.jobs)
         placing, placed, idle, replan, plan_only = [], [], [], [], []
+        steady, steady_placed, steady_plan, steady_steps = [], [], [], []
         placing_steps, replan_steps = [], []
         for _ in range(args.runs):
             reset()
@@ -143,6 +169,17 @@ def main() -> int:
             start = time.perf_counter()
             assert cycle_run().skipped
             idle.append(time.perf_counter() - start)
+            # A steady cycle: some jobs end, the next cycle fills their GPUs.
+            finish_jobs(args.finish)
+            start = time.perf_counter()
+            result = cycle_run(force=True)
+            steady.append(time.perf_counter() - start)
+            steady_placed.append(result.placed)
+            steady_steps.append(result.timings)
+            snapshot, _ = cycle_snapshot()
+            start = time.perf_counter()
+            engine.plan(snapshot)
+            steady_plan.append(time.perf_counter() - start)
             reset()
             snapshot, _ = cycle_snapshot()
             start = time.perf_counter()
@@ -157,7 +194,12 @@ def main() -> int:
         print(f"  forced re-plan, nothing to place: {med(replan):8.3f} s")
         print(f"  baseline engine.plan() alone on the same snapshot: {med(plan_only):8.3f} s")
         print(f"  ratio placing cycle / plan alone: {med(placing) / med(plan_only):8.2f}")
+        steady_ratio = med(steady) / med(steady_plan)
+        print(f"  steady cycle after {args.finish} jobs ended: {med(steady):8.3f} s, "
+              f"{med(steady_placed):.0f} jobs placed; plan alone on its snapshot "
+              f"{med(steady_plan):8.3f} s; ratio {steady_ratio:8.2f}")  # fmt: skip
         print_steps("placing cycle", placing_steps)
+        print_steps("steady cycle", steady_steps)
         print_steps("forced re-plan", replan_steps)
     finally:
         from django.db import connections
