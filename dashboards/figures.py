@@ -5,15 +5,23 @@ Figures are plain dicts in plotly.js's own schema ({"data": [traces], "layout": 
 than plotly.graph_objects: a graph object validates and deep-copies every point, which is most
 of a page's work with 40 stacked series (bench/dashboard.py).
 tests/dashboards/test_dashboard_pages.py checks that each figure is still one that
-plotly.graph_objects accepts."""
+plotly.graph_objects accepts.
+
+History is drawn in steps. A sample stands for the time since the sample before it, so a
+point (a display bucket, the average of its samples) holds its value from where the point
+before it ended up to its own last sample (its `since` and `until`: dashboards.selectors).
+Each x is where a step begins (line shape "hv"), and the newest step gets a point at its end.
+A run of steps begins at its first sample, so a young system's chart has nothing before its
+first sample: no line, no fill, no zero. A gap in the history breaks the lines (a stacked area
+drops to zero across it)."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
 import math
-from collections.abc import Mapping
-from datetime import datetime
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
 
 import plotly.colors
 import plotly.io
@@ -88,8 +96,42 @@ def to_html(fig: Figure, div_id: str) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def _time(at: datetime) -> str:
-    # Every series of a chart shares its buckets: format each instant once.
-    return at.strftime(TIME_FORMAT)
+    # Every series of a chart shares its buckets: format each instant once. Where a step
+    # begins or ends at a sample, it is that sample's time to the microsecond.
+    return at.strftime(TIME_FORMAT + ".%f" if at.microsecond else TIME_FORMAT)
+
+
+def _span(point: UsagePoint | ShareTotalPoint | ClusterPoint) -> tuple[datetime, datetime]:
+    """The time a history point is drawn over: its since and until, or, where it does not say,
+    its bucket's start and `seconds` after."""
+    if point.since is None or point.until is None:
+        return point.at, point.at + timedelta(seconds=point.seconds)
+    return point.since, point.until
+
+
+def _steps(spans: Sequence[tuple[datetime, datetime]]) -> tuple[list[str], list[int | None]]:
+    """The x values of a step chart (line shape "hv") of buckets drawn over `spans` (since,
+    until; oldest first), and for each x the bucket whose value it carries: each bucket holds
+    its value from its since to the next bucket's, the last of a run of touching buckets to
+    its until, and a None breaks the line where the history has a gap (a stacked area drops to
+    zero there). No x lies before the first bucket's since."""
+    x: list[str] = []
+    bucket: list[int | None] = []
+    for i, (since, until) in enumerate(spans):
+        if i and spans[i - 1][1] < since:
+            x.append(_time(spans[i - 1][1]))
+            bucket.append(None)
+        x.append(_time(since))
+        bucket.append(i)
+        if i + 1 == len(spans) or until < spans[i + 1][0]:
+            x.append(_time(until))
+            bucket.append(i)
+    return x, bucket
+
+
+def _on_steps(bucket: list[int | None], values: Sequence[float]) -> list[float | None]:
+    """A series' values at the x values that _steps gave."""
+    return [None if i is None else values[i] for i in bucket]
 
 
 def capacity_now(rows: list[GpuTypeNow]) -> Figure:
@@ -116,33 +158,39 @@ def stacked_usage(
     """GPUs of one type in use over time, stacked by share, under the cluster's capacity."""
     instants = sorted({p.at for p in points})
     column = {at: i for i, at in enumerate(instants)}
+    # The shares stack on the same steps: the selector gives every share's point of a bucket
+    # the bucket's span.
+    spans: dict[datetime, tuple[datetime, datetime]] = {}
     by_share: dict[str, list[float]] = {}
     for p in points:
         values = by_share.get(p.share)
         if values is None:
             values = by_share[p.share] = [0] * len(instants)
         values[column[p.at]] = p.usage
-    times = [_time(at) for at in instants]
+        if p.at not in spans:
+            spans[p.at] = _span(p)
+    x, bucket = _steps([spans[at] for at in instants])
     data = [
         {
             "type": "scatter",
             "name": share,
-            "x": times,
-            "y": [round(v, 3) for v in by_share[share]],
+            "x": x,
+            "y": _on_steps(bucket, [round(v, 3) for v in by_share[share]]),
             "mode": "lines",
             "stackgroup": "usage",
-            "line": {"width": 0.5, "color": share_colour(share)},
+            "line": {"width": 0.5, "color": share_colour(share), "shape": "hv"},
             "hovertemplate": "%{y:.1f}",
         }
         for share in sorted(by_share)
     ]
     if cluster:
+        x, bucket = _steps([_span(c) for c in cluster])
         data.append(
             {
                 "type": "scatter",
                 "name": "capacity",
-                "x": [_time(c.at) for c in cluster],
-                "y": [c.capacity for c in cluster],
+                "x": x,
+                "y": _on_steps(bucket, [c.capacity for c in cluster]),
                 "mode": "lines",
                 "line": {"color": COLOURS["capacity"], "dash": "dash", "width": 1.5, "shape": "hv"},
             }
@@ -162,7 +210,7 @@ def share_usage(
     """One share's GPUs of one type: own use (share colour), lent to others (up to the limit),
     borrowed (above the limit), the limit, runnable demand, and markers for preemptions and
     share changes."""
-    x = [_time(p.at) for p in points]
+    x, bucket = _steps([_span(p) for p in points])
     data = []
     # Lent and borrowed bands are hatched, so they read apart from any share's colour.
     for name, values, colour, pattern in (
@@ -171,21 +219,22 @@ def share_usage(
         ("borrowed (above limit)", [p.borrowed for p in points], COLOURS["borrowed"], "x"),
     ):
         trace = {
-            "type": "scatter", "name": name, "x": x, "y": values, "mode": "lines",
-            "stackgroup": "share", "line": {"width": 0.5, "color": colour},
-            "hovertemplate": "%{y:.1f}",
+            "type": "scatter", "name": name, "x": x, "y": _on_steps(bucket, values),
+            "mode": "lines", "stackgroup": "share",
+            "line": {"width": 0.5, "color": colour, "shape": "hv"}, "hovertemplate": "%{y:.1f}",
         }  # fmt: skip
         if pattern:
             trace["fillpattern"] = {"shape": pattern, "fgcolor": colour, "solidity": 0.4}
         data.append(trace)
     data.append({
-        "type": "scatter", "name": "limit", "x": x, "y": [p.limit for p in points],
-        "mode": "lines",
+        "type": "scatter", "name": "limit", "x": x,
+        "y": _on_steps(bucket, [p.limit for p in points]), "mode": "lines",
         "line": {"color": COLOURS["limit"], "dash": "dash", "width": 1.5, "shape": "hv"},
     })  # fmt: skip
     data.append({
-        "type": "scatter", "name": "runnable demand", "x": x, "y": [p.demand for p in points],
-        "mode": "lines", "line": {"color": COLOURS["demand"], "dash": "dot", "width": 2},
+        "type": "scatter", "name": "runnable demand", "x": x,
+        "y": _on_steps(bucket, [p.demand for p in points]), "mode": "lines",
+        "line": {"color": COLOURS["demand"], "dash": "dot", "width": 2, "shape": "hv"},
     })  # fmt: skip
     top = max([p.limit + p.borrowed for p in points] or [1])
     of_type = [e for e in preemptions if e.gpu_type == gpu_type]

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from django.db.models import Count, F, Func, IntegerField, Max, Min, Q, QuerySet, Sum
+from django.db.models import Count, F, FloatField, Func, IntegerField, Max, Min, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -119,6 +119,13 @@ def resolution_for(time_range: TimeRange, now: datetime | None = None) -> Resolu
 
 # --- History ------------------------------------------------------------------------------
 
+# Every point below is one display bucket that starts at `at` and holds `seconds` of samples.
+# `since` and `until` are the time a chart draws it over. A sample stands for the time since
+# the one before it, so a bucket ends at its last sample (where it holds only rolled-up rows,
+# at its own end) and begins where the bucket before it ended; where the history begins, or
+# comes back after a gap, at its first sample (see _spans). None where the point does not say:
+# from `at`, for `seconds`.
+
 
 @dataclass(frozen=True)
 class UsagePoint:
@@ -133,6 +140,8 @@ class UsagePoint:
     idle: float
     demand: float
     usage_max: float
+    since: datetime | None = None
+    until: datetime | None = None
 
     @property
     def usage(self) -> float:
@@ -148,6 +157,8 @@ class ClusterPoint:
     in_use: float
     down: float
     in_use_max: float
+    since: datetime | None = None
+    until: datetime | None = None
 
 
 class EpochBucket(Func):
@@ -175,6 +186,31 @@ class EpochBucket(Func):
         raise NotImplementedError("EpochBucket supports SQLite and PostgreSQL only.")
 
 
+class EpochSeconds(Func):
+    """The unix time of a datetime (a column, or Min or Max of one) to the microsecond, as a
+    float, in SQL (SQLite and PostgreSQL): the buckets' first and last samples are read so, as
+    numbers, which Django's SQLite backend does not parse one by one as it does datetimes."""
+
+    output_field = FloatField()
+
+    def as_sqlite(self, compiler, connection, **extra):
+        column, params = compiler.compile(self.source_expressions[0])
+        # SQLite keeps 'YYYY-MM-DD HH:MM:SS.ffffff': whole seconds, then the fraction after them
+        # (Min and Max of that text are the earliest and latest: wrap them, not each row).
+        if connection.Database.sqlite_version_info >= (3, 38):
+            whole = f"unixepoch({column})"
+        else:
+            whole = f"CAST(strftime('%%s', {column}) AS INTEGER)"
+        return f"({whole} + CAST(substr({column}, 20) AS REAL))", [*params, *params]
+
+    def as_postgresql(self, compiler, connection, **extra):
+        column, params = compiler.compile(self.source_expressions[0])
+        return f"EXTRACT(EPOCH FROM {column})::float8", params
+
+    def as_sql(self, compiler, connection, **extra):
+        raise NotImplementedError("EpochSeconds supports SQLite and PostgreSQL only.")
+
+
 # Points per series that a chart shows at most: a range is cut into display buckets of a
 # round length, so 24 h shows 5-minute points and 30 days 3-hour points. The overview stacks
 # every share, so it shows half as many (10 minutes, 6 hours): its page stays light to build,
@@ -199,29 +235,36 @@ def _stitched(model, resolution, start, end, filters: Q, key, averaged, peaks, m
     after the newest coarse bucket (so a 30-day chart still reaches the last sample), averaged
     in SQL into display buckets (weighted by the time each row stands for; peaks max-ed).
     `averaged` maps names to fields or expressions. Yields (bucket start, seconds, *key,
-    *averaged, *peaks), oldest first."""
+    *averaged, *peaks, since, until), oldest first."""
     step = display_step(start, end, resolution, max_points)
     averaged = {f: F(f) for f in averaged} if not isinstance(averaged, dict) else averaged
     aggregates = {f"w_{f}": Sum(e * F("seconds")) for f, e in averaged.items()}
     aggregates.update({f"p_{f}": Max(f) for f in peaks})
     aggregates["covered"] = Sum("seconds")
     n_key, n_sums = len(key), 1 + len(averaged)
+    n_values = n_sums + len(peaks)
     # {(bucket, *key): [covered, *time-weighted sums, *peaks]}; a bucket may get rows from two
     # resolutions where they meet.
     merged: dict[tuple, list[float]] = {}
+    # {bucket: its last raw sample (unix time)}. Raw rows are read after the coarser ones, so
+    # where a bucket has any, the newest is its last sample.
+    lasts: dict[int, float] = {}
     cutoff, current = start, resolution
     while True:
+        last = {"last": EpochSeconds(Max("at"))} if current == Resolution.RAW else {}
         rows = (
             model.objects.filter(filters, resolution=current, at__gte=cutoff, at__lt=end)
             .annotate(bucket=EpochBucket("at", step))
             .values("bucket", *key)
-            .annotate(**aggregates)
+            .annotate(**aggregates, **last)
             .order_by()
             .values_list("bucket", *key, "covered", *(f"w_{f}" for f in averaged),
-                         *(f"p_{f}" for f in peaks))
+                         *(f"p_{f}" for f in peaks), *last)
         )  # fmt: skip
         for row in rows:
-            slot_key, values = row[: 1 + n_key], row[1 + n_key :]
+            slot_key, values = row[: 1 + n_key], row[1 + n_key : 1 + n_key + n_values]
+            if last and row[-1] > lasts.get(row[0], 0.0):
+                lasts[row[0]] = row[-1]
             slot = merged.get(slot_key)
             if slot is None:
                 merged[slot_key] = list(values)
@@ -238,18 +281,101 @@ def _stitched(model, resolution, start, end, filters: Q, key, averaged, peaks, m
         if cutoff >= end:
             break
         current -= 1
-    instants: dict[int, datetime] = {}  # every series shares its buckets: convert each once
-    for (bucket, *key_values), (covered, *values) in sorted(merged.items()):
-        at = instants.get(bucket)
-        if at is None:
-            at = instants[bucket] = datetime.fromtimestamp(bucket, UTC)
+    spans = _spans(model, filters, resolution, step, start, end, {k[0] for k in merged}, lasts)
+    for slot_key, (covered, *values) in sorted(merged.items()):
+        at, since, until = spans[slot_key[0]]
         yield (
             at,
             covered,
-            *key_values,
+            *slot_key[1:],
             *(v / covered if covered else 0.0 for v in values[: len(averaged)]),
             *values[len(averaged) :],
+            since,
+            until,
         )
+
+
+def _spans(
+    model,
+    filters: Q,
+    resolution: int,
+    step: int,
+    start: datetime,
+    end: datetime,
+    buckets: set[int],
+    lasts: dict[int, float],
+) -> dict[int, tuple[datetime, datetime, datetime]]:
+    """Where a chart draws each of its display buckets: {bucket: (its start, since, until)}.
+    Every series of a chart is sampled at the same instants (history_sample writes them
+    together), so one span serves them all.
+
+    A bucket is drawn from where the bucket before it ended up to its last sample: the last
+    of its raw samples, or the end of the bucket where it holds only rolled-up rows. Where a
+    run of buckets begins (the history's start, or after a gap) it is drawn from its first
+    sample, and where a run ends, to its last. A rolled-up row knows only its minute (hour), so
+    those edges are read from the finest rows still kept (_first_and_last): a young system's
+    chart starts at its first sample, not at the start of that sample's minute."""
+    end_time = end.timestamp()
+    ordered = sorted(buckets)
+    untils = {b: min(lasts.get(b, b + step), end_time) for b in ordered}
+    spans = {b: [b if b - step not in buckets else untils[b - step], untils[b]] for b in ordered}
+    begins = {b for b in ordered if b - step not in buckets}
+    ends = {b for b in ordered if b + step not in buckets and b not in lasts}
+    for bucket, (first, last) in _first_and_last(
+        model, filters, resolution, step, start, end, begins | ends
+    ).items():
+        if bucket in begins:
+            spans[bucket][0] = first
+        if bucket in ends:
+            spans[bucket][1] = min(last, end_time)
+    return {
+        b: (datetime.fromtimestamp(b, UTC), *(datetime.fromtimestamp(t, UTC) for t in span))
+        for b, span in spans.items()
+    }
+
+
+def _first_and_last(
+    model,
+    filters: Q,
+    resolution: int,
+    step: int,
+    start: datetime,
+    end: datetime,
+    buckets: set[int],
+) -> dict[int, tuple[float, float]]:
+    """The first and last sample (unix time) in each of the given display buckets: {bucket:
+    (first, last)}. Each is read from the coarsest rows in [start, end) (those of
+    `resolution`, which the chart reads), then from each finer resolution whose rows lie inside
+    that row's minute (hour) or after it, down to the raw samples where still kept."""
+    if not buckets:
+        return {}
+    # One range of the index (resolution, at) per bucket and resolution: only those rows.
+    within = Q()
+    for bucket in buckets:
+        since = max(start, datetime.fromtimestamp(bucket, UTC))
+        until = min(end, datetime.fromtimestamp(bucket + step, UTC))
+        for finer in range(resolution + 1):
+            within |= Q(resolution=finer, at__gte=since, at__lt=until)
+    rows = (
+        model.objects.filter(filters, within)
+        .annotate(bucket=EpochBucket("at", step))
+        .values("bucket", "resolution")
+        .annotate(first=EpochSeconds(Min("at")), last=EpochSeconds(Max("at")))
+        .order_by("bucket", "-resolution")
+        .values_list("bucket", "first", "last", "resolution")
+    )
+    edges: dict[int, list[float]] = {}
+    for bucket, first, last, row_resolution in rows:  # coarsest first
+        period = STEP[row_resolution].total_seconds() if row_resolution in STEP else 0.0
+        edge = edges.get(bucket)
+        if edge is None:
+            edges[bucket] = [first, period, last + period, period]
+            continue
+        if first < edge[0] + edge[1]:  # inside the coarser first row, or before it
+            edge[0:2] = first, period
+        if last >= edge[2] - edge[3]:  # inside the coarser last row, or after it
+            edge[2:4] = last + period, period
+    return {bucket: (edge[0], edge[2]) for bucket, edge in edges.items()}
 
 
 def usage_history(
@@ -291,6 +417,8 @@ class ShareTotalPoint:
     share: str
     gpu_type: str
     usage: float
+    since: datetime | None = None
+    until: datetime | None = None
 
 
 def usage_totals_history(

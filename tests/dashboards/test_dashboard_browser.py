@@ -4,7 +4,8 @@ test-artifacts/screenshots/."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+import re
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -214,3 +215,80 @@ def test_an_admin_opens_every_page_from_the_admin(live_server, browser_page, sce
     assert "research-sweep" in rows[1] and "borrower" in rows[1]
     assert "research-eval" in rows[2] and "no lendable h100 idle" in rows[2]
     page.screenshot(path=str(SCREENSHOTS / "admin-queue.png"), full_page=True)
+
+
+@pytest.fixture
+def young_system(settings, vision_share, research_share, root, alice):
+    """A portal six minutes old, sampled every 15 s and rolled up every minute, as beat does:
+    research runs 8 h100 of its own, and from its fourth minute borrows 4 more."""
+    settings.HISTORY_SAMPLE_SECONDS = 15
+    share_update(share=research_share, actor=None, source="command", capacity_limits={"h100": 8})
+    for name in ("h0", "h1"):
+        Node.objects.create(name=name, gpu_type="h100", gpus=8)
+
+    def job(gpus: int) -> None:
+        Job.objects.create(share=research_share, submitted_by=alice, gpu_type="h100", gpus=gpus,
+                           command="train", state=Job.State.RUNNING)  # fmt: skip
+
+    job(8)
+    now = timezone.now()
+    samples = [now - timedelta(minutes=6) + timedelta(seconds=15 * n) for n in range(24)]
+    for n, at in enumerate(samples):
+        if n == 12:
+            job(4)
+        history_sample(at)
+        history_rollup(at)
+    return {"first": samples[0], "last": samples[-1], "root": ("root", "pw-root-1234")}
+
+
+# An SVG path of horizontal and vertical segments only.
+STEP_PATH = re.compile(r"M[-\d.]+,[-\d.]+([HV][-\d.]+)*")
+# What plotly drew of each of a chart's traces over time: the x values it was given (UTC times
+# of samples) and the x it plotted (milliseconds), its line shape and y values, and the path of
+# its line on screen.
+PLOTTED = """id => {
+    const gd = document.getElementById(id);
+    const paths = {};
+    for (const group of gd.querySelectorAll(".scatterlayer .trace")) {
+        const index = group.__data__[0].trace.index;
+        paths[index] = Array.from(group.querySelectorAll("path.js-line"), p => p.getAttribute("d"));
+    }
+    return gd._fullData.filter(t => t.mode === "lines").map(t => ({
+        name: t.name, shape: t.line.shape, x: gd.data[t.index].x, y: gd.data[t.index].y,
+        plotted_x: gd.calcdata[t.index].map(point => point.x), paths: paths[t.index] || [],
+    }));
+}"""
+
+
+def test_a_young_systems_charts_start_at_its_first_sample_and_hold_each_step(
+    live_server, browser_page, young_system
+):
+    """On a portal six minutes old, the 24 h charts draw from the first sample on, nothing
+    before it, and each value as a step that holds until the next (the newest until the last
+    sample)."""
+    page = browser_page
+    log_in(page, live_server, *young_system["root"])
+    first, last = young_system["first"], young_system["last"]
+    first_ms = (first - datetime(1970, 1, 1, tzinfo=UTC)) / timedelta(milliseconds=1)
+
+    for url, div, names in (
+        ("/dash/?range=24h", "fig-usage-h100", ["research", "vision", "capacity"]),
+        ("/dash/shares/research/?range=24h", "fig-share-h100", [
+            "own use (within limit)", "lent to others", "borrowed (above limit)", "limit",
+            "runnable demand",
+        ]),
+    ):  # fmt: skip
+        open_and_shoot(page, f"{live_server.url}{url}", f"young-{div}")
+        page.wait_for_selector(f"#{div}.js-plotly-plot .main-svg")
+        traces = page.evaluate(PLOTTED, div)
+        assert [t["name"] for t in traces] == names
+        for trace in traces:
+            name = trace["name"]
+            given = [datetime.fromisoformat(x).replace(tzinfo=UTC) for x in trace["x"]]
+            assert (given[0], given[-1]) == (first, last), name
+            assert given == sorted(given), name
+            assert min(x for x in trace["plotted_x"] if x is not None) >= int(first_ms), name
+            assert trace["shape"] == "hv", name
+            assert trace["y"][-1] == trace["y"][-2], name  # the newest step holds its value
+            # On screen the line goes only across and up or down: steps, no slopes.
+            assert trace["paths"] and all(STEP_PATH.fullmatch(d) for d in trace["paths"]), name

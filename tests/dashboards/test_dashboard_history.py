@@ -1,4 +1,5 @@
-"""Utilization history: sampling, roll-ups and pruning against hand-computed numbers."""
+"""Utilization history: sampling, roll-ups and pruning against hand-computed numbers, and how
+the charts draw it (steps, from the first sample)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from dashboards import figures, selectors
 from dashboards.models import ClusterSample, Resolution, UsageSample
 from dashboards.services import history_prune, history_rollup, history_sample
 from scheduler.models import Job, Node
@@ -180,3 +182,143 @@ def test_pruning_keeps_each_resolution_for_its_retention(settings):
     assert history_prune(now) == 3
     kept = sorted(UsageSample.objects.values_list("resolution", "at"))
     assert kept == sorted([rows[1], rows[3], rows[5]])
+
+
+# --- How history is drawn -------------------------------------------------------------------
+
+
+def charts(now: datetime, range_key: str = "24h") -> dict[str, dict]:
+    """research's h100 chart on its share page and the overview's h100 chart, built as the
+    views build them for ?range=<range_key> at `now`."""
+    time_range = selectors.time_range_from({"range": range_key}, now)
+    window = {"start": time_range.start, "end": time_range.end,
+              "resolution": selectors.resolution_for(time_range, now)}  # fmt: skip
+    usage = selectors.usage_history(**window, shares=["research"])
+    share = figures.share_usage(
+        "research", "h100", [p for p in usage if p.gpu_type == "h100"], [], [], range_key
+    )
+    window["max_points"] = selectors.OVERVIEW_MAX_POINTS
+    totals = selectors.usage_totals_history(**window)
+    cluster = selectors.cluster_history(**window)
+    overview = figures.stacked_usage(
+        "h100",
+        [p for p in totals if p.gpu_type == "h100"],
+        [c for c in cluster if c.gpu_type == "h100"],
+        range_key,
+    )
+    return {"share": share, "overview": overview}
+
+
+def history_traces(fig: dict) -> dict[str, dict]:
+    """The figure's traces over time (not its event markers), by name."""
+    return {t["name"]: t for t in fig["data"] if t["mode"] == "lines"}
+
+
+def times(trace: dict) -> list[datetime]:
+    return [datetime.fromisoformat(x).replace(tzinfo=UTC) for x in trace["x"]]
+
+
+@pytest.mark.django_db
+def test_a_young_systems_chart_starts_at_its_first_sample_not_at_its_buckets_start(
+    settings, cluster, vision_share, research_share, alice
+):
+    """The portal started at 10:03:37 and has taken three samples. The 24 h charts show
+    buckets of 5 (share page) and 10 minutes (overview) that start at 10:00: each draws its one
+    bucket as a step from the first sample to the last, and nothing of 10:00–10:03:37."""
+    share_update(share=research_share, actor=None, source="command", capacity_limits={"h100": 8})
+    settings.HISTORY_SAMPLE_SECONDS = 15
+    make_job(research_share, alice, 8, Job.State.RUNNING)
+    first = T0 + timedelta(minutes=3, seconds=37, microseconds=250001)  # as the clock gives it
+    for n in range(3):
+        history_sample(first + timedelta(seconds=15 * n))
+    last = first + timedelta(seconds=30)
+
+    built = charts(first + timedelta(seconds=40))
+    drawn = {name: history_traces(fig) for name, fig in built.items()}
+    assert list(drawn["share"]) == [
+        "own use (within limit)", "lent to others", "borrowed (above limit)", "limit",
+        "runnable demand",
+    ]  # fmt: skip
+    assert list(drawn["overview"]) == ["research", "vision", "capacity"]
+    for traces in drawn.values():
+        for name, trace in traces.items():
+            assert times(trace) == [first, last], name
+            assert trace["line"].get("shape") == "hv", name
+    assert drawn["share"]["own use (within limit)"]["y"] == [8, 8]
+    assert drawn["share"]["limit"]["y"] == [8, 8]
+    assert drawn["overview"]["research"]["y"] == [8, 8]
+    assert drawn["overview"]["vision"]["y"] == [0, 0]
+    assert drawn["overview"]["capacity"]["y"] == [16, 16]
+
+
+@pytest.mark.django_db
+def test_each_bucket_holds_its_average_as_a_step_up_to_its_last_sample(
+    settings, cluster, vision_share, research_share, alice
+):
+    """The portal started at 10:03:37; sampled every 15 s and rolled up every minute, as beat
+    does, until 10:06:52. research runs 8 h100 and from 10:04:30 borrows 4 more. The share
+    page's 24 h chart reads minutes (and the raw samples after the last one) into 5-minute
+    buckets: 10:00 holds minute 10:03 (30 s, nothing borrowed) and 10:04 (borrowing 2 on
+    average); 10:05 borrows 4 throughout. Each bucket is a step up to its last sample: the
+    first from the first sample (not from 10:03, its minute's start) to 10:05, where minute
+    10:04 ends, the newest from there to the last sample."""
+    share_update(share=research_share, actor=None, source="command", capacity_limits={"h100": 8})
+    settings.HISTORY_SAMPLE_SECONDS = 15
+    make_job(research_share, alice, 8, Job.State.RUNNING)
+    first = T0 + timedelta(minutes=3, seconds=37)
+    samples = [first + timedelta(seconds=15 * n) for n in range(14)]
+    for at in samples:
+        if at == T0 + timedelta(minutes=4, seconds=37):
+            make_job(research_share, alice, 4, Job.State.RUNNING)
+        history_sample(at)
+        history_rollup(at)
+    last = samples[-1]
+    assert last == T0 + timedelta(minutes=6, seconds=52)
+    assert UsageSample.objects.filter(resolution=Resolution.MINUTE, share="research").count() == 3
+
+    drawn = charts(T0 + timedelta(minutes=7))
+    share = history_traces(drawn["share"])
+    for name, trace in share.items():
+        assert times(trace) == [first, T0 + timedelta(minutes=5), last], name
+        assert trace["line"].get("shape") == "hv", name
+    assert share["own use (within limit)"]["y"] == [8, 8, 8]
+    borrowed = share["borrowed (above limit)"]["y"]
+    assert borrowed == [pytest.approx((0 * 30 + 2 * 60) / 90), 4, 4]
+    # The overview's 10-minute bucket holds it all: one step, from the first sample to the last.
+    overview = history_traces(drawn["overview"])
+    for name, trace in overview.items():
+        assert times(trace) == [first, last], name
+        assert trace["line"].get("shape") == "hv", name
+    in_use = (8 * 30 + 10 * 60 + 12 * 120) / 210
+    assert overview["research"]["y"] == [pytest.approx(in_use, abs=1e-3)] * 2
+
+
+@pytest.mark.django_db
+def test_a_gap_in_the_history_breaks_the_steps_instead_of_bridging_it(
+    settings, cluster, vision_share, research_share, alice
+):
+    """Samples every 15 s from 10:00 to 10:02; the sampler is then down until 10:10, and
+    research has started 4 more GPUs meanwhile. On the 1 h chart (raw samples, 15-second
+    buckets) each sample holds its value over the 15 s before it, the first run ends at its
+    last sample and the next begins at its first: between them the lines break (None) and no
+    step bridges the gap."""
+    share_update(share=research_share, actor=None, source="command", capacity_limits={"h100": 8})
+    settings.HISTORY_SAMPLE_SECONDS = 15
+    make_job(research_share, alice, 4, Job.State.RUNNING)
+    before = [T0 + timedelta(seconds=15 * n) for n in range(9)]
+    after = [T0 + timedelta(minutes=10, seconds=15 * n) for n in range(5)]
+    for at in before:
+        history_sample(at)
+    make_job(research_share, alice, 4, Job.State.RUNNING)
+    for at in after:
+        history_sample(at)
+
+    share = history_traces(charts(T0 + timedelta(minutes=11, seconds=10), "1h")["share"])
+    for name, trace in share.items():
+        assert trace["line"].get("shape") == "hv", name
+        # The first run: its first sample, then each sample from the one before it, to its
+        # last; a break; the second run likewise.
+        assert times(trace) == [before[0], *before, before[-1], after[0], *after], name
+        assert trace["y"].count(None) == 1, name
+    own = share["own use (within limit)"]["y"]
+    assert own == [4] * 10 + [None] + [8] * 6

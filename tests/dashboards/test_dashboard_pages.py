@@ -288,5 +288,6 @@ def test_every_figure_is_built_as_a_figure_plotly_accepts():
         go.Figure(fig)  # raises ValueError on any property plotly does not know
     stacked = built[1]["data"]
     assert [t["name"] for t in stacked] == ["research", "vision", "capacity"]
-    assert stacked[0]["y"] == [3.0, 3.0, 3.0]
+    # Three steps, and the end of the newest one.
+    assert stacked[0]["y"] == [3.0, 3.0, 3.0, 3.0]
     assert stacked[0]["line"]["color"] == figures.share_colour("research")
