@@ -3,8 +3,9 @@
     python bench/soak.py [--agents 64] [--jobs 20000] [--minutes 10] [--clients 16] [--sqlite]
 
 Starts, all on 127.0.0.1: a scratch database (PostgreSQL `portal_soak` or SOAK_DATABASE,
-dropped and re-created; or a SQLite file with --sqlite), gunicorn (2 gthread workers, each
-with a thread per agent plus 16, sharing a pool of 8 database connections), a Celery worker
+dropped and re-created; or a SQLite file with --sqlite), the production server
+(`gpu-portal-server web`: uvicorn, 2 processes, a pool of 8 database connections each; with
+--sqlite, which it does not serve, gunicorn with 2 gthread workers), a Celery worker
 with beat, and --agents node agents with fake GPUs (h100 ×8 and l4 ×4 nodes). Eight shares
 of mixed strategies. Once every agent is READY, --clients threads submit --jobs jobs of mixed
 sizes that each run `sleep X` (0.5-3 s; GPU types in proportion to the cluster's GPUs) over
@@ -160,6 +161,7 @@ class Soak:
         self.args = args
         self.tmp = Path(tempfile.mkdtemp(prefix="portal-soak-"))
         self.sqlite = self.tmp / "soak.sqlite3" if args.sqlite else None
+        self.server = "gunicorn" if args.sqlite else "uvicorn"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {
@@ -229,16 +231,24 @@ class Soak:
         return result.stdout.strip().splitlines()[-1]
 
     def start(self) -> None:
-        # Each gunicorn worker needs a thread for every agent whose long poll it may hold (an
-        # agent's keep-alive connection stays on one worker) plus threads for everything else;
-        # the threads share a small pool of database connections (a waiting poll holds none).
-        threads = self.args.agents + 16
-        self.web = self.spawn(
-            "web",
-            [GUNICORN, "portal.wsgi", "-k", "gthread", "-w", "2", "--threads", str(threads),
-             "-b", f"127.0.0.1:{self.port}", "--log-level", "warning", "--timeout", "60"],
-            DATABASE_POOL_SIZE="8",
-        )  # fmt: skip
+        if self.sqlite is None:
+            # The production server (uvicorn, 2 processes): a waiting long poll holds no thread
+            # and no connection; each process has a pool of 8 database connections.
+            self.web = self.spawn(
+                "web",
+                [PYTHON, "-m", "portal.server", "web"],
+                PORTAL_ADDRESS=f"127.0.0.1:{self.port}", WEB_WORKERS="2", DATABASE_POOL_SIZE="8",
+            )  # fmt: skip
+        else:
+            # The production server needs PostgreSQL. With gunicorn each worker needs a thread
+            # for every agent whose long poll it may hold (an agent's keep-alive connection stays
+            # on one worker) plus threads for everything else.
+            threads = self.args.agents + 16
+            self.web = self.spawn(
+                "web",
+                [GUNICORN, "portal.wsgi", "-k", "gthread", "-w", "2", "--threads", str(threads),
+                 "-b", f"127.0.0.1:{self.port}", "--log-level", "warning", "--timeout", "60"],
+            )  # fmt: skip
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -247,7 +257,7 @@ class Soak:
             except requests.RequestException:
                 time.sleep(0.2)
         else:
-            raise SystemExit("gunicorn did not start")
+            raise SystemExit("the web server did not start")
         self.worker = self.spawn(
             "worker",
             [PYTHON, "-m", "celery", "-A", "portal", "worker", "-B", "--pool", "solo",
@@ -602,7 +612,7 @@ class Soak:
             f"baseline /health/:     p50 {health_p50:.1f} ms, p99 "
             f"{percentile(self.health_latencies, 0.99) * 1000:.1f} ms; submit/health p50 "
             f"ratio {submit_p50 / health_p50:.1f}",
-            f"peak RSS:              web {self.peak_rss['web'] / 2**20:.0f} MiB (gunicorn, "
+            f"peak RSS:              web {self.peak_rss['web'] / 2**20:.0f} MiB ({self.server}, "
             f"all workers), worker {self.peak_rss['worker'] / 2**20:.0f} MiB (celery + beat)",
         ]
         if self.vacuums is not None:
