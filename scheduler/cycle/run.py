@@ -98,12 +98,17 @@ def _cycle(*, force: bool, result: CycleResult) -> CycleResult:
         transaction.on_commit(lambda: idle.cover(changes))
         cycle_done.send(sender=cycle_run, result=result, locked_ns=locked_ns)
     if result.placed or result.preempted or result.rejected or result.attempts_lost:
+        timings = result.timings
         logger.info(
-            "cycle: placed %d, preempted %d, rejected %d, lost %d attempts",
+            "cycle: placed %d, preempted %d, rejected %d, lost %d attempts in %.0f ms "
+            "(snapshot %.0f, plan %.0f)",
             result.placed,
             result.preempted,
             result.rejected,
             result.attempts_lost,
+            timings.get("total", 0.0) * 1000,
+            timings.get("snapshot", 0.0) * 1000,
+            timings.get("plan", 0.0) * 1000,
         )
     return result
 

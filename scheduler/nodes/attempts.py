@@ -43,7 +43,15 @@ def attempts_start(*, node: Node, attempt_ids: set[int]) -> set[int]:
     answer that was lost, grants it again. Returns the ids granted."""
     if not attempt_ids:
         return set()
+    # Attempts already started (on another node of their gang, or before an answer that was
+    # lost) change no job: the UPDATE's own condition grants them, without their job's lock,
+    # which the nodes of a large gang would otherwise queue on, one database thread each.
+    sql, fields = queries.start_query(len(attempt_ids), started=True)
     ids = sorted(attempt_ids)
+    again = {row[0] for row in select_rows(sql, [timezone.now(), node.pk, False, *ids], fields)}
+    ids = [attempt_id for attempt_id in ids if attempt_id not in again]
+    if not ids:
+        return again
     with transaction.atomic():
         # The jobs first, in id order, as the cycle locks them before it orders a stop.
         jobs = {job.pk: job for job in queries.jobs_locked(queries.jobs_lock_query(len(ids)), ids)}
@@ -54,7 +62,7 @@ def attempts_start(*, node: Node, attempt_ids: set[int]) -> set[int]:
         for _attempt_id, job_id, allocations in started:
             _job_running(jobs[job_id], allocations, changes, node=node, now=now)
         changes.save()
-    return {attempt_id for attempt_id, _job_id, _allocations in started}
+    return again | {attempt_id for attempt_id, _job_id, _allocations in started}
 
 
 def attempt_started(*, node: Node, attempt_id: int) -> str:

@@ -134,16 +134,18 @@ def holders_query(count: int) -> tuple[str, tuple[models.Field, ...]]:
 
 
 @cache
-def start_query(count: int) -> tuple[str, tuple[models.Field, ...]]:
+def start_query(count: int, *, started: bool = False) -> tuple[str, tuple[models.Field, ...]]:
     """Record the start of `count` attempts (after the start time, the node and False): only
-    those whose stop was not ordered, that have not ended and that hold GPUs on the node. The
-    condition is the UPDATE's own, so a stop order written at the same moment either comes
-    first (no start) or waits for this one (a stop of a started attempt). Returns the started
-    attempts: these `fields`, the columns RETURNING names."""
+    those whose stop was not ordered, that have not ended and that hold GPUs on the node
+    (`started`: and that have started already, on another node of their gang or before an
+    answer that was lost). The condition is the UPDATE's own, so a stop order written at the
+    same moment either comes first (no start) or waits for this one (a stop of a started
+    attempt). Returns the started attempts: these `fields`, the columns RETURNING names."""
     fields = _columns("attempt.id", "attempt.job", "attempt.allocations")
+    again = "AND started_at IS NOT NULL " if started else ""
     template = (
         "UPDATE {attempt} SET started_at = COALESCE(started_at, %s) "
-        "WHERE stop_requested_at IS NULL AND ended_at IS NULL "
+        f"WHERE stop_requested_at IS NULL AND ended_at IS NULL {again}"
         "AND id IN (SELECT attempt_id FROM {gpu} WHERE node_id = %s AND released = %s "
         f"AND attempt_id IN ({_placeholders(count)})) "
         "RETURNING id, job_id, allocations"

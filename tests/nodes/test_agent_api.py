@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from scheduler.agent.gpus import gpu_type_for_model
@@ -168,6 +169,27 @@ def test_an_agent_starts_an_attempt_once_the_portal_grants_it(client_, world):
     states = list(job.events.order_by("pk").values_list("to_state", flat=True))
     assert states[-3:] == [Job.State.SCHEDULED, Job.State.STARTING, Job.State.RUNNING]
     assert states.count(Job.State.RUNNING) == 1
+
+
+def test_each_node_of_a_gang_is_granted_its_start_until_the_gang_is_stopped(client_, world):
+    """A two-node attempt: its first node's start records the job's start (RUNNING, once), the
+    second node's is granted too (it changes no job); once the attempt's stop is ordered, a node
+    that had not started yet is refused."""
+    tokens = {name: register(client_, name=name) for name in ("node-a", "node-b")}
+    job, _ = job_submit(user=world.alice, share_name="research", gpu_type="h100", gpus=8,
+                        nodes=2, command="python train.py")  # fmt: skip
+    cycle_run(force=True)
+    attempt = Job.objects.get(pk=job.pk).attempts.get()
+    assert sorted(a["node"] for a in attempt.allocations) == ["node-a", "node-b"]
+    claim = {"attempts": [attempt.pk]}
+    assert post(client_, "start", claim, tokens["node-a"]).json() == {"start": [attempt.pk]}
+    assert post(client_, "start", claim, tokens["node-b"]).json() == {"start": [attempt.pk]}
+    job = Job.objects.get(pk=job.pk)
+    assert job.state == Job.State.RUNNING
+    states = list(job.events.values_list("to_state", flat=True))
+    assert states.count(Job.State.RUNNING) == 1
+    JobAttempt.objects.filter(pk=attempt.pk).update(stop_requested_at=timezone.now())
+    assert post(client_, "start", claim, tokens["node-b"]).json() == {"start": []}
 
 
 def test_an_attempt_whose_stop_came_first_never_starts(client_, world):
