@@ -12,8 +12,10 @@ transaction (a test's, for instance)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
@@ -66,3 +68,36 @@ def release_database_connection() -> None:
         connection.close()
     else:
         connection.close_if_unusable_or_obsolete()
+
+
+class KeyedLocks:
+    """Database calls about the same keys (an attempt's id), one at a time, waiting on the event
+    loop rather than on a database lock: the agents of a gang's nodes report about the same
+    attempt at the same moment, and each would otherwise hold one of the few database threads
+    while it waits for the job's row lock the one before it holds. Across processes they still
+    meet at the row lock, one thread each at most. Under WSGI (each request its own loop and
+    thread) this does nothing."""
+
+    def __init__(self) -> None:
+        self.locks: dict[int, asyncio.Lock] = {}
+        self.users: dict[int, int] = {}
+
+    @contextlib.asynccontextmanager
+    async def held(self, keys: Iterable[int]) -> AsyncIterator[None]:
+        keys = sorted(set(keys)) if _executor is not None else []
+        for key in keys:
+            self.users[key] = self.users.get(key, 0) + 1
+            self.locks.setdefault(key, asyncio.Lock())
+        acquired: list[int] = []
+        try:
+            for key in keys:  # in order: two requests never wait for each other
+                await self.locks[key].acquire()
+                acquired.append(key)
+            yield
+        finally:
+            for key in acquired:
+                self.locks[key].release()
+            for key in keys:
+                self.users[key] -= 1
+                if not self.users[key]:
+                    del self.users[key], self.locks[key]

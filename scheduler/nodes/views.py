@@ -16,7 +16,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from portal.db.threads import in_database_thread, release_database_connection
+from portal.db.threads import KeyedLocks, in_database_thread, release_database_connection
 from scheduler.agent.protocol import END_REASONS, EVENT_EXITED, EVENT_TYPES
 from scheduler.cycle.wake import OrderWaiter
 from scheduler.models import MAX_GPUS_PER_NODE, Node
@@ -38,6 +38,10 @@ NOT_AUTHENTICATED = (
 BODY_NOT_JSON = "body: must be a JSON object."
 MAX_EVENTS = 1000
 MAX_ID = 2**62  # below the database's largest integer (SQLite's and PostgreSQL's bigint)
+
+
+# A gang's nodes report about the same attempt together: one at a time per web process.
+attempt_locks = KeyedLocks()
 
 
 class BadRequest(Exception):
@@ -115,9 +119,10 @@ def _authenticated_node(request: HttpRequest) -> Node | None:
     return node_for_token(token.strip())
 
 
-def agent_view(authenticated: bool = True):
+def agent_view(authenticated: bool = True, about=lambda data: ()):
     """POST-only JSON view, async: the body is parsed on the event loop, then `view` runs with
-    the database (`in_database_thread`); `authenticated`: the node is passed in, or 401."""
+    the database (`in_database_thread`), one at a time with other requests `about` the same
+    attempts (their ids in the body); `authenticated`: the node is passed in, or 401."""
 
     def decorate(view):
         @csrf_exempt
@@ -128,7 +133,8 @@ def agent_view(authenticated: bool = True):
                 data = _body(request)
                 if not authenticated:
                     return await in_database_thread(view, request, data)
-                return await in_database_thread(_authenticated_call, view, request, data)
+                async with attempt_locks.held(about(data)):
+                    return await in_database_thread(_authenticated_call, view, request, data)
             except BadRequest as error:
                 return JsonResponse(error.errors, status=400)
             except ValidationError as error:
@@ -200,10 +206,11 @@ async def poll(request: HttpRequest) -> JsonResponse:
         return JsonResponse(error.errors, status=400)
     waiter = OrderWaiter()
     try:
-        found = await in_database_thread(
-            _poll_start, request, running=running, stopping=stopping, events=events,
-            waiter=waiter,
-        )  # fmt: skip
+        async with attempt_locks.held(event["attempt"] for event in events):
+            found = await in_database_thread(
+                _poll_start, request, running=running, stopping=stopping, events=events,
+                waiter=waiter,
+            )  # fmt: skip
         if found is None:
             return _not_authenticated()
         node, begun = found
@@ -227,7 +234,21 @@ def _poll_start(request: HttpRequest, **poll) -> tuple[Node, PollStart] | None:
     return node, start
 
 
-@agent_view()
+def _attempts_named(data: dict) -> list[int]:
+    """The attempt ids a start (`attempts`) or a report (`events`) is about, those that are ids
+    at all (the view checks the rest)."""
+    values = data.get("attempts")
+    if values is None:
+        events = data.get("events")
+        if not isinstance(events, list):
+            return []
+        values = [event.get("attempt") for event in events if isinstance(event, dict)]
+    if not isinstance(values, list):
+        return []
+    return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+
+
+@agent_view(about=_attempts_named)
 def start(request: HttpRequest, node: Node, data: dict) -> JsonResponse:
     """{attempts: [attempt ids]} → {start: [attempt ids]}: the agent has these attempts' run
     orders and starts those in `start`; an attempt whose stop was ordered first never starts
@@ -237,7 +258,7 @@ def start(request: HttpRequest, node: Node, data: dict) -> JsonResponse:
     return JsonResponse({"start": sorted(attempts_start(node=node, attempt_ids=attempts))})
 
 
-@agent_view()
+@agent_view(about=_attempts_named)
 def report(request: HttpRequest, node: Node, data: dict) -> JsonResponse:
     """{events: [{type: started|exited|log, attempt, ...}]} → {results: ["ok"|"ignored"]}.
     An exited event has `end` (exit, timeout, never_started, lost), `exit_code`,
