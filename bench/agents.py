@@ -276,9 +276,11 @@ class SimAgent:
             await self.poller()
         finally:
             if reporter is not None:
-                reporter.cancel()
-                # Let it end before the session closes under it.
-                await asyncio.gather(reporter, return_exceptions=True)
+                # Let it end before the session closes under it (asking again: a cancel that
+                # lands as a wait_for inside it times out can be lost).
+                while not reporter.done():
+                    reporter.cancel()
+                    await asyncio.wait({reporter}, timeout=1)
             if self.claim_retry is not None:
                 self.claim_retry.cancel()
             for process in self.processes.values():
