@@ -123,6 +123,10 @@ def web(env: dict[str, str]) -> None:
         # An agent's long poll waits up to AGENT_POLL_MAX_WAIT_SECONDS; its connection is
         # reused for the next one.
         timeout_keep_alive=int(env.get("KEEP_ALIVE_SECONDS", "75")),
+        # On SIGTERM, requests in flight get this long to finish; then the connections are
+        # closed (waiting agents' polls among them: they poll again, elsewhere or after the
+        # restart). Without a bound, kept-alive agents would hold the shutdown forever.
+        timeout_graceful_shutdown=int(env.get("GRACEFUL_SHUTDOWN_SECONDS", "10")),
         proxy_headers=True,
         forwarded_allow_ips=env.get("FORWARDED_ALLOW_IPS", "127.0.0.1"),
     )
