@@ -828,7 +828,10 @@ class Run:
         connections.close_all()
 
     def stop_server(self) -> None:
+        children = []
         for process in self.processes.values():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                children += psutil.Process(process.pid).children(recursive=True)
             if process.poll() is None:
                 process.terminate()
         for process in self.processes.values():
@@ -837,6 +840,11 @@ class Run:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        # uvicorn's and Celery's worker processes too, should one outlive its parent.
+        _, alive = psutil.wait_procs(children, timeout=5)
+        for child in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
         if self.sampler is not None:
             self.sampler.close()
 
