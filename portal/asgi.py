@@ -1,18 +1,24 @@
 """The portal as an ASGI application, for the production server (`gpu-portal-server web`,
-uvicorn). The agents' long polls wait on its event loop; the database work of its async views
-runs on a few threads of their own (portal.db.threads), and the agent endpoints are served
-beside Django's request handling (scheduler.nodes.asgi), which would hold a thread per request."""
+uvicorn). The agents' endpoints are served here on the event loop (scheduler.nodes.asgi): a
+waiting long poll holds no thread and no database connection. Everything else (the REST API, the
+admin, the dashboards) is Django's WSGI application on WEB_THREADS threads (a2wsgi): a request
+runs start to end on one thread, as under a WSGI server, instead of hopping between the loop and
+a thread of its own at every middleware, as Django's ASGI handler does (several times slower per
+request here)."""
 
 import os
 
-from django.core.asgi import get_asgi_application
+from a2wsgi import WSGIMiddleware
+from django.core.wsgi import get_wsgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
-django_application = get_asgi_application()
+django_application = get_wsgi_application()
 
 # After Django's setup (the settings and the apps are loaded).
+from django.conf import settings  # noqa: E402
+
 from portal.db.threads import use_database_threads  # noqa: E402
 from scheduler.nodes.asgi import AgentEndpoints  # noqa: E402
 
 use_database_threads()
-application = AgentEndpoints(django_application)
+application = AgentEndpoints(WSGIMiddleware(django_application, workers=settings.WEB_THREADS))

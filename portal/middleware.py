@@ -1,49 +1,17 @@
-"""The portal's middleware, each usable by the WSGI and the ASGI server alike: an async view
-(the agents' long poll) must not pass through a sync-only middleware, which would hold a thread
-for the whole of its wait. Static files (WhiteNoise) and a 503 while the database is down."""
+"""Answer 503 with a JSON body while the database is unreachable, instead of a 500 page."""
 
 from __future__ import annotations
 
 import logging
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, JsonResponse
 from django.utils.deprecation import MiddlewareMixin
-from whitenoise.middleware import WhiteNoiseMiddleware
 
 logger = logging.getLogger(__name__)
 
 DATABASE_UNAVAILABLE = "the database is unavailable; nothing was changed, retry later."
 RETRY_AFTER_SECONDS = 5
-
-
-class StaticFilesMiddleware(WhiteNoiseMiddleware):
-    """WhiteNoise's middleware (static files served by the portal itself), in the mode of the
-    server: WhiteNoise's own is sync only."""
-
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response, *args, **kwargs) -> None:
-        super().__init__(get_response, *args, **kwargs)
-        self.is_async = iscoroutinefunction(get_response)
-        if self.is_async:
-            markcoroutinefunction(self)
-
-    def __call__(self, request: HttpRequest):
-        if self.is_async:
-            return self.__acall__(request)
-        return super().__call__(request)
-
-    async def __acall__(self, request: HttpRequest):
-        if self.autorefresh:  # DEBUG: looks on disk
-            static_file = await sync_to_async(self.find_file)(request.path_info)
-        else:
-            static_file = self.files.get(request.path_info)
-        if static_file is not None:
-            return await sync_to_async(self.serve)(static_file, request)
-        return await self.get_response(request)
 
 
 class DatabaseUnavailableMiddleware(MiddlewareMixin):

@@ -69,7 +69,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "portal.middleware.StaticFilesMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -136,9 +136,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env.boo
     # before 1.21).
     DATABASES["default"].setdefault("OPTIONS", {}).setdefault("prepare_threshold", 2**31 - 1)
 
-# Under the production server (ASGI), the database work of the async views (the agents'
-# endpoints) runs on this many threads per process (portal.db.threads): as many as the pool has
-# connections, so that no call waits for one.
+# Under the production server (portal.asgi), per process: WEB_THREADS threads serve the REST API,
+# the admin and the pages (Django's WSGI application), and the database work of the agents'
+# endpoints runs on DATABASE_THREADS threads (portal.db.threads); they share the process's
+# DATABASE_POOL_SIZE connections.
+WEB_THREADS = env.int("WEB_THREADS", default=env.int("DATABASE_POOL_SIZE", default=0) or 8)
 DATABASE_THREADS = env.int(
     "DATABASE_THREADS", default=env.int("DATABASE_POOL_SIZE", default=0) or 4
 )

@@ -1,13 +1,12 @@
 """The agent endpoints under the production server (ASGI), served beside Django's request
 handling rather than through it.
 
-Django's ASGI handler runs every request's sync steps (its `request_started` receivers, the
-process_request of each middleware) on a thread of the request's own, which lives until the
-request ends: a long poll that waits 20 s would hold an idle thread all that while, and a
+Django's request handling runs every request's steps (its `request_started` receivers, each
+middleware) on a thread: a long poll that waits 20 s would hold a thread all that while, and a
 thousand waiting agents a thousand threads. The agent endpoints need none of those steps: they
 authenticate with their node token (no session, no CSRF), answer JSON, and do their database work
 on the shared database threads (`portal.db.threads`). So requests under /api/v1/agent/ are
-routed here, to the same views, and everything else goes to Django's handler."""
+routed here, to the same views (async), and everything else to the rest of the portal."""
 
 from __future__ import annotations
 
@@ -29,14 +28,17 @@ VIEWS = frozenset((views.register, views.poll, views.start, views.report))
 
 
 class AgentEndpoints:
-    """ASGI application: the agent endpoints here, anything else to `django`."""
+    """ASGI application: the agent endpoints here, anything else to `rest` (an ASGI
+    application). Requests are read and answered with Django's ASGI request and response
+    handling (`ASGIHandler`'s), without its middleware and signals."""
 
-    def __init__(self, django: ASGIHandler) -> None:
-        self.django = django
+    def __init__(self, rest) -> None:
+        self.rest = rest
+        self.django = ASGIHandler()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith(PREFIX):
-            await self.django(scope, receive, send)
+            await self.rest(scope, receive, send)
             return
         try:
             body = await self.django.read_body(receive)
