@@ -2,10 +2,9 @@
 
 A placing cycle inserts thousands of rows (attempts, GPU assignments, job events) and rewrites
 the reasons of tens of thousands of waiting jobs. Through model instances and `IN (...)` lists
-that is mostly Python and round trips; on PostgreSQL `rows_insert` and `rows_update` are one
-statement over arrays (`unnest`, bound in binary), with no model instances: a placing cycle
-takes much less time (bench/cycle.py, with and without). Other databases (SQLite in
-development and tests) get the same rows through the ORM in batches below their
+that is mostly Python and round trips. `json_insert` is one statement on every database, its
+rows one JSON parameter; on PostgreSQL `rows_update` is one statement over arrays (`unnest`,
+bound in binary), elsewhere (SQLite in development and tests) the ORM in batches below the
 bound-parameter limit. `insert_with_children` writes a submit's job and its events in one
 statement (bench/api.py).
 """
@@ -38,77 +37,6 @@ def id_batches(ids: Sequence[int]) -> Iterable[Sequence[int]]:
         yield ids[start : start + size]
 
 
-def rows_insert(
-    model: type[models.Model],
-    fields: Sequence[str],
-    rows: Iterable[Sequence],
-    *,
-    returning: Sequence[str] = (),
-) -> list[tuple]:
-    """Insert `rows` (values in the order of `fields`, attribute names such as "job_id") into
-    `model`'s table; the model's other fields get their defaults, and auto_now(_add) fields the
-    current time, as the ORM does. Returns, per inserted row, the values of `returning`
-    (attribute names, e.g. ("id", "job_id")); in no particular order on PostgreSQL, so a caller
-    that needs to match ids to rows returns a key with them."""
-    rows = list(rows)
-    if not rows:
-        return []
-    meta = model._meta
-    given = [meta.get_field(name) for name in fields]
-    if any(getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False) for f in given):
-        raise ValueError("auto_now and auto_now_add fields are set by rows_insert")
-    if not _postgresql():
-        objects = model.objects.bulk_create(
-            [model(**dict(zip(fields, row, strict=True))) for row in rows], batch_size=BATCH
-        )
-        return [tuple(getattr(obj, name) for name in returning) for obj in objects]
-    sql, json_fields, defaults = _insert_plan(model, tuple(fields), tuple(returning))
-    params = []
-    for index, is_json in enumerate(json_fields):
-        values = [row[index] for row in rows]
-        if is_json:
-            values = [None if value is None else json.dumps(value) for value in values]
-        params.append(values)
-    # Fields the caller leaves out get their model default, the same for every row.
-    now = timezone.now()
-    default_values = [
-        field.get_db_prep_save(now if stamped else field.get_default(), connection)
-        for field, stamped in defaults
-    ]
-    with prepared_cursor() as cursor:
-        cursor.execute(sql, [*default_values, *params])
-        return [tuple(row) for row in cursor.fetchall()] if returning else []
-
-
-@cache
-def _insert_plan(
-    model: type[models.Model], fields: tuple[str, ...], returning: tuple[str, ...]
-) -> tuple[str, tuple[bool, ...], tuple[tuple[models.Field, bool], ...]]:
-    """rows_insert's statement on PostgreSQL, whether each of `fields` is a JSON field, and the
-    fields that get their default (with whether they are auto_now(_add) stamps)."""
-    meta = model._meta
-    given = [meta.get_field(name) for name in fields]
-    columns = [field.column for field in given]
-    selects = [f"%b::{field.db_type(connection)}[]" for field in given]
-    defaults, default_selects = [], []
-    for field in meta.concrete_fields:
-        if field in given or field.primary_key:
-            continue
-        stamped = getattr(field, "auto_now", False) or getattr(field, "auto_now_add", False)
-        columns.append(field.column)
-        defaults.append((field, stamped))
-        default_selects.append(f", %s::{field.db_type(connection)}")
-    quote = connection.ops.quote_name
-    sql = (
-        f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(c) for c in columns)}) "
-        f"SELECT *{''.join(default_selects)} FROM unnest({', '.join(selects)})"
-    )
-    if returning:
-        sql += " RETURNING " + ", ".join(quote(meta.get_field(n).column) for n in returning)
-    json_fields = tuple(isinstance(field, models.JSONField) for field in given)
-    return sql, json_fields, tuple(defaults)
-
-
 def json_insert(
     model: type[models.Model],
     fields: Sequence[str],
@@ -116,9 +44,11 @@ def json_insert(
     *,
     returning: Sequence[str] = (),
 ) -> list[tuple]:
-    """`rows_insert` in one statement on every database: the rows (JSON values in the order of
-    `fields`) travel as one JSON parameter (`portal.db.sql.json_rows_sql`). For the cycle's
-    thousands of rows, where binding arrays value by value is most of the cost. Returns, per
+    """Insert `rows` (values in the order of `fields`, attribute names such as "job_id") into
+    `model`'s table in one statement on every database; the model's other fields get their
+    defaults, and auto_now(_add) fields the current time, as the ORM does. The rows (JSON
+    values) travel as one JSON parameter (`portal.db.sql.json_rows_sql`): for the cycle's
+    thousands of rows, binding arrays value by value was most of the cost. Returns, per
     inserted row, the values of `returning`, in no particular order."""
     rows = list(rows)
     if not rows:

@@ -10,7 +10,7 @@ import pytest
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from portal.db.bulk import rows_insert, rows_update
+from portal.db.bulk import json_insert, rows_update
 from scheduler.jobs.services import job_submit
 from scheduler.models import GpuAssignment, Job, JobAttempt, JobEvent
 from scheduler.transitions import job_insert, jobs_set_reasons
@@ -31,7 +31,7 @@ def test_inserted_attempts_get_their_values_and_model_defaults(world):
     make_node("node-0")
     jobs = [submit(world.alice, "research") for _ in range(3)]
     before = timezone.now()
-    returned = rows_insert(
+    returned = json_insert(
         JobAttempt,
         ("job_id", "number", "allocations", "borrowed_gpus"),
         [
@@ -57,18 +57,18 @@ def test_a_gpu_still_held_cannot_be_inserted_twice(world):
     node = make_node("node-0")
     first, second = submit(world.alice, "research"), submit(world.alice, "research")
     ids = dict(
-        rows_insert(
+        json_insert(
             JobAttempt,
             ("job_id", "number"),
             [(first.pk, 1), (second.pk, 1)],
             returning=("job_id", "id"),
         )
     )
-    rows_insert(
+    json_insert(
         GpuAssignment, ("attempt_id", "node_id", "gpu_index"), [(ids[first.pk], node.pk, 0)]
     )
     with pytest.raises(IntegrityError), transaction.atomic():
-        rows_insert(
+        json_insert(
             GpuAssignment,
             ("attempt_id", "node_id", "gpu_index"),
             [(ids[second.pk], node.pk, 1), (ids[second.pk], node.pk, 0)],
