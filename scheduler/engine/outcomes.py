@@ -8,6 +8,8 @@ reports an exit) and the simulator (when a preempted job's grace period ends) bo
 - PREEMPTED requeues it and counts a preemption; past `max_preemptions` it fails instead
   (`max_preemptions = N`: requeued after its first N preemptions, failed at the next one);
 - NODE_LOST requeues it and counts nothing (a job being cancelled ends CANCELLED instead);
+- WITHDRAWN (a cluster manager would not start it on the GPUs the portal gave it) requeues it
+  and counts nothing;
 - TIMEOUT fails it (timeouts are not retried);
 - FAILED requeues it while retries are left (`retry_attempts`), and counts a failure.
 """
@@ -23,7 +25,8 @@ PREEMPTED = "PREEMPTED"
 NODE_LOST = "NODE_LOST"
 TIMEOUT = "TIMEOUT"
 CANCELLED = "CANCELLED"
-OUTCOMES = (SUCCEEDED, FAILED, PREEMPTED, NODE_LOST, TIMEOUT, CANCELLED)
+WITHDRAWN = "WITHDRAWN"
+OUTCOMES = (SUCCEEDED, FAILED, PREEMPTED, NODE_LOST, TIMEOUT, CANCELLED, WITHDRAWN)
 
 # The job's next state (the values of scheduler.models.Job.State).
 RUNNABLE = "RUNNABLE"
@@ -37,6 +40,7 @@ PREEMPTED_REQUEUE_REASON = "preempted ({count} so far); requeued, resumes from i
 PREEMPTED_FINAL_REASON = "preempted {count} times; max_preemptions is {limit}"
 CANCELLED_REASON = "cancelled; stopped on {node}"
 LOST_REASON = "the agent on {node} no longer has the job (agent restarted); requeued"
+WITHDRAWN_REASON = "{node} would not start it ({detail}); withdrawn and requeued"
 NODE_SILENT_REASON = "node {node} lost (no heartbeat for {seconds:g} s); requeued"
 NODE_SILENT_CANCELLED = "node {node} lost while the job was being cancelled"
 
@@ -91,6 +95,8 @@ def after_attempt(
         return NextStep(SUCCEEDED, SUCCEEDED_REASON)
     if outcome == NODE_LOST:
         return NextStep(RUNNABLE, LOST_REASON.format(node=node))
+    if outcome == WITHDRAWN:
+        return NextStep(RUNNABLE, WITHDRAWN_REASON.format(node=node, detail=detail))
     if outcome == TIMEOUT:
         return NextStep(FAILED, TIMEOUT_REASON.format(seconds=timeout_seconds))
     count = failures + 1

@@ -25,7 +25,21 @@ class NodeLayout:
         self.gpus = [node.gpus for node in nodes]
         self.all_gpus = [(1 << gpus) - 1 for gpus in self.gpus]  # bit masks
         self.largest = max(self.gpus, default=0)
-        self.capacity = sum(self.gpus)
+        # GPUs held outside the portal are neither placeable nor cluster capacity.
+        self.outside = {i: node.outside_gpus for i, node in enumerate(nodes) if node.outside_gpus}
+        self.capacity = sum(self.gpus) - sum(min(n, self.gpus[i]) for i, n in self.outside.items())
+
+
+def _taken_outside(taken: int, gpus: int, outside: int) -> int:
+    """`taken` (a bit mask) with `outside` more of the node's free GPUs taken, the highest
+    first: which ones does not matter, the cluster manager that runs them assigns its own."""
+    for index in range(gpus - 1, -1, -1):
+        if outside <= 0:
+            break
+        if not taken >> index & 1:
+            taken |= 1 << index
+            outside -= 1
+    return taken
 
 
 class NodePool:
@@ -49,6 +63,8 @@ class NodePool:
             held.get(name, 0) & all_gpus
             for name, all_gpus in zip(layout.names, layout.all_gpus, strict=True)
         ]
+        for ordinal, outside in layout.outside.items():
+            taken[ordinal] = _taken_outside(taken[ordinal], layout.gpus[ordinal], outside)
         self._counts = counts = [
             gpus - mask.bit_count() for gpus, mask in zip(layout.gpus, taken, strict=True)
         ]

@@ -33,12 +33,15 @@ UNLIMITED = -1
 
 @dataclass(frozen=True, slots=True)
 class NodeView:
-    """A GPU node. Only READY nodes receive new jobs; jobs already on others keep their GPUs."""
+    """A GPU node. Only READY nodes receive new jobs; jobs already on others keep their GPUs.
+    `outside_gpus`: GPUs that work the portal did not place holds (a cluster manager's own
+    jobs, on a node the portal shares with it): never planned on, and not cluster capacity."""
 
     name: str
     gpu_type: str
     gpus: int
     state: str = READY
+    outside_gpus: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -139,6 +139,36 @@ def test_draining_and_down_nodes_get_nothing_and_are_no_free_pool():
     assert outcome.waiting == {"b": reasons.no_lendable(H100)}
 
 
+def test_gpus_held_outside_the_portal_are_never_planned_on_nor_lent():
+    """GPUs a cluster manager's own jobs hold (Slurm jobs the portal did not submit) are taken:
+    a job goes where they are not, and they are no free pool a borrower could use."""
+    cluster = (NodeView("slurm", H100, 8, outside_gpus=6), NodeView("agent", H100, 8))
+    snapshot = Snapshot(
+        cluster,
+        (share("vision", 8, RESERVE), share("nlp", 2, LAB)),
+        placed=(running("nlp-own", "nlp", "agent", range(2)),),
+        runnable=(
+            job("fits-beside", "nlp", 2, submitted=1),
+            job("needs-outside", "nlp", 4, submitted=2),
+        ),
+    )
+    outcome = plan(snapshot)
+    # 16 GPUs, 6 outside: capacity 10, all of it under the two limits, so nothing to borrow.
+    assert where(outcome) == {}
+    assert outcome.waiting["fits-beside"] == reasons.no_lendable(H100)
+    lender = Snapshot(
+        cluster,
+        (share("vision", 8, LEND), share("nlp", 2, LAB)),
+        placed=(running("nlp-own", "nlp", "agent", range(2)),),
+        runnable=(job("borrower", "nlp", 8, submitted=1), job("small", "nlp", 2, submitted=2)),
+    )
+    outcome = plan(lender)
+    # The borrower of 8 fits only on "agent"'s 6 free GPUs plus "slurm"'s 2: never on a node
+    # whose free GPUs are outside the portal's.
+    assert "borrower" not in where(outcome)
+    assert where(outcome) == {"small": [("slurm", (0, 1))]}
+
+
 def test_reclaim_takes_back_lent_gpus_from_the_latest_borrower():
     """A LEND share's idle GPUs go to a borrower and come back when its own job arrives."""
     snapshot = Snapshot(
