@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scheduler.agent.gpus import Gpu
+from scheduler.agent.outbox import Backoff, Outbox
 from scheduler.agent.protocol import (
     END_EXIT,
     END_LOST,
@@ -46,7 +47,6 @@ logger = logging.getLogger("scheduler.agent")
 
 SHUTDOWN_REPORT_SECONDS = 5.0  # how long a stopping agent keeps trying to report
 LOG_EVERY_SECONDS = 15.0
-MAX_BACKOFF_SECONDS = 10.0
 # The main loop wakes at once when an answer comes or one of its processes ends (a pidfd,
 # Linux 5.3+; elsewhere it notices exits at its next turn), else every turn for timeouts, grace
 # periods and log tails.
@@ -130,23 +130,6 @@ class Process:
     last_log: float = field(default_factory=time.monotonic)
 
 
-class Backoff:
-    def __init__(self) -> None:
-        self.delay = 0.0
-        self.next_try = 0.0
-
-    def ready(self) -> bool:
-        return time.monotonic() >= self.next_try
-
-    def failed(self) -> None:
-        self.delay = min(MAX_BACKOFF_SECONDS, max(0.25, self.delay * 2))
-        self.next_try = time.monotonic() + self.delay
-
-    def succeeded(self) -> None:
-        self.delay = 0.0
-        self.next_try = 0.0
-
-
 class Agent:
     def __init__(
         self,
@@ -180,8 +163,7 @@ class Agent:
         # Attempts a previous run of this agent had started (their process groups were left
         # behind, and killed): the portal hears they are lost.
         self.previous_life: set[int] = set()
-        self.outbox: list[dict] = []  # events not yet acknowledged by the portal, in order
-        self.in_flight: set[int] = set()  # id() of the outbox events a request carries now
+        self.outbox = Outbox()  # events not yet acknowledged by the portal, in order
         self.poll_events = True  # send events with polls (off if the portal does not take them)
         self.lock = threading.Lock()
         self.answers: queue.Queue[dict] = queue.Queue()
@@ -190,10 +172,8 @@ class Agent:
         os.set_blocking(self.wake_read, False)
         os.set_blocking(self.wake_write, False)
         self.applied = threading.Event()
-        self.outbox_filled = threading.Event()  # set with each new event, for the reporter
         self.poll_due = threading.Event()  # set while an answer is applied: a poll follows
         self.stopping = threading.Event()
-        self.report_backoff = Backoff()
         self.http = PortalClient(self.portal)
         self.pdeathsig_launcher = _pdeathsig_launcher()
         (work_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -233,8 +213,8 @@ class Agent:
             self.stopping.wait(backoff.delay)
 
     def _poll_body(self, events: list[dict]) -> dict:
+        pending = self.outbox.pending_exits()
         with self.lock:
-            pending = {e["attempt"] for e in self.outbox if e["type"] == EVENT_EXITED}
             body = {
                 "running": sorted(set(self.processes) | pending),
                 "stopping": sorted(
@@ -246,29 +226,13 @@ class Agent:
             body["events"] = events
         return body
 
-    def _take_events(self, *, everything: bool = False) -> list[dict]:
-        """The outbox events no other request carries now (`everything`: all of them), marked
-        as carried. Each request sends them in order; the portal ignores a replay."""
-        with self.lock:
-            events = [e for e in self.outbox if everything or id(e) not in self.in_flight]
-            self.in_flight.update(id(e) for e in events)
-            return events
-
-    def _events_sent(self, events: list[dict], *, delivered: bool) -> None:
-        """The request carrying `events` ended: drop them if the portal took them."""
-        ids = {id(e) for e in events}
-        with self.lock:
-            self.in_flight -= ids
-            if delivered:
-                self.outbox = [e for e in self.outbox if id(e) not in ids]
-
     def poller(self) -> None:
         """Long-poll for orders; hand each answer to the main thread and wait until applied."""
         backoff = Backoff()
         while not self.stopping.is_set():
             # What the main thread has to report goes with the poll (what it saw while it
             # applied the last answer), saving a report request of its own.
-            events = self._take_events() if self.poll_events else []
+            events = self.outbox.take() if self.poll_events else []
             self.poll_due.clear()
             try:
                 response = self.http.post(
@@ -278,7 +242,7 @@ class Agent:
                     timeout=self.poll_wait + 15,
                 )
             except PortalUnreachable as error:
-                self._events_sent(events, delivered=False)
+                self.outbox.sent(events, delivered=False)
                 logger.warning("poll failed (%s); jobs keep running", error)
                 backoff.failed()
                 self.stopping.wait(backoff.delay)
@@ -287,7 +251,7 @@ class Agent:
             # A portal that answers without `results` did not apply the events (an older
             # one), and a refused poll may be refused for them: reports carry them from now on.
             delivered = "results" in answer
-            self._events_sent(events, delivered=delivered)
+            self.outbox.sent(events, delivered=delivered)
             if events and not delivered and response.status_code in (200, 400):
                 logger.warning("the portal does not take events with polls; sending reports")
                 self.poll_events = False
@@ -313,51 +277,22 @@ class Agent:
     def flush(self, *, everything: bool = False) -> None:
         """Report the outbox events no poll carries (`everything`: all), in order; on failure
         keep them and back off."""
-        if not self.report_backoff.ready():
-            return
-        events = self._take_events(everything=everything)
-        if not events:
-            return
-        delivered = False
-        try:
-            response = self.http.post(
-                REPORT_PATH,
-                json={"events": events},
-                headers=self._headers(),
-                timeout=10,
-            )
-        except PortalUnreachable as error:
-            logger.warning("report failed (%s); %d event(s) kept", error, len(events))
-            self.report_backoff.failed()
-            return
-        else:
-            if response.status_code == 401:
-                self.report_backoff.failed()  # the poller registers again
-            elif response.status_code != 200:
-                logger.error("report refused (%s): %s", response.status_code, response.text[:500])
-                self.report_backoff.failed()
-            else:
-                self.report_backoff.succeeded()
-                delivered = True
-        finally:
-            self._events_sent(events, delivered=delivered)
+        self.outbox.report(self.http, REPORT_PATH, self._headers, everything=everything)
 
     def _event(self, **event) -> None:
-        with self.lock:
-            self.outbox.append(event)
-        self.outbox_filled.set()
+        self.outbox.add(event)
 
     def reporter(self) -> None:
         """Report the outbox's events as they come (those no poll carries), so that the main
         thread, which starts and stops the processes, never waits on the portal."""
         while not self.stopping.is_set():
-            self.outbox_filled.wait(REPORT_WAIT_SECONDS)
+            self.outbox.filled.wait(REPORT_WAIT_SECONDS)
             if self.poll_events and self.poll_due.is_set():
                 # The poller polls again as soon as the main thread has applied its answer, and
                 # carries them: one request, not two.
                 self.stopping.wait(0.01)
                 continue
-            self.outbox_filled.clear()
+            self.outbox.filled.clear()
             self.flush()
 
     # --- Orders ------------------------------------------------------------------------------
@@ -640,11 +575,10 @@ class Agent:
         # The last reports say what became of the jobs: try for a few seconds before leaving.
         deadline = time.monotonic() + SHUTDOWN_REPORT_SECONDS
         while True:
-            self.report_backoff.succeeded()
+            self.outbox.backoff.succeeded()
             self.flush(everything=True)
-            with self.lock:
-                if not self.outbox:
-                    break
+            if not len(self.outbox):
+                break
             if time.monotonic() >= deadline:
                 logger.warning("leaving with %d unsent report(s)", len(self.outbox))
                 break
