@@ -26,8 +26,35 @@ TIMEOUT_RANGE = f"timeout_seconds: must be between 1 and {MAX_TIMEOUT_SECONDS} s
 NODE_GPUS_RANGE = f"gpus: a node has between 1 and {MAX_GPUS_PER_NODE} GPUs."
 
 
+class Connector(models.Model):
+    """A process that brings a cluster manager's nodes to the portal (`gpu-agent slurm`): it
+    registers them all, polls for all their orders at once, and has the cluster manager run
+    each attempt. Its nodes are portal nodes like an agent's; the engine plans on both alike."""
+
+    class Kind(models.TextChoices):
+        SLURM = "slurm", "Slurm"
+
+    name = models.CharField(max_length=253, unique=True)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    # The connector's token, as sha256 hex, as a node agent's.
+    token_hash = models.CharField(max_length=64, blank=True, editable=False)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        indexes = [
+            # Connector requests authenticate by WHERE token_hash = sha256(token).
+            models.Index(fields=["token_hash"], name="connector_token_hash"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()} cluster {self.name}"
+
+
 class Node(models.Model):
-    """A GPU machine running the node agent. It has GPUs of one type."""
+    """A GPU machine, run by its node agent or by a connector's cluster manager (`connector`).
+    It has GPUs of one type."""
 
     class State(models.TextChoices):
         READY = "READY", "Ready"
@@ -47,6 +74,16 @@ class Node(models.Model):
     token_hash = models.CharField(max_length=64, blank=True, editable=False)
     gpu_details = models.JSONField(
         default=list, blank=True, help_text="What the agent discovered: index, uuid, model, memory."
+    )
+    connector = models.ForeignKey(
+        Connector, null=True, blank=True, on_delete=models.PROTECT, related_name="nodes"
+    )
+    state_reason = models.CharField(
+        max_length=300, blank=True, help_text="Why the node is in its state, as its cluster says."
+    )
+    outside_gpus = models.PositiveIntegerField(
+        default=0,
+        help_text="GPUs held by work the portal did not submit (its cluster manager's own jobs).",
     )
 
     class Meta:
@@ -204,6 +241,7 @@ class JobAttempt(models.Model):
         NODE_LOST = outcomes.NODE_LOST
         TIMEOUT = outcomes.TIMEOUT
         CANCELLED = outcomes.CANCELLED
+        WITHDRAWN = outcomes.WITHDRAWN
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
     number = models.PositiveIntegerField()
@@ -225,6 +263,12 @@ class JobAttempt(models.Model):
         Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="reclaimed_attempts"
     )
     log_tail = models.TextField(blank=True)
+    cluster_job = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='What a connector\'s cluster manager runs the attempt as: {"id": its job id, '
+        '"allocations": [{"node": name, "gpu_indices": [..]}] as the cluster manager gave them}.',
+    )
 
     class Meta:
         ordering = ["job", "number"]

@@ -19,7 +19,22 @@ END_EXIT = "exit"  # it exited by itself, or after a stop order
 END_TIMEOUT = "timeout"  # the agent stopped it at timeout_seconds
 END_NEVER_STARTED = "never_started"  # stopped before it started, or could not start
 END_LOST = "lost"  # the agent does not have it (restarted since)
-END_REASONS = (END_EXIT, END_TIMEOUT, END_NEVER_STARTED, END_LOST)
+# A connector's cluster manager would not start it on the GPUs the portal gave it (they were
+# taken by something else): withdrawn, and the job requeued.
+END_WITHDRAWN = "withdrawn"
+END_REASONS = (END_EXIT, END_TIMEOUT, END_NEVER_STARTED, END_LOST, END_WITHDRAWN)
+# A connector (`gpu-agent slurm`) speaks the same words for all the nodes of its cluster at
+# once: it registers them together, and its polls, starts and reports are about all of them.
+CONNECTOR_REGISTER_PATH = "/api/v1/agent/connector/register/"
+CONNECTOR_POLL_PATH = "/api/v1/agent/connector/poll/"
+CONNECTOR_START_PATH = "/api/v1/agent/connector/start/"
+CONNECTOR_REPORT_PATH = "/api/v1/agent/connector/report/"
+# A node's state, as a connector reports it from its cluster manager.
+NODE_READY = "READY"
+NODE_DRAINING = "DRAINING"
+NODE_DOWN = "DOWN"
+NODE_STATES = (NODE_READY, NODE_DRAINING, NODE_DOWN)
+
 # A log tail is a log's last this many characters: the agent sends no more, the portal keeps
 # no more.
 LOG_TAIL_CHARS = 8000

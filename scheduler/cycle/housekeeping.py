@@ -18,6 +18,9 @@ from scheduler.models import GpuAssignment, Job, JobAttempt, Node
 from scheduler.transitions import Transitions
 
 NODE_DOWN_ATTEMPT = "node {node} stopped sending heartbeats"
+# A node's state_reason once marked DOWN for it (a connector heard from again is asked what
+# each of its nodes is, see scheduler.nodes.connectors).
+HEARTBEAT_LOST = "no heartbeat from its agent or connector"
 CANCELLED_NOT_RUNNING = "cancelled: the job was not running any more"
 
 
@@ -32,7 +35,7 @@ def nodes_mark_lost(*, now: datetime, result: CycleResult) -> None:
         lost = dict(cursor.fetchall())
     if not lost:
         return
-    Node.objects.filter(pk__in=lost).update(state=Node.State.DOWN)
+    Node.objects.filter(pk__in=lost).update(state=Node.State.DOWN, state_reason=HEARTBEAT_LOST)
     result.nodes_lost += len(lost)
     attempt_nodes: dict[int, int] = {}
     for attempt_id, node_id in GpuAssignment.objects.filter(

@@ -73,7 +73,8 @@ def _fingerprint_sql() -> str:
 @cache
 def _fingerprint_nodes_sql() -> str:
     return (
-        f"SELECT id, state, gpus, gpu_type FROM {connection.ops.quote_name(Node._meta.db_table)} "
+        "SELECT id, state, gpus, gpu_type, outside_gpus "
+        f"FROM {connection.ops.quote_name(Node._meta.db_table)} "
         "ORDER BY id"
     )
 

@@ -80,8 +80,8 @@ def _nodes() -> tuple[dict[str, int], tuple[engine.NodeView, ...]]:
         nodes = cursor.fetchall()
     node_view = engine.NodeView
     views = tuple(
-        node_view(name=name, gpu_type=gpu_type, gpus=gpus, state=state)
-        for _, name, gpu_type, gpus, state in nodes
+        node_view(name=name, gpu_type=gpu_type, gpus=gpus, state=state, outside_gpus=outside)
+        for _, name, gpu_type, gpus, state, outside in nodes
     )
     return {name: pk for pk, name, *_ in nodes}, views
 
@@ -306,7 +306,7 @@ snapshot_cache = SnapshotCache()
 @cache
 def _nodes_sql() -> str:
     return (
-        "SELECT id, name, gpu_type, gpus, state "
+        "SELECT id, name, gpu_type, gpus, state, outside_gpus "
         f"FROM {connection.ops.quote_name(Node._meta.db_table)} ORDER BY name"
     )
 

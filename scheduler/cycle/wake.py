@@ -126,13 +126,15 @@ class OrderWaiter:
     def __init__(self) -> None:
         self.loop = asyncio.get_running_loop()
         self.event = asyncio.Event()
-        self.node_id: int | None = None
+        self.node_ids: list[int] = []
 
-    def watch(self, node_id: int) -> None:
-        """Start listening for `node_id`'s changes. May block (up to SUBSCRIBE_WAIT_SECONDS,
-        at a process's first poll): call it off the event loop, in the poll's database step."""
-        self.node_id = node_id
-        _listener.add(node_id, self._wake)
+    def watch(self, node_ids: int | Iterable[int]) -> None:
+        """Start listening for the changes of a node (an agent's poll), or of several (a
+        connector's). May block (up to SUBSCRIBE_WAIT_SECONDS, at a process's first poll): call
+        it off the event loop, in the poll's database step."""
+        self.node_ids = [node_ids] if isinstance(node_ids, int) else list(node_ids)
+        for node_id in self.node_ids:
+            _listener.add(node_id, self._wake)
         _listener.settled.wait(self.SUBSCRIBE_WAIT_SECONDS)
 
     def _wake(self) -> None:
@@ -149,5 +151,5 @@ class OrderWaiter:
         return True
 
     def close(self) -> None:
-        if self.node_id is not None:
-            _listener.remove(self.node_id, self._wake)
+        for node_id in self.node_ids:
+            _listener.remove(node_id, self._wake)

@@ -24,7 +24,13 @@ from scheduler.nodes import views
 logger = logging.getLogger(__name__)
 
 PREFIX = "/api/v1/agent/"
-VIEWS = frozenset((views.register, views.poll, views.start, views.report))
+VIEWS = frozenset(
+    (
+        views.register, views.poll, views.start, views.report,
+        views.connector_register, views.connector_poll, views.connector_start,
+        views.connector_report,
+    )
+)  # fmt: skip
 
 
 class AgentEndpoints:

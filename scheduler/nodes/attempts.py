@@ -18,6 +18,7 @@ from scheduler.agent.protocol import (
     END_LOST,
     END_NEVER_STARTED,
     END_TIMEOUT,
+    END_WITHDRAWN,
     EVENT_EXITED,
     EVENT_LOG,
     EVENT_STARTED,
@@ -306,6 +307,12 @@ def _outcome(attempt: JobAttempt, *, end: str, exit_code: int | None, signalled:
         return JobAttempt.Outcome.NODE_LOST
     if end == END_TIMEOUT:
         return JobAttempt.Outcome.TIMEOUT
+    if end == END_WITHDRAWN:
+        return (
+            JobAttempt.Outcome.PREEMPTED
+            if attempt.stop_requested_at is not None
+            else JobAttempt.Outcome.WITHDRAWN
+        )
     if attempt.stop_requested_at is not None and attempt.preempted_for_id is not None:
         # A job that finished on its own before its SIGTERM succeeded all the same.
         if exit_code == 0 and not signalled:

@@ -81,6 +81,27 @@ def orders_sql() -> str:
     return _sql(template, fields)
 
 
+@cache
+def connector_orders_sql() -> str:
+    """Every GPU held on a connector's nodes (its id, the first parameter), not released (the
+    second), with its node's name and what its attempt's order needs, by attempt and node."""
+    fields = _columns(
+        "node.name", "gpu.gpu_index", "attempt.id", "attempt.number", "attempt.started_at",
+        "attempt.stop_requested_at", "job.id", "job.command", "job.env",
+        "job.timeout_seconds", "share.grace_seconds", "share.name",
+    )  # fmt: skip
+    template = (
+        "SELECT {columns} FROM {gpu} gpu "
+        "JOIN {node} node ON node.id = gpu.node_id "
+        "JOIN {attempt} attempt ON attempt.id = gpu.attempt_id "
+        "JOIN {job} job ON job.id = attempt.job_id "
+        "JOIN {share} share ON share.id = job.share_id "
+        "WHERE node.connector_id = %s AND gpu.released = %s AND attempt.ended_at IS NULL "
+        "ORDER BY gpu.attempt_id, node.name, gpu.gpu_index"
+    )
+    return _sql(template, fields)
+
+
 # What the reports read and write of an attempt, and of its job.
 ATTEMPT_FIELDS = (
     "job_id", "number", "allocations", "started_at", "stop_requested_at", "ended_at", "outcome",

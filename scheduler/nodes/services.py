@@ -88,7 +88,7 @@ def node_heartbeat(*, node: Node) -> None:
     if node.state == Node.State.DOWN:
         with transaction.atomic():
             if Node.objects.filter(pk=node.pk, state=Node.State.DOWN).update(
-                state=Node.State.READY
+                state=Node.State.READY, state_reason=""
             ):
                 request_cycle()
         node.state = Node.State.READY

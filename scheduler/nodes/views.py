@@ -17,10 +17,18 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from portal.db.threads import KeyedLocks, in_database_thread, release_database_connection
-from scheduler.agent.protocol import END_REASONS, EVENT_EXITED, EVENT_TYPES
+from scheduler.agent.protocol import (
+    END_REASONS,
+    EVENT_EXITED,
+    EVENT_STARTED,
+    EVENT_TYPES,
+    NODE_STATES,
+)
 from scheduler.cycle.wake import OrderWaiter
-from scheduler.models import MAX_GPUS_PER_NODE, Node
+from scheduler.models import MAX_GPUS_PER_NODE, Connector, Node
+from scheduler.nodes import connectors
 from scheduler.nodes.attempts import attempts_start, node_report
+from scheduler.nodes.connectors import ClusterNode, connector_for_token
 from scheduler.nodes.services import (
     PollStart,
     node_for_token,
@@ -278,6 +286,38 @@ def _events(data: dict, *, required: bool) -> list[dict]:
     return [_event(event, i) for i, event in enumerate(events)]
 
 
+def _cluster_job(value: Any) -> dict:
+    """A connector's start: what its cluster manager runs the attempt as, {id, allocations:
+    [{node, gpu_indices}]}."""
+    message = (
+        "cluster_job: must be {id: string, allocations: [{node: string, gpu_indices: "
+        f"[integers below {MAX_GPUS_PER_NODE}]}}]}}."
+    )
+    if not isinstance(value, dict) or not isinstance(value.get("id"), str | int):
+        raise BadRequest("cluster_job", message)
+    allocations = value.get("allocations", [])
+    if not isinstance(allocations, list) or len(allocations) > 1000:
+        raise BadRequest("cluster_job", message)
+    checked = []
+    for allocation in allocations:
+        indices = allocation.get("gpu_indices") if isinstance(allocation, dict) else None
+        if (
+            not isinstance(allocation, dict)
+            or not isinstance(allocation.get("node"), str)
+            or len(allocation["node"]) > 253
+            or not isinstance(indices, list)
+            or not all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < MAX_GPUS_PER_NODE
+                for i in indices
+            )
+        ):
+            raise BadRequest("cluster_job", message)
+        checked.append({"node": allocation["node"], "gpu_indices": indices})
+    if _has_nul(checked) or _has_nul(value["id"]):
+        raise BadRequest("cluster_job", message)
+    return {"id": str(value["id"])[:100], "allocations": checked}
+
+
 def _event(event: Any, i: int) -> dict:
     where = f"events[{i}]"
     if not isinstance(event, dict):
@@ -300,7 +340,198 @@ def _event(event: Any, i: int) -> dict:
                 raise BadRequest("signalled", "signalled: must be true or false.")
             checked["signalled"] = signalled
             checked["detail"] = _text(event, "detail", max_length=2000)
+        if kind == EVENT_STARTED and event.get("cluster_job") is not None:
+            checked["cluster_job"] = _cluster_job(event["cluster_job"])
     except BadRequest as error:
         ((field, message),) = error.errors.items()
         raise BadRequest(f"{where}.{field}", f"{where}.{message}") from None
     return checked
+
+
+# --- Connectors (`gpu-agent slurm`): the same words, for all the nodes of a cluster ----------
+
+CONNECTOR_AUTH_SCHEME = "Connector"
+CONNECTOR_NOT_AUTHENTICATED = (
+    "Authorization: send 'Connector <token>' with the token this connector got when it registered."
+)
+MAX_CONNECTOR_NODES = 20_000
+MAX_CONNECTOR_STARTS = 10_000
+
+
+def _authenticated_connector(request: HttpRequest) -> Connector | None:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme != CONNECTOR_AUTH_SCHEME:
+        return None
+    return connector_for_token(token.strip())
+
+
+def _connector_not_authenticated() -> JsonResponse:
+    return JsonResponse({"detail": CONNECTOR_NOT_AUTHENTICATED}, status=401)
+
+
+def _cluster_nodes(data: dict, *, required: bool) -> list[ClusterNode]:
+    """`nodes`: [{name, gpu_type, gpus, state, reason?, outside_gpus?}], as the cluster manager
+    sees them."""
+    nodes = data.get("nodes")
+    if nodes is None and not required:
+        return []
+    if not isinstance(nodes, list) or len(nodes) > MAX_CONNECTOR_NODES:
+        raise BadRequest("nodes", f"nodes: must be a list of at most {MAX_CONNECTOR_NODES} nodes.")
+    checked = []
+    for i, node in enumerate(nodes):
+        where = f"nodes[{i}]"
+        if not isinstance(node, dict):
+            raise BadRequest(where, f"{where}: must be an object.")
+        try:
+            gpus = _int(node, "gpus", low=1, high=MAX_GPUS_PER_NODE)
+            state = node.get("state")
+            if state not in NODE_STATES:
+                raise BadRequest("state", f"state: one of {', '.join(NODE_STATES)}.")
+            checked.append(
+                ClusterNode(
+                    name=_str(node, "name", max_length=253),
+                    gpu_type=_str(node, "gpu_type", max_length=32),
+                    gpus=gpus,
+                    state=state,
+                    reason=_text(node, "reason", max_length=300),
+                    outside_gpus=_int(node, "outside_gpus", low=0, high=gpus, required=False) or 0,
+                )
+            )
+        except BadRequest as error:
+            ((field, message),) = error.errors.items()
+            raise BadRequest(f"{where}.{field}", f"{where}.{message}") from None
+    return checked
+
+
+@agent_view(authenticated=False)
+def connector_register(request: HttpRequest, data: dict) -> JsonResponse:
+    """{join_token, name, kind, nodes: [...]} → {connector, token, nodes, ...}: the connector
+    and every node of its cluster."""
+    join_token = _str(data, "join_token", max_length=128)
+    name = _str(data, "name", max_length=253)
+    kind = data.get("kind")
+    if kind not in Connector.Kind.values:
+        raise BadRequest("kind", f"kind: one of {', '.join(Connector.Kind.values)}.")
+    nodes = _cluster_nodes(data, required=True)
+    try:
+        connector, token = connectors.connector_register(
+            join_token=join_token, name=name, kind=kind, nodes=nodes
+        )
+    except PermissionError as error:
+        return JsonResponse({"join_token": str(error)}, status=403)
+    except connectors.NodeConflict as error:
+        return JsonResponse(error.errors, status=409)
+    return JsonResponse(
+        {
+            "connector": connector.name,
+            "token": token,
+            "nodes": [node.name for node in nodes],
+            "poll_wait_seconds": settings.AGENT_POLL_MAX_WAIT_SECONDS,
+            "heartbeat_timeout_seconds": settings.NODE_HEARTBEAT_TIMEOUT_SECONDS,
+        },
+        status=201,
+    )
+
+
+def connector_view(about=lambda data: ()):
+    """As `agent_view`, for a connector's requests: the connector is passed in, or 401."""
+
+    def decorate(view):
+        @csrf_exempt
+        @require_POST
+        @functools.wraps(view)
+        async def wrapper(request: HttpRequest) -> JsonResponse:
+            try:
+                data = _body(request)
+                async with attempt_locks.held(about(data)):
+                    return await in_database_thread(_connector_call, view, request, data)
+            except BadRequest as error:
+                return JsonResponse(error.errors, status=400)
+            except ValidationError as error:
+                return JsonResponse(error.message_dict, status=400)
+
+        return wrapper
+
+    return decorate
+
+
+def _connector_call(view, request: HttpRequest, data: dict) -> JsonResponse:
+    connector = _authenticated_connector(request)
+    if connector is None:
+        return _connector_not_authenticated()
+    return view(request, connector, data)
+
+
+@connector_view(about=_attempts_named)
+def connector_start(request: HttpRequest, connector: Connector, data: dict) -> JsonResponse:
+    """{attempts: [attempt ids]} → {start: [attempt ids]}, as an agent's start."""
+    attempts = _ids(data, "attempts", most=MAX_CONNECTOR_STARTS)
+    connectors.connector_heartbeat(connector=connector)
+    started = connectors.connector_start(connector=connector, attempt_ids=attempts)
+    return JsonResponse({"start": sorted(started)})
+
+
+@connector_view(about=_attempts_named)
+def connector_report(request: HttpRequest, connector: Connector, data: dict) -> JsonResponse:
+    """{events: [...], nodes?: [...]} → {results: [...]}, as an agent's report; `nodes`: what
+    the cluster manager now says of some of them."""
+    events = _events(data, required=True)
+    nodes = _cluster_nodes(data, required=False)
+    connectors.connector_nodes_update(connector=connector, nodes=nodes)
+    connectors.connector_heartbeat(connector=connector)
+    results = connectors.connector_report(connector=connector, events=events)
+    return JsonResponse({"results": results})
+
+
+@csrf_exempt
+@require_POST
+async def connector_poll(request: HttpRequest) -> JsonResponse:
+    """A connector's heartbeat and long poll, as an agent's (`poll`), for all its nodes:
+    {running, stopping, wait, events?, nodes?, full?} → {run: [...], stop: [...], results,
+    and resend_nodes when the portal wants every node in the next poll's `nodes`}. A run order
+    names all the nodes of its attempt (`nodes`: [{node, gpu_indices}]); `full`: the run
+    orders of the attempts in `running` too, answered at once."""
+    try:
+        data = _body(request)
+        running = _ids(data, "running")
+        stopping = _ids(data, "stopping")
+        wait = data.get("wait")
+        if wait is not None and (isinstance(wait, bool) or not isinstance(wait, int | float)):
+            raise BadRequest("wait", "wait: must be a number of seconds.")
+        events = _events(data, required=False)
+        nodes = _cluster_nodes(data, required=False)
+        full = data.get("full", False)
+        if not isinstance(full, bool):
+            raise BadRequest("full", "full: must be true or false.")
+    except BadRequest as error:
+        return JsonResponse(error.errors, status=400)
+    waiter = OrderWaiter()
+    try:
+        async with attempt_locks.held(event["attempt"] for event in events):
+            found = await in_database_thread(
+                _connector_poll_start, request, running=running, stopping=stopping,
+                events=events, nodes=nodes, waiter=waiter, full=full,
+            )  # fmt: skip
+        if found is None:
+            return _connector_not_authenticated()
+        connector, begun = found
+        orders = begun.orders
+        if not begun.news and await waiter.wait(poll_wait_seconds(wait)):
+            orders = await in_database_thread(
+                connectors.connector_orders, connector=connector, running=running
+            )
+    except ValidationError as error:
+        return JsonResponse(error.message_dict, status=400)
+    finally:
+        waiter.close()
+    return JsonResponse({**orders, "results": begun.results})
+
+
+def _connector_poll_start(request: HttpRequest, **poll) -> tuple[Connector, PollStart] | None:
+    connector = _authenticated_connector(request)
+    if connector is None:
+        return None
+    start = connectors.connector_poll_start(connector=connector, **poll)
+    if not start.news:
+        release_database_connection()
+    return connector, start
