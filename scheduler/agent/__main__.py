@@ -1,4 +1,5 @@
-"""`gpu-agent` (or `python -m scheduler.agent`): run the node agent. See docs/agent.md."""
+"""`gpu-agent` (or `python -m scheduler.agent`): run the node agent (docs/agent.md), or with
+`gpu-agent slurm ...` the connector of a Slurm cluster (docs/slurm.md)."""
 
 from __future__ import annotations
 
@@ -68,7 +69,124 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)  # fmt: skip
 
 
+def parse_slurm(argv: list[str]) -> argparse.Namespace:
+    env = os.environ.get
+    parser = argparse.ArgumentParser(
+        prog="gpu-agent slurm",
+        description="Bring the GPU nodes of a Slurm cluster to the portal: the portal decides "
+        "who runs where, Slurm runs the jobs. One per cluster, on a host where sbatch works.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
+    parser.add_argument("--portal", default=env("PORTAL_URL", "http://127.0.0.1:8000"),
+                        help="portal base URL (PORTAL_URL)")  # fmt: skip
+    parser.add_argument("--join-token", default=env("AGENT_JOIN_TOKEN", ""),
+                        help="the join token, from the admin (AGENT_JOIN_TOKEN)")  # fmt: skip
+    parser.add_argument(
+        "--partition", action="append", default=[],
+        help="a partition whose GPU nodes the portal shares (repeat, or comma-separated)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--gpu-type", action="append", default=[], metavar="TYPE or NODE=TYPE",
+        help="GPU type of the nodes whose GRES gpu has no type; NODE=TYPE for some nodes only "
+        "(NODE may be a glob such as 'gpu-a*'); repeatable",
+    )  # fmt: skip
+    parser.add_argument(
+        "--name", default=env("CONNECTOR_NAME", ""),
+        help="the cluster's name in the portal (CONNECTOR_NAME; default: Slurm's ClusterName)",
+    )  # fmt: skip
+    parser.add_argument("--work-dir", default=env("AGENT_WORK_DIR", ""),
+                        help="batch scripts and job logs (default ~/.gpu-agent/slurm-NAME); on a "
+                        "file system the Slurm nodes share, for the logs")  # fmt: skip
+    parser.add_argument(
+        "--checkpoint-root", default=env("AGENT_CHECKPOINT_ROOT", ""),
+        help="CHECKPOINT_DIR of job J is ROOT/job-J, on a file system the nodes share "
+        "(default WORK_DIR/checkpoints)",
+    )  # fmt: skip
+    parser.add_argument("--job-prefix", default="portal",
+                        help="Slurm job names start with it (default: portal)")  # fmt: skip
+    parser.add_argument(
+        "--sbatch-arg", action="append", default=[],
+        help="an extra sbatch option for every job, e.g. --sbatch-arg=--account=gpu-portal",
+    )  # fmt: skip
+    parser.add_argument(
+        "--pending-timeout", type=float, default=float(env("CONNECTOR_PENDING_TIMEOUT", "60")),
+        help="seconds a job may stay pending in Slurm before it is withdrawn and requeued",
+    )  # fmt: skip
+    parser.add_argument("--poll-wait", type=float, default=float(env("AGENT_POLL_WAIT", "10")),
+                        help="seconds a long poll may wait for orders")  # fmt: skip
+    parser.add_argument("--log-level", default=env("AGENT_LOG_LEVEL", "INFO"))
+    return parser.parse_args(argv)
+
+
+def _cluster_name(env: dict[str, str]) -> str:
+    """Slurm's ClusterName, as `scontrol show config` prints it."""
+    import subprocess
+
+    try:
+        text = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
+                              timeout=30, env=env).stdout  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "ClusterName":
+            return value.strip()
+    return ""
+
+
+def main_slurm(argv: list[str]) -> int:
+    from scheduler.agent.connector import Connector
+    from scheduler.agent.slurm import SlurmCluster, slurm_environment
+
+    args = parse_slurm(argv)
+    partitions = tuple(p for value in args.partition for p in value.split(",") if p)
+    if not args.join_token:
+        print("error: --join-token (or AGENT_JOIN_TOKEN) is required; the admin shows it "
+              "under Cluster settings.", file=sys.stderr)  # fmt: skip
+        return 2
+    if not partitions:
+        print("error: --partition is required: the Slurm partition(s) whose GPU nodes the "
+              "portal shares.", file=sys.stderr)  # fmt: skip
+        return 2
+    default_type, node_types = None, {}
+    for value in args.gpu_type:
+        node, sep, gpu_type = value.rpartition("=")
+        if sep:
+            node_types[node] = gpu_type
+        else:
+            default_type = gpu_type
+    env = slurm_environment(os.environ.get("SLURM_CONF"))
+    name = args.name or _cluster_name(env)
+    if not name:
+        print("error: Slurm does not answer `scontrol show config` with a ClusterName; "
+              "give the cluster's name with --name.", file=sys.stderr)  # fmt: skip
+        return 2
+    log_format = f"%(asctime)s %(levelname)s connector[{name}]: %(message)s"
+    logging.basicConfig(level=args.log_level, format=log_format)
+    work_dir = Path(args.work_dir or Path.home() / ".gpu-agent" / f"slurm-{name}")
+    cluster = SlurmCluster(
+        partitions=partitions, prefix=args.job_prefix, default_gpu_type=default_type,
+        node_gpu_types=node_types, sbatch_args=tuple(args.sbatch_arg), env=env,
+    )  # fmt: skip
+    connector = Connector(
+        portal=args.portal, join_token=args.join_token, name=name, cluster=cluster,
+        work_dir=work_dir, checkpoint_root=Path(args.checkpoint_root or work_dir / "checkpoints"),
+        poll_wait=args.poll_wait, pending_timeout=args.pending_timeout,
+    )  # fmt: skip
+
+    def stop(*_args) -> None:
+        connector.stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    connector.run()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["slurm"]:
+        return main_slurm(argv[1:])
     args = parse(argv)
     logging.basicConfig(
         level=args.log_level,

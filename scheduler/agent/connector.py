@@ -1,0 +1,620 @@
+"""The connector's work (`gpu-agent slurm`): the portal decides, the cluster manager runs.
+
+One process for a whole cluster. It registers every GPU node of its partitions as a portal
+node, long-polls for the orders of all of them at once, and carries them out through the
+cluster manager: each attempt is one job there (a gang's nodes together), submitted only once
+the portal grants its start (as an agent's), signalled with SIGTERM on a stop order and
+cancelled after the share's grace period. It watches the cluster's jobs and reports each
+start (with the GPU indices the cluster gave), each end (with its exit code), and what the
+cluster says of its nodes: their state, and the GPUs jobs the portal did not submit hold.
+
+Threads, as the agent's: the poller long-polls the portal and hands each answer to the main
+thread, which alone talks to the cluster manager; the reporter sends what the main thread has
+to report. While the cluster manager does not answer, the connector stops polling: the portal
+hears no heartbeat, and after its timeout marks the nodes DOWN and requeues their attempts.
+When it answers again, what the cluster runs is reconciled with what the portal believes:
+attempts the portal ended are cancelled, their GPUs counted as outside the portal's until
+they are free."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scheduler.agent.outbox import Backoff, Outbox
+from scheduler.agent.protocol import (
+    CONNECTOR_POLL_PATH,
+    CONNECTOR_REGISTER_PATH,
+    CONNECTOR_REPORT_PATH,
+    CONNECTOR_START_PATH,
+    END_EXIT,
+    END_LOST,
+    END_NEVER_STARTED,
+    END_TIMEOUT,
+    END_WITHDRAWN,
+    EVENT_EXITED,
+    EVENT_LOG,
+    EVENT_STARTED,
+    LOG_TAIL_CHARS,
+)
+from scheduler.agent.slurm import (
+    SlurmCluster,
+    SlurmJob,
+    SlurmNode,
+    SlurmRefused,
+    SlurmUnreachable,
+    batch_script,
+)
+from scheduler.agent.transport import PortalClient, PortalUnreachable
+
+logger = logging.getLogger("scheduler.agent.connector")
+
+OBSERVE_BUSY_SECONDS = 0.25  # how often the cluster's jobs are read while the portal's run
+OBSERVE_IDLE_SECONDS = 2.0
+INVENTORY_SECONDS = 2.0  # how often the nodes are read
+LOG_EVERY_SECONDS = 15.0
+REPORT_WAIT_SECONDS = 0.5
+# A job the cluster manager no longer lists though it never ended there (its records were
+# purged, or its controller lost its state): lost, after this long unseen.
+UNSEEN_LOST_SECONDS = 30.0
+SHUTDOWN_REPORT_SECONDS = 5.0
+
+
+@dataclass
+class Attempt:
+    """An attempt the connector has in its cluster (or is about to submit)."""
+
+    id: int
+    order: dict | None  # None: found in the cluster, its order not received yet
+    job_id: str | None = None  # the cluster's
+    submitted: float = field(default_factory=time.monotonic)
+    running_since: float | None = None
+    seen: float = field(default_factory=time.monotonic)  # last listed by the cluster
+    started_reported: bool = False
+    term_sent_at: float | None = None
+    grace: float = 0.0
+    killed: bool = False
+    timed_out: bool = False
+    withdrawn: str = ""  # why, once the connector withdrew it
+    orphan: bool = False  # the portal holds no GPUs for it any more
+    last_log: float = field(default_factory=time.monotonic)
+    nodes: tuple[str, ...] = ()
+    gpus_per_node: int = 0
+
+
+class Connector:
+    def __init__(
+        self,
+        *,
+        portal: str,
+        join_token: str,
+        name: str,
+        cluster: SlurmCluster,
+        work_dir: Path,
+        checkpoint_root: Path,
+        poll_wait: float = 10.0,
+        pending_timeout: float = 60.0,
+    ) -> None:
+        self.portal = portal.rstrip("/")
+        self.join_token = join_token
+        self.name = name
+        self.cluster = cluster
+        self.work_dir = work_dir
+        self.checkpoint_root = checkpoint_root
+        self.poll_wait = poll_wait
+        self.pending_timeout = pending_timeout
+        self.token: str | None = None
+        self.http = PortalClient(self.portal)
+        self.attempts: dict[int, Attempt] = {}
+        self.finished: set[int] = set()
+        self.claims: dict[int, dict] = {}
+        self.claim_backoff = Backoff()
+        self.outbox = Outbox()
+        self.lock = threading.Lock()
+        self.answers: queue.Queue[dict] = queue.Queue()
+        self.applied = threading.Event()
+        self.poll_due = threading.Event()
+        self.stopping = threading.Event()
+        # Set while the cluster manager answers: the poller polls (a heartbeat) only then.
+        self.cluster_ok = threading.Event()
+        self.full_orders = True  # the next poll asks for every order (after a (re)start)
+        self.nodes: dict[str, SlurmNode] = {}  # as last read
+        self.partition_of: dict[str, str] = {}
+        self.inventory_sent: dict[str, dict] = {}  # node name → as the portal last took it
+        self.inventory_due = True  # send every node with the next poll
+        self.last_observe = 0.0
+        self.last_inventory = 0.0
+        for sub in ("logs", "scripts"):
+            (work_dir / sub).mkdir(parents=True, exist_ok=True)
+        checkpoint_root.mkdir(parents=True, exist_ok=True)
+
+    # --- The portal --------------------------------------------------------------------------
+
+    def _headers(self) -> dict:
+        return {"Authorization": f"Connector {self.token}"}
+
+    def register(self) -> None:
+        """Register with every node, once the cluster manager answers; a refused join token or
+        node is fatal."""
+        backoff = Backoff()
+        while not self.stopping.is_set():
+            try:
+                self.read_inventory()
+                body = {"join_token": self.join_token, "name": self.name,
+                        "kind": self.cluster.kind, "nodes": self._inventory()}  # fmt: skip
+                response = self.http.post(CONNECTOR_REGISTER_PATH, json=body, timeout=30)
+            except SlurmUnreachable as error:
+                logger.warning("Slurm does not answer (%s); retrying", error)
+            except PortalUnreachable as error:
+                logger.warning("portal unreachable (%s); retrying", error)
+            else:
+                if response.status_code == 201:
+                    self.token = response.json()["token"]
+                    self.inventory_sent = {n["name"]: n for n in body["nodes"]}
+                    self.inventory_due = False
+                    self.full_orders = True
+                    logger.info("registered cluster %s: %d nodes", self.name, len(body["nodes"]))
+                    return
+                if 400 <= response.status_code < 500:
+                    raise SystemExit(f"registration refused: {response.text}")
+                logger.warning("registration failed (%s); retrying", response.status_code)
+            backoff.failed()
+            self.stopping.wait(backoff.delay)
+
+    def _inventory(self) -> list[dict]:
+        """Every node as the portal takes it, with the GPUs held outside the portal: those the
+        cluster's jobs hold but for the portal's attempts that it still holds GPUs for."""
+        ours: dict[str, int] = {}
+        with self.lock:
+            for attempt in self.attempts.values():
+                if attempt.orphan or attempt.running_since is None:
+                    continue
+                for node in attempt.nodes:
+                    ours[node] = ours.get(node, 0) + attempt.gpus_per_node
+        return [
+            {"name": node.name, "gpu_type": node.gpu_type, "gpus": node.gpus,
+             "state": node.state, "reason": node.reason,
+             "outside_gpus": min(node.gpus, max(0, node.used_gpus - ours.get(node.name, 0)))}
+            for node in self.nodes.values()
+        ]  # fmt: skip
+
+    def _inventory_changes(self) -> list[dict]:
+        """The nodes to send: all of them when due, else those that changed."""
+        nodes = self._inventory()
+        if self.inventory_due:
+            return nodes
+        return [n for n in nodes if self.inventory_sent.get(n["name"]) != n]
+
+    def _inventory_taken(self, nodes: list[dict]) -> None:
+        for node in nodes:
+            self.inventory_sent[node["name"]] = node
+
+    def _poll_body(self, events: list[dict], nodes: list[dict]) -> dict:
+        pending = self.outbox.pending_exits()
+        with self.lock:
+            body = {
+                "running": sorted(set(self.attempts) | pending),
+                "stopping": sorted(
+                    {a for a, t in self.attempts.items() if t.term_sent_at is not None} | pending
+                ),
+                "wait": 0 if self.full_orders else self.poll_wait,
+                "full": self.full_orders,
+            }
+        if events:
+            body["events"] = events
+        if nodes:
+            body["nodes"] = nodes
+        return body
+
+    def poller(self) -> None:
+        backoff = Backoff()
+        while not self.stopping.is_set():
+            if not self.cluster_ok.wait(0.5):
+                continue  # no heartbeat while the cluster manager does not answer
+            events = self.outbox.take()
+            full = self.full_orders
+            # After a (re)start or a time out of touch, the first poll asks for every order and
+            # sends no node: the orphans its answer names are counted outside the portal's
+            # GPUs in the inventory the next poll sends.
+            nodes = [] if full else self._inventory_changes()
+            self.poll_due.clear()
+            try:
+                response = self.http.post(
+                    CONNECTOR_POLL_PATH,
+                    json=self._poll_body(events, nodes),
+                    headers=self._headers(),
+                    timeout=self.poll_wait + 15,
+                )
+            except PortalUnreachable as error:
+                self.outbox.sent(events, delivered=False)
+                logger.warning("poll failed (%s); jobs keep running", error)
+                self.inventory_due = self.full_orders = True
+                backoff.failed()
+                self.stopping.wait(backoff.delay)
+                continue
+            answer = response.json() if response.status_code == 200 else {}
+            self.outbox.sent(events, delivered="results" in answer)
+            if response.status_code == 401:
+                logger.warning("the portal no longer knows this connector; registering again")
+                self.register()
+                continue
+            if response.status_code != 200:
+                logger.warning("poll answered %s: %s", response.status_code, response.text[:300])
+                backoff.failed()
+                self.stopping.wait(backoff.delay)
+                continue
+            backoff.succeeded()
+            self._inventory_taken(nodes)
+            if nodes and len(nodes) == len(self.nodes):
+                self.inventory_due = False
+            if answer.get("resend_nodes"):
+                self.inventory_due = True
+            if full:
+                self.full_orders = False
+            self.applied.clear()
+            self.poll_due.set()
+            self.answers.put(answer)
+            while not self.applied.wait(0.5):
+                if self.stopping.is_set():
+                    return
+
+    def reporter(self) -> None:
+        """Report events as they come, and node changes, unless a poll is about to carry
+        them."""
+        while not self.stopping.is_set():
+            self.outbox.filled.wait(REPORT_WAIT_SECONDS)
+            if self.poll_due.is_set() or self.token is None:
+                self.stopping.wait(0.01)
+                continue
+            self.outbox.filled.clear()
+            nodes = [] if self.inventory_due else self._inventory_changes()
+            if self.outbox.report(self.http, CONNECTOR_REPORT_PATH, self._headers,
+                                  extra={"nodes": nodes} if nodes else None):  # fmt: skip
+                self._inventory_taken(nodes)
+
+    def _event(self, **event) -> None:
+        self.outbox.add(event)
+
+    # --- Orders ------------------------------------------------------------------------------
+
+    def apply(self, orders: dict) -> None:
+        """Reconcile with the portal's orders, as the agent does (`Agent.apply`). An attempt the
+        connector has in the cluster and the portal no longer holds GPUs for comes as an orphan
+        stop: the portal computes those from what the connector says it runs."""
+        ordered = set()
+        for order in orders.get("run", []):
+            attempt_id = order["attempt"]
+            ordered.add(attempt_id)
+            tracked = self.attempts.get(attempt_id)
+            if tracked is not None:
+                if tracked.order is None:  # found in the cluster after a restart: adopted
+                    tracked.order = order
+                    tracked.grace = float(order["grace_seconds"])
+                continue
+            if attempt_id in self.finished:
+                continue
+            if order.get("started"):
+                # Started before, and not in the cluster: lost (the connector's view of the
+                # cluster is fresh, see run()).
+                self._end(attempt_id, end=END_LOST, detail="not in Slurm any more")
+            else:
+                self.claims[attempt_id] = order
+        for order in orders.get("stop", []):
+            attempt_id = order["attempt"]
+            ordered.add(attempt_id)
+            self.claims.pop(attempt_id, None)
+            tracked = self.attempts.get(attempt_id)
+            if tracked is not None:
+                tracked.orphan = tracked.orphan or bool(order.get("orphan"))
+                if tracked.term_sent_at is None:
+                    tracked.grace = float(order.get("grace_seconds", 0))
+                    self.terminate(tracked)
+            elif attempt_id not in self.finished and not order.get("orphan"):
+                detail = "not in Slurm any more" if order.get("started") else ""
+                end = END_LOST if order.get("started") else END_NEVER_STARTED
+                self._end(attempt_id, end=end, detail=detail or "stopped before it started")
+        for attempt_id in set(self.claims) - ordered:
+            del self.claims[attempt_id]
+        self.claim()
+
+    def claim(self) -> None:
+        attempt_ids = sorted(self.claims)
+        if not attempt_ids or not self.claim_backoff.ready():
+            return
+        try:
+            response = self.http.post(CONNECTOR_START_PATH, json={"attempts": attempt_ids},
+                                      headers=self._headers(), timeout=30)  # fmt: skip
+        except PortalUnreachable as error:
+            logger.warning("could not ask to start %d attempt(s) (%s)", len(attempt_ids), error)
+            self.claim_backoff.failed()
+            return
+        if response.status_code != 200:
+            logger.warning("start refused (%s): %s", response.status_code, response.text[:200])
+            self.claim_backoff.failed()
+            return
+        self.claim_backoff.succeeded()
+        granted = set(response.json().get("start", []))
+        for attempt_id in attempt_ids:
+            order = self.claims.pop(attempt_id)
+            if attempt_id in granted:
+                self.submit(order)
+
+    def _partition(self, nodes: list[str]) -> str:
+        """The first of the connector's partitions that has all the nodes."""
+        for partition in self.cluster.partitions:
+            if all(partition in getattr(self.nodes.get(n), "partitions", ()) for n in nodes):
+                return partition
+        return self.cluster.partitions[0]
+
+    def submit(self, order: dict) -> None:
+        attempt_id, job = order["attempt"], order["job"]
+        checkpoint_dir = self.checkpoint_root / f"job-{job}"
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        env = {str(k): str(v) for k, v in (order.get("env") or {}).items()}
+        env.update(
+            {
+                "JOB_ID": str(job),
+                "ATTEMPT": str(order["number"]),
+                "CHECKPOINT_DIR": str(checkpoint_dir),
+                "PREEMPT_GRACE_SECONDS": str(order["grace_seconds"]),
+            }
+        )
+        nodes = [a["node"] for a in order["nodes"]]
+        script = self.work_dir / "scripts" / f"attempt-{attempt_id}.sh"
+        script.write_text(batch_script(order, env, gang=len(nodes) > 1))
+        script.chmod(0o755)
+        log = self._log_path(order)
+        tracked = Attempt(id=attempt_id, order=order, grace=float(order["grace_seconds"]),
+                          nodes=tuple(nodes),
+                          gpus_per_node=len(order["nodes"][0]["gpu_indices"]))  # fmt: skip
+        try:
+            tracked.job_id = self.cluster.submit(
+                order, script=script, log=log, partition=self._partition(nodes)
+            )
+        except SlurmRefused as error:
+            self._end(attempt_id, end=END_NEVER_STARTED, detail=f"sbatch refused it: {error}")
+            return
+        except SlurmUnreachable as error:
+            # Not known to be submitted: the portal hears it was withdrawn, and requeues it.
+            self._end(attempt_id, end=END_WITHDRAWN, detail=f"Slurm did not answer: {error}")
+            return
+        with self.lock:
+            self.attempts[attempt_id] = tracked
+        logger.info("attempt %s (job %s) is Slurm job %s on %s", attempt_id, job,
+                    tracked.job_id, ",".join(nodes))  # fmt: skip
+
+    def _log_path(self, order: dict) -> Path:
+        return self.work_dir / "logs" / f"job-{order['job']}-attempt-{order['number']}.log"
+
+    def terminate(self, tracked: Attempt) -> None:
+        tracked.term_sent_at = time.monotonic()
+        if tracked.job_id is None:
+            return
+        try:
+            if tracked.running_since is None:
+                logger.info("attempt %s: Slurm job %s has not started; cancelled", tracked.id,
+                            tracked.job_id)  # fmt: skip
+                self.cluster.kill(tracked.job_id)
+            else:
+                logger.info("attempt %s: SIGTERM to Slurm job %s, %.0f s grace", tracked.id,
+                            tracked.job_id, tracked.grace)  # fmt: skip
+                self.cluster.terminate(tracked.job_id)
+        except (SlurmRefused, SlurmUnreachable) as error:
+            logger.warning("attempt %s: scancel failed (%s); trying again", tracked.id, error)
+            tracked.term_sent_at = None
+
+    def _end(self, attempt_id: int, *, end: str, exit_code=None, signalled=False, log_tail="",
+             detail="") -> None:  # fmt: skip
+        self.finished.add(attempt_id)
+        with self.lock:
+            self.attempts.pop(attempt_id, None)
+        self._event(type=EVENT_EXITED, attempt=attempt_id, end=end, exit_code=exit_code,
+                    signalled=signalled, log_tail=log_tail, detail=detail)  # fmt: skip
+
+    # --- Watching the cluster ----------------------------------------------------------------
+
+    def read_inventory(self) -> None:
+        nodes = self.cluster.nodes()
+        self.nodes = {node.name: node for node in nodes}
+        self.last_inventory = time.monotonic()
+
+    def observe(self) -> None:
+        """Read the cluster's jobs, and move each attempt on: started, ended, pending too
+        long. Raises SlurmUnreachable."""
+        jobs = self.cluster.jobs()
+        now = time.monotonic()
+        self.last_observe = now
+        ours: dict[int, SlurmJob] = {}
+        for job in jobs:
+            attempt_id = self.cluster.attempt_of(job)
+            if attempt_id is None or attempt_id in self.finished:
+                continue
+            known = ours.get(attempt_id)
+            if known is None or int(job.id) > int(known.id):
+                ours[attempt_id] = job
+        for attempt_id, job in ours.items():
+            if attempt_id not in self.attempts and job.end is None:
+                # Submitted by an earlier run of the connector: adopted; the next poll asks
+                # for every order, and says what became of it.
+                with self.lock:
+                    self.attempts[attempt_id] = Attempt(
+                        id=attempt_id, order=None, job_id=job.id, nodes=job.nodes,
+                        gpus_per_node=job.gpus_per_node,
+                    )  # fmt: skip
+                self.full_orders = True
+        for tracked in list(self.attempts.values()):
+            job = ours.get(tracked.id)
+            if job is None or job.id != tracked.job_id:
+                if tracked.job_id is not None and now - tracked.seen > UNSEEN_LOST_SECONDS:
+                    self._end(tracked.id, end=END_LOST, detail=f"Slurm no longer knows job "
+                              f"{tracked.job_id}")  # fmt: skip
+                continue
+            tracked.seen = now
+            self._follow(tracked, job, now)
+
+    def _follow(self, tracked: Attempt, job: SlurmJob, now: float) -> None:
+        ran = job.holding or (job.end is not None and bool(job.nodes))
+        if ran and tracked.running_since is None:
+            tracked.running_since = now
+            tracked.nodes = job.nodes or tracked.nodes
+            if not tracked.started_reported and tracked.order is not None:
+                tracked.started_reported = True
+                self._event(type=EVENT_STARTED, attempt=tracked.id,
+                            cluster_job=self._cluster_job(job))  # fmt: skip
+        if job.end is not None:
+            self._ended(tracked, job)
+            return
+        if job.pending and tracked.term_sent_at is None:
+            if now - tracked.submitted >= self.pending_timeout:
+                tracked.withdrawn = (
+                    f"Slurm kept job {job.id} pending {self.pending_timeout:g} s ({job.reason})"
+                )
+                logger.info("attempt %s: %s; withdrawn", tracked.id, tracked.withdrawn)
+                self.terminate(tracked)
+        elif job.pending and tracked.term_sent_at is not None and not tracked.killed:
+            tracked.killed = True
+            with contextlib.suppress(SlurmRefused, SlurmUnreachable):
+                self.cluster.kill(job.id)
+
+    def _cluster_job(self, job: SlurmJob) -> dict:
+        try:
+            allocations = self.cluster.allocations(job.id)
+        except (SlurmRefused, SlurmUnreachable):
+            allocations = []
+        return {"id": job.id, "allocations": allocations}
+
+    def _ended(self, tracked: Attempt, job: SlurmJob) -> None:
+        signalled = tracked.term_sent_at is not None
+        tail = self._tail(tracked)
+        if tracked.withdrawn and tracked.running_since is None:
+            self._end(tracked.id, end=END_WITHDRAWN, detail=tracked.withdrawn)
+        elif tracked.running_since is None or (job.state == "CANCELLED" and not job.nodes):
+            self._end(tracked.id, end=END_NEVER_STARTED,
+                      detail=f"Slurm ended job {job.id} before it ran ({job.state})")  # fmt: skip
+        elif tracked.timed_out or job.end == END_TIMEOUT:
+            self._end(tracked.id, end=END_TIMEOUT, exit_code=job.exit_code, signalled=True,
+                      log_tail=tail)  # fmt: skip
+        elif job.end == END_LOST and not signalled:
+            # Its node went down: the portal hears of the node with the loss, so that it does
+            # not place the job there again.
+            with contextlib.suppress(SlurmUnreachable, SlurmRefused):
+                self.read_inventory()
+            self._end(tracked.id, end=END_LOST, exit_code=job.exit_code, log_tail=tail,
+                      detail=f"Slurm job {job.id} ended {job.state} ({job.reason})")  # fmt: skip
+        else:
+            exit_code = job.exit_code
+            if job.state == "CANCELLED" and not signalled:
+                # Cancelled in Slurm by someone else (an operator's scancel): not a success.
+                exit_code = exit_code if exit_code else -15
+            self._end(tracked.id, end=END_EXIT, exit_code=exit_code, signalled=signalled,
+                      log_tail=tail, detail=f"Slurm: {job.state}")  # fmt: skip
+        logger.info("attempt %s: Slurm job %s ended %s (exit %s)", tracked.id, job.id, job.state,
+                    job.exit_code)  # fmt: skip
+
+    def _tail(self, tracked: Attempt) -> str:
+        if tracked.order is None:
+            return ""
+        try:
+            with open(self._log_path(tracked.order), "rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(0, log.tell() - LOG_TAIL_CHARS))
+                return log.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def supervise(self) -> None:
+        """Timeouts, grace periods, log tails."""
+        now = time.monotonic()
+        for tracked in list(self.attempts.values()):
+            if tracked.term_sent_at is None:
+                timeout = (tracked.order or {}).get("timeout_seconds")
+                if (
+                    tracked.running_since is not None
+                    and timeout
+                    and (now - tracked.running_since >= float(timeout))
+                ):
+                    tracked.timed_out = True
+                    self.terminate(tracked)
+                elif tracked.running_since is not None and now - tracked.last_log >= (
+                    LOG_EVERY_SECONDS
+                ):
+                    tracked.last_log = now
+                    self._event(type=EVENT_LOG, attempt=tracked.id, log_tail=self._tail(tracked))
+            elif not tracked.killed and now - tracked.term_sent_at >= tracked.grace:
+                tracked.killed = True
+                logger.info("attempt %s: grace over, scancel", tracked.id)
+                try:
+                    if tracked.job_id is not None:
+                        self.cluster.kill(tracked.job_id)
+                except (SlurmRefused, SlurmUnreachable) as error:
+                    logger.warning("attempt %s: scancel failed (%s)", tracked.id, error)
+                    tracked.killed = False
+
+    # --- Main loop ---------------------------------------------------------------------------
+
+    def step(self) -> None:
+        busy = bool(self.attempts or self.claims)
+        wait = OBSERVE_BUSY_SECONDS if busy else OBSERVE_IDLE_SECONDS
+        try:
+            orders = self.answers.get(timeout=max(0.0, self.last_observe + wait - time.monotonic()))
+        except queue.Empty:
+            orders = None
+        now = time.monotonic()
+        try:
+            if orders is not None or now - self.last_observe >= wait:
+                # The cluster's jobs are read before an answer is applied: an attempt the
+                # portal says started, and that the cluster no longer has, is lost.
+                self.observe()
+            if now - self.last_inventory >= INVENTORY_SECONDS:
+                self.read_inventory()
+            if not self.cluster_ok.is_set():
+                logger.info("Slurm answers again")
+                self.inventory_due = self.full_orders = True
+                self.cluster_ok.set()
+        except SlurmUnreachable as error:
+            if self.cluster_ok.is_set():
+                logger.warning("Slurm does not answer (%s): no heartbeat to the portal until "
+                               "it does", error)  # fmt: skip
+            self.cluster_ok.clear()
+            self.last_observe = now
+        if orders is not None:
+            self.apply(orders)
+        elif self.claims:
+            self.claim()
+        if self.cluster_ok.is_set():
+            self.supervise()
+        if orders is not None:
+            self.applied.set()
+
+    def run(self) -> None:
+        self.register()
+        if self.stopping.is_set():
+            return
+        try:
+            self.observe()  # what the cluster already runs for the portal, before the first poll
+            self.cluster_ok.set()
+        except SlurmUnreachable as error:
+            logger.warning("Slurm does not answer (%s)", error)
+        for target in (self.poller, self.reporter):
+            threading.Thread(target=target, name=target.__name__, daemon=True).start()
+        while not self.stopping.is_set():
+            self.step()
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """Jobs keep running in the cluster when the connector stops (a restarted connector
+        adopts them); the last reports go out first."""
+        deadline = time.monotonic() + SHUTDOWN_REPORT_SECONDS
+        while len(self.outbox) and time.monotonic() < deadline:
+            self.outbox.backoff.succeeded()
+            self.outbox.report(self.http, CONNECTOR_REPORT_PATH, self._headers, everything=True)
+            if len(self.outbox):
+                time.sleep(0.2)
+        if len(self.outbox):
+            logger.warning("leaving with %d unsent report(s)", len(self.outbox))

@@ -1,0 +1,438 @@
+"""A Slurm cluster, as the connector (`gpu-agent slurm`) sees it: through Slurm's own client
+commands (`sinfo`, `squeue`, `scontrol`, `sbatch`, `scancel`), which find the cluster as they
+always do (`SLURM_CONF`, or the host's configuration).
+
+The commands rather than slurmrestd: they are on every host that can submit jobs, take the
+same options and print the same formats on every Slurm version the connector meets (slurmrestd
+is an extra daemon, often not run, and its API versions come and go with Slurm's), and they
+need no credentials of their own (munge, as every Slurm user). Each call is a process of a few
+milliseconds: the connector makes a few a second, however many jobs run.
+
+Every parser here is a pure function over the text a command prints, tested on Slurm's own
+output (tests/connector/test_slurm_parsing.py) and live (tests/slurm/)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shlex
+import subprocess
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from pathlib import Path
+
+from scheduler.agent.protocol import (
+    END_EXIT,
+    END_LOST,
+    END_TIMEOUT,
+    NODE_DOWN,
+    NODE_DRAINING,
+    NODE_READY,
+)
+
+logger = logging.getLogger("scheduler.agent.slurm")
+
+COMMAND_TIMEOUT_SECONDS = 30.0
+# The fields of `sinfo -N -O` and `squeue -O` the connector reads, each ending with the
+# separator: Slurm pads no field that has a suffix of its own.
+SEP = "|"
+SINFO_FIELDS = ("NodeList", "Partition", "StateLong", "Gres", "GresUsed", "Reason")
+SQUEUE_FIELDS = ("JobID", "Name", "State", "Reason", "NodeList", "tres-per-node", "exit_code",
+                 "Partition")  # fmt: skip
+# Slurm job states in which the job holds its nodes' GPUs, or will no more.
+HOLDING_STATES = frozenset(("RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING",
+                            "STAGE_OUT", "RESIZING"))  # fmt: skip
+PENDING_STATES = frozenset(("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"))
+# How each end state of a Slurm job reads to the portal: the process exited (with its exit
+# code; a cancel after SIGTERM is the exit of a stopped job), ran out of time, or was lost
+# with its node.
+END_STATES = {
+    "COMPLETED": END_EXIT, "FAILED": END_EXIT, "CANCELLED": END_EXIT, "OUT_OF_MEMORY": END_EXIT,
+    "TIMEOUT": END_TIMEOUT, "DEADLINE": END_TIMEOUT,
+    "NODE_FAIL": END_LOST, "BOOT_FAIL": END_LOST, "PREEMPTED": END_LOST, "REVOKED": END_LOST,
+    "SPECIAL_EXIT": END_EXIT,
+}  # fmt: skip
+
+
+class SlurmUnreachable(Exception):
+    """A Slurm command did not get an answer from slurmctld (or could not run at all)."""
+
+
+class SlurmRefused(Exception):
+    """slurmctld answered, and refused (sbatch: a bad request for this cluster)."""
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    name: str
+    partitions: tuple[str, ...]
+    gpu_type: str | None  # None: the GRES has no type
+    gpus: int
+    used_gpus: int
+    state: str  # the portal's: NODE_READY, NODE_DRAINING or NODE_DOWN
+    reason: str  # Slurm's state and reason, as an operator reads them
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    id: str
+    name: str
+    state: str  # Slurm's, e.g. RUNNING
+    reason: str
+    nodes: tuple[str, ...]
+    gpus_per_node: int
+    exit_code: int | None  # the batch script's; -N: killed by signal N (as Popen says)
+    partition: str
+
+    @property
+    def pending(self) -> bool:
+        return self.state in PENDING_STATES
+
+    @property
+    def holding(self) -> bool:
+        return self.state in HOLDING_STATES
+
+    @property
+    def end(self) -> str | None:
+        """How the job ended, in the protocol's words; None while it has not."""
+        return END_STATES.get(self.state)
+
+
+# --- Parsers -----------------------------------------------------------------------------------
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's compact node lists, as `scontrol show hostnames` expands them: "node[1-3,7]",
+    "a1,b[01-02]", "gpu-[1-2]-x"."""
+    names: list[str] = []
+    for part in _split_top(text.strip()):
+        if not part:
+            continue
+        match = re.fullmatch(r"(.*?)\[([^\]]+)\](.*)", part)
+        if match is None:
+            names.append(part)
+            continue
+        head, ranges, tail = match.groups()
+        for item in ranges.split(","):
+            low, _, high = item.partition("-")
+            if not high:
+                suffixes = [low]
+            else:
+                width = len(low) if low.startswith("0") else 0
+                suffixes = [str(i).zfill(width) for i in range(int(low), int(high) + 1)]
+            for suffix in suffixes:
+                names.extend(expand_hostlist(f"{head}{suffix}{tail}"))
+    return names
+
+
+def _split_top(text: str) -> list[str]:
+    """`text` split at the commas outside brackets."""
+    parts, depth, current = [], 0, []
+    for char in text:
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+        if char == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    parts.append("".join(current))
+    return parts
+
+
+def _gres_gpus(gres: str) -> list[tuple[str | None, int]]:
+    """The GPU entries of a GRES string: "gpu:h100:8(S:0-1)" → [("h100", 8)]; "gpu:8" →
+    [(None, 8)]; "gpu:h100:2(IDX:0-1),shard:4" → [("h100", 2)]; "(null)" → []."""
+    entries = []
+    for entry in _split_top(gres.replace("(", "[").replace(")", "]")):
+        fields = entry.split("[", 1)[0].split(":")
+        if not fields or fields[0] != "gpu":
+            continue
+        if len(fields) == 2 and fields[1].isdigit():
+            entries.append((None, int(fields[1])))
+        elif len(fields) >= 3 and fields[2].isdigit():
+            entries.append((fields[1], int(fields[2])))
+        elif len(fields) == 2:  # a type and no count: one
+            entries.append((fields[1], 1))
+    return entries
+
+
+DOWN_WORDS = frozenset(("down", "fail", "failing", "future", "unknown", "noresp", "powered",
+                        "power_down", "powering_down", "inval"))  # fmt: skip
+DRAINING_WORDS = frozenset(("drain", "drained", "draining", "drng", "maint", "reboot_requested",
+                            "reboot_issued"))  # fmt: skip
+
+
+def node_state(state: str, reason: str) -> tuple[str, str]:
+    """The portal's state of a node in Slurm's `state` (sinfo's StateLong: "idle", "mixed",
+    "drained", "draining", "down*", "idle+drain", ...), and its reason as an operator reads
+    it."""
+    words = set(re.split(r"[+*~#!%$@^-]", state.lower())) - {""}
+    said = f"Slurm: {state}" + (f" ({reason})" if reason and reason != "none" else "")
+    # "*": not responding; "~", "#", "%": powered off, powering up, powering down.
+    if set(state) & set("*~#%") or words & DOWN_WORDS:
+        return NODE_DOWN, said
+    if words & DRAINING_WORDS:
+        return NODE_DRAINING, said
+    return NODE_READY, said if state not in ("idle", "mixed", "allocated") else ""
+
+
+def parse_sinfo(text: str) -> list[SlurmNode]:
+    """`sinfo -N -h -O` with SINFO_FIELDS: one line per node and partition; a node of several
+    partitions comes once, with all of them."""
+    by_name: dict[str, dict] = {}
+    for line in text.splitlines():
+        fields = line.split(SEP)
+        if len(fields) < len(SINFO_FIELDS):
+            continue
+        name, partition, state, gres, used, reason = (f.strip() for f in fields[:6])
+        node = by_name.setdefault(
+            name, {"partitions": [], "state": state, "gres": gres, "used": used, "reason": reason}
+        )
+        node["partitions"].append(partition.rstrip("*"))
+    nodes = []
+    for name, node in by_name.items():
+        gpus = _gres_gpus(node["gres"])
+        if not gpus:
+            continue  # no GPUs: nothing for the portal
+        types = {gpu_type for gpu_type, _ in gpus}
+        if len(types) > 1:
+            logger.warning("node %s has GPUs of several types (%s): left out (the portal's "
+                           "nodes have one type)", name, node["gres"])  # fmt: skip
+            continue
+        state, reason = node_state(node["state"], node["reason"])
+        nodes.append(
+            SlurmNode(
+                name=name,
+                partitions=tuple(node["partitions"]),
+                gpu_type=gpus[0][0],
+                gpus=sum(count for _, count in gpus),
+                used_gpus=sum(count for _, count in _gres_gpus(node["used"])),
+                state=state,
+                reason=reason,
+            )
+        )
+    return nodes
+
+
+def _exit_code(status: str) -> int | None:
+    """squeue's exit_code is the batch script's wait status: 768 is exit code 3, 9 a death by
+    SIGKILL (-9, as Popen says)."""
+    if not status.strip().isdigit():
+        return None
+    value = int(status)
+    signal = value & 0x7F
+    return -signal if signal else value >> 8
+
+
+def parse_squeue(text: str) -> list[SlurmJob]:
+    """`squeue -h -O` with SQUEUE_FIELDS."""
+    jobs = []
+    for line in text.splitlines():
+        fields = line.split(SEP)
+        if len(fields) < len(SQUEUE_FIELDS):
+            continue
+        job_id, name, state, reason, nodes, tres, status, partition = (
+            f.strip() for f in fields[: len(SQUEUE_FIELDS)]
+        )
+        gpus = _gres_gpus(tres.replace("gres:", "").replace("gres/", ""))
+        jobs.append(
+            SlurmJob(
+                id=job_id,
+                name=name,
+                state=state.split()[0] if state else "",
+                reason=reason,
+                nodes=tuple(expand_hostlist(nodes)) if nodes and nodes != "(null)" else (),
+                gpus_per_node=sum(count for _, count in gpus),
+                exit_code=_exit_code(status),
+                partition=partition,
+            )
+        )
+    return jobs
+
+
+def parse_job_gpus(text: str) -> list[dict]:
+    """The GPU indices Slurm gave each node of a job, from `scontrol -o -d show job ID`:
+    "Nodes=node[1-2] CPU_IDs=0 Mem=0 GRES=gpu:h100:2(IDX:0-1)" → [{node, gpu_indices}, ...]."""
+    allocations = []
+    for nodes, gres in re.findall(r"\bNodes=(\S+) CPU_IDs=\S* Mem=\S* GRES=(\S*)", text):
+        indices: list[int] = []
+        for spec in re.findall(r"IDX:([0-9,\-]+)", gres):
+            for item in spec.split(","):
+                low, _, high = item.partition("-")
+                indices.extend(range(int(low), int(high or low) + 1))
+        for node in expand_hostlist(nodes):
+            allocations.append({"node": node, "gpu_indices": sorted(indices)})
+    return allocations
+
+
+# --- The cluster -------------------------------------------------------------------------------
+
+
+@dataclass
+class SlurmCluster:
+    """The Slurm cluster of the connector: its GPU nodes in `partitions`, and the jobs it
+    submits there, named `{prefix}-{share}-job{J}-a{attempt}` so that an operator's squeue
+    shows whose they are and the connector finds its own after a restart."""
+
+    partitions: tuple[str, ...]
+    prefix: str = "portal"
+    default_gpu_type: str | None = None  # for nodes whose GRES has no type
+    node_gpu_types: dict[str, str] = field(default_factory=dict)  # node name or glob → type
+    sbatch_args: tuple[str, ...] = ()  # the site's own (an account, a QOS, --mem)
+    env: dict[str, str] | None = None  # the commands' environment (SLURM_CONF)
+
+    kind = "slurm"
+
+    def _run(self, *args: str, input: str | None = None) -> str:
+        if args[0] != "squeue":
+            logger.debug("%s", shlex.join(args))
+        try:
+            done = subprocess.run(
+                args, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_SECONDS,
+                env=self.env, input=input,
+            )  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as error:
+            raise SlurmUnreachable(f"{args[0]}: {error}") from error
+        if done.returncode != 0:
+            message = (done.stderr or done.stdout).strip()[-500:]
+            if _unreachable(message):
+                raise SlurmUnreachable(f"{args[0]}: {message}")
+            raise SlurmRefused(f"{args[0]}: {message}")
+        return done.stdout
+
+    def gpu_type_of(self, node: SlurmNode) -> str | None:
+        for pattern, gpu_type in self.node_gpu_types.items():
+            if fnmatchcase(node.name, pattern):
+                return gpu_type
+        return node.gpu_type or self.default_gpu_type
+
+    def nodes(self) -> list[SlurmNode]:
+        """The GPU nodes of the partitions (without a GPU type known: left out, with a
+        warning)."""
+        text = self._run(
+            "sinfo", "-N", "-h", "-p", ",".join(self.partitions),
+            "-O", ",".join(f"{name}:{SEP}" for name in SINFO_FIELDS),
+        )  # fmt: skip
+        nodes = []
+        for node in parse_sinfo(text):
+            gpu_type = self.gpu_type_of(node)
+            if gpu_type is None:
+                logger.warning("node %s: its GRES gpu has no type; give one with --gpu-type",
+                               node.name)  # fmt: skip
+                continue
+            nodes.append(
+                SlurmNode(
+                    node.name,
+                    node.partitions,
+                    gpu_type,
+                    node.gpus,
+                    node.used_gpus,
+                    node.state,
+                    node.reason,
+                )  # fmt: skip
+            )
+        return nodes
+
+    def jobs(self) -> list[SlurmJob]:
+        """Every job of the partitions Slurm still knows: running, pending, and ended within
+        its MinJobAge."""
+        return parse_squeue(
+            self._run(
+                "squeue",
+                "-h",
+                "--states=all",
+                "-p",
+                ",".join(self.partitions),
+                "-O",
+                ",".join(f"{name}:{SEP}" for name in SQUEUE_FIELDS),
+            )  # fmt: skip
+        )
+
+    def job_name(self, order: dict) -> str:
+        return f"{self.prefix}-{order['share']}-job{order['job']}-a{order['attempt']}"
+
+    def attempt_of(self, job: SlurmJob) -> int | None:
+        """The portal attempt a Slurm job runs, if the connector submitted it."""
+        match = re.fullmatch(rf"{re.escape(self.prefix)}-.+-job\d+-a(\d+)", job.name)
+        return int(match.group(1)) if match else None
+
+    def submit(self, order: dict, *, script: Path, log: Path, partition: str) -> str:
+        """sbatch the attempt: one Slurm job on all the nodes of its gang, each with its GPUs.
+        Returns Slurm's job id."""
+        nodes = [a["node"] for a in order["nodes"]]
+        gpus = len(order["nodes"][0]["gpu_indices"])
+        args = [
+            "sbatch", "--parsable", f"--job-name={self.job_name(order)}",
+            f"--partition={partition}", f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}",
+            "--ntasks-per-node=1", f"--gres=gpu:{gpus}", f"--output={log}", "--open-mode=append",
+            f"--chdir={script.parent}", "--no-requeue", "--export=ALL",
+            f"--comment=gpu-portal attempt {order['attempt']}",
+        ]  # fmt: skip
+        timeout = order.get("timeout_seconds")
+        if timeout:
+            # The connector stops it at its timeout; Slurm's limit is only the backstop.
+            minutes = -(-(int(timeout) + int(order["grace_seconds"]) + 60) // 60)
+            args.append(f"--time={minutes}")
+        args += [*self.sbatch_args, str(script)]
+        return self._run(*args).strip().split(";")[0]
+
+    def terminate(self, job_id: str) -> None:
+        """SIGTERM to every process of the job, the batch script's included (without --full
+        the signal reaches only the job's steps)."""
+        self._run("scancel", "--signal=TERM", "--full", job_id)
+
+    def kill(self, job_id: str) -> None:
+        """Cancel the job: Slurm sends SIGTERM, then SIGKILL after its KillWait."""
+        self._run("scancel", job_id)
+
+    def allocations(self, job_id: str) -> list[dict]:
+        """The GPU indices Slurm gave the job on each node."""
+        return parse_job_gpus(self._run("scontrol", "-o", "-d", "show", "job", job_id))
+
+
+def _unreachable(message: str) -> bool:
+    message = message.lower()
+    return any(
+        words in message
+        for words in (
+            "unable to contact slurm controller",
+            "connection refused",
+            "socket timed out",
+            "communication connection failure",
+            "slurm_load_",
+            "zero bytes were transmitted",
+            "munge",
+        )  # fmt: skip
+    )
+
+
+def batch_script(order: dict, env: dict[str, str], *, gang: bool) -> str:
+    """The batch script of an attempt: the portal's environment, then the job's command in its
+    checkpoint directory, as the job's own process (a plain command is exec'ed, so its exit
+    code is the job's and SIGTERM reaches it directly), on every node of a gang through srun."""
+    lines = ["#!/bin/sh", f"# gpu-portal: job {order['job']}, attempt {order['number']}"]
+    lines += [f"export {name}={shlex.quote(value)}" for name, value in env.items()
+              if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name)]  # fmt: skip
+    lines.append('mkdir -p "$CHECKPOINT_DIR" && cd "$CHECKPOINT_DIR" || exit 1')
+    command = order["command"]
+    if gang:
+        lines.append(
+            "exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 --export=ALL /bin/sh -c "
+            + shlex.quote(command)
+        )
+    elif set("|&;<>()$`\\\"'*?[]#~=%{}\n") & set(command):
+        lines.append(command)
+    else:
+        lines.append(f"exec {command}")
+    return "\n".join(lines) + "\n"
+
+
+def slurm_environment(slurm_conf: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    if slurm_conf:
+        env["SLURM_CONF"] = slurm_conf
+    return env
