@@ -167,6 +167,21 @@ class LiveSystem:
             **env,
         )  # fmt: skip
 
+    def start_connector(
+        self, slurm_conf: str, *, name: str = "slurm", partition: str = "gpu", **env: str
+    ) -> None:
+        """The Slurm connector (`gpu-agent slurm`) of the real Slurm cluster at `slurm_conf`
+        (tests/slurm/conftest.py), its work and checkpoint directories under this system's."""
+        self.agents[name] = self._spawn(
+            f"connector-{name}",
+            [sys.executable, "-m", "scheduler.agent", "slurm", "--portal", self.url,
+             "--partition", partition, "--name", name, "--poll-wait", "5",
+             "--work-dir", str(self.tmp / "connectors" / name),
+             "--checkpoint-root", str(self.checkpoints), "--log-level", "DEBUG"],
+            SLURM_CONF=slurm_conf,
+            **env,
+        )  # fmt: skip
+
     def kill_agent(self, name: str) -> None:
         """SIGKILL the agent, like a machine that dies (its jobs die with it)."""
         process = self.agents.pop(name)
