@@ -439,9 +439,9 @@ class Connector:
             if known is None or int(job.id) > int(known.id):
                 ours[attempt_id] = job
         for attempt_id, job in ours.items():
-            if attempt_id not in self.attempts and job.end is None:
-                # Submitted by an earlier run of the connector: adopted; the next poll asks
-                # for every order, and says what became of it.
+            if attempt_id not in self.attempts:
+                # Submitted by an earlier run of the connector: adopted (an ended one is
+                # reported at once); the next poll asks for every order.
                 with self.lock:
                     self.attempts[attempt_id] = Attempt(
                         id=attempt_id, order=None, job_id=job.id, nodes=job.nodes,
@@ -452,8 +452,12 @@ class Connector:
             job = ours.get(tracked.id)
             if job is None or job.id != tracked.job_id:
                 if tracked.job_id is not None and now - tracked.seen > UNSEEN_LOST_SECONDS:
-                    self._end(tracked.id, end=END_LOST, detail=f"Slurm no longer knows job "
-                              f"{tracked.job_id}")  # fmt: skip
+                    ended = self.cluster.ended_job(tracked.job_id)
+                    if ended is not None:
+                        self._follow(tracked, ended, now)
+                    else:
+                        self._end(tracked.id, end=END_LOST, detail="Slurm no longer knows "
+                                  f"job {tracked.job_id}")  # fmt: skip
                 continue
             tracked.seen = now
             self._follow(tracked, job, now)
@@ -597,6 +601,7 @@ class Connector:
         if self.stopping.is_set():
             return
         try:
+            self.cluster.discover()
             self.observe()  # what the cluster already runs for the portal, before the first poll
             self.cluster_ok.set()
         except SlurmUnreachable as error:

@@ -13,6 +13,7 @@ output (tests/connector/test_slurm_parsing.py) and live (tests/slurm/)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -254,6 +255,49 @@ def parse_squeue(text: str) -> list[SlurmJob]:
     return jobs
 
 
+def _status_exit_code(value: str) -> int | None:
+    """sacct's and the job-completion log's ExitCode, "exit:signal": "3:0" is 3, "0:9" a death
+    by SIGKILL (-9)."""
+    code, _, signal = value.partition(":")
+    if not code.isdigit():
+        return None
+    return -int(signal) if signal.isdigit() and int(signal) else int(code)
+
+
+def parse_sacct(text: str) -> SlurmJob | None:
+    """`sacct -n -P -X -o JobID,JobName,State,ExitCode,NodeList,Partition -j ID`: the job's
+    allocation line ("CANCELLED by 0" is CANCELLED)."""
+    for line in text.splitlines():
+        fields = line.split("|")
+        if len(fields) < 6 or not fields[0].isdigit():
+            continue
+        job_id, name, state, exit_code, nodes, partition = fields[:6]
+        return SlurmJob(id=job_id, name=name, state=state.split()[0] if state else "",
+                        reason="", nodes=tuple(expand_hostlist(nodes)) if nodes not in ("",
+                        "None assigned") else (), gpus_per_node=0,
+                        exit_code=_status_exit_code(exit_code), partition=partition)  # fmt: skip
+    return None
+
+
+def parse_jobcomp(text: str, job_id: str) -> SlurmJob | None:
+    """The job's line in a job-completion log (JobCompType=jobcomp/filetxt): "JobId=26 ...
+    Name=x JobState=NODE_FAIL ... NodeList=node2 ... ExitCode=0:0". Its ExitCode is written when
+    the job is cancelled or fails, so it reads 0:0 for those: their state says enough."""
+    found = None
+    for line in text.splitlines():
+        if not line.startswith(f"JobId={job_id} "):
+            continue
+        fields = dict(re.findall(r"(\w+)=(\S*)", line))
+        nodes = fields.get("NodeList", "")
+        found = SlurmJob(id=job_id, name=fields.get("Name", ""),
+                         state=fields.get("JobState", ""), reason="",
+                         nodes=tuple(expand_hostlist(nodes)) if nodes not in ("", "(null)")
+                         else (), gpus_per_node=0,
+                         exit_code=_status_exit_code(fields.get("ExitCode", "")),
+                         partition=fields.get("Partition", ""))  # fmt: skip
+    return found
+
+
 def parse_job_gpus(text: str) -> list[dict]:
     """The GPU indices Slurm gave each node of a job, from `scontrol -o -d show job ID`:
     "Nodes=node[1-2] CPU_IDs=0 Mem=0 GRES=gpu:h100:2(IDX:0-1)" → [{node, gpu_indices}, ...]."""
@@ -284,8 +328,32 @@ class SlurmCluster:
     node_gpu_types: dict[str, str] = field(default_factory=dict)  # node name or glob → type
     sbatch_args: tuple[str, ...] = ()  # the site's own (an account, a QOS, --mem)
     env: dict[str, str] | None = None  # the commands' environment (SLURM_CONF)
+    # Where the ends of jobs Slurm no longer lists are found: sacct (with accounting), else
+    # the job-completion log (JobCompType=jobcomp/filetxt), as `discover` finds them.
+    accounting: bool = False
+    jobcomp_log: Path | None = None
+    discovered: bool = False
 
     kind = "slurm"
+
+    def discover(self) -> None:
+        """Read from Slurm's configuration where ended jobs are recorded."""
+        config = {}
+        for line in self._run("scontrol", "show", "config").splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                config[key.strip()] = value.strip()
+        self.accounting = config.get("AccountingStorageType", "") not in (
+            "", "accounting_storage/none",
+        )  # fmt: skip
+        self.discovered = True
+        location = config.get("JobCompLoc", "")
+        if config.get("JobCompType") == "jobcomp/filetxt" and location:
+            self.jobcomp_log = Path(location)
+        logger.info("ended jobs from %s",
+                    "sacct" if self.accounting else self.jobcomp_log or "squeue only "
+                    "(no accounting, no job-completion log: a job that ended while the "
+                    "connector was away longer than MinJobAge is reported lost)")  # fmt: skip
 
     def _run(self, *args: str, input: str | None = None) -> str:
         if args[0] != "squeue":
@@ -351,6 +419,28 @@ class SlurmCluster:
                 ",".join(f"{name}:{SEP}" for name in SQUEUE_FIELDS),
             )  # fmt: skip
         )
+
+    def ended_job(self, job_id: str) -> SlurmJob | None:
+        """What became of a job squeue no longer lists (Slurm purged it, MinJobAge after its
+        end): from sacct, else the job-completion log; None if neither knows it."""
+        if not self.discovered:
+            self.discover()
+        if self.accounting:
+            with contextlib.suppress(SlurmRefused):
+                job = parse_sacct(self._run(
+                    "sacct", "-n", "-P", "-X", "-j", job_id,
+                    "-o", "JobID,JobName,State,ExitCode,NodeList,Partition",
+                ))  # fmt: skip
+                if job is not None and job.end is not None:
+                    return job
+        if self.jobcomp_log is not None:
+            try:
+                text = self.jobcomp_log.read_text(errors="replace")
+            except OSError as error:
+                logger.warning("cannot read the job-completion log: %s", error)
+                return None
+            return parse_jobcomp(text, job_id)
+        return None
 
     def job_name(self, order: dict) -> str:
         return f"{self.prefix}-{order['share']}-job{order['job']}-a{order['attempt']}"

@@ -14,6 +14,8 @@ from scheduler.agent.slurm import (
     expand_hostlist,
     node_state,
     parse_job_gpus,
+    parse_jobcomp,
+    parse_sacct,
     parse_sinfo,
     parse_squeue,
 )
@@ -128,3 +130,34 @@ def test_the_batch_script_exports_the_portal_environment_and_execs_the_command()
     assert "exec srun --kill-on-bad-exit=1 --ntasks-per-node=1" in gang
     shell = batch_script({**order, "command": "a && b"}, env, gang=False)
     assert shell.rstrip().endswith("\na && b")
+
+
+def test_ended_jobs_slurm_no_longer_lists_are_read_from_sacct_or_the_job_completion_log():
+    """Once Slurm has purged a job (MinJobAge after its end), sacct (with accounting) or the
+    job-completion log (jobcomp/filetxt, a cluster without slurmdbd) says how it ended."""
+    # sacct -n -P -X -o JobID,JobName,State,ExitCode,NodeList,Partition -j 12
+    job = parse_sacct("12|portal-research-job7-a12|CANCELLED by 0|0:15|node[1-2]|gpu\n")
+    assert (job.state, job.exit_code, job.nodes, job.end) == (
+        "CANCELLED", -15, ("node1", "node2"), END_EXIT,
+    )  # fmt: skip
+    # Lines of the job-completion log this machine's Slurm wrote.
+    log = (
+        "JobId=20 UserId=root(0) GroupId=root(0) Name=trap-step-full JobState=FAILED "
+        "Partition=gpu TimeLimit=UNLIMITED StartTime=2026-12-01T15:55:12 "
+        "EndTime=2026-12-01T15:55:16 NodeList=node1 NodeCnt=1 ProcCnt=1 WorkDir=/tmp "
+        "ReservationName= Tres=cpu=1,mem=64G,node=1,billing=1 Account= QOS= WcKey= "
+        "Cluster=unknown SubmitTime=2026-12-01T15:55:11 EligibleTime=2026-12-01T15:55:11 "
+        "DerivedExitCode=0:9 ExitCode=143:0 \n"
+        "JobId=26 UserId=root(0) GroupId=root(0) Name=nodefail JobState=NODE_FAIL "
+        "Partition=gpu TimeLimit=UNLIMITED StartTime=2026-12-01T15:55:34 "
+        "EndTime=2026-12-01T15:55:35 NodeList=node2 NodeCnt=1 ProcCnt=1 WorkDir=/tmp "
+        "ReservationName= Tres=cpu=1,mem=64G,node=1,billing=1 Account= QOS= WcKey= "
+        "Cluster=unknown SubmitTime=2026-12-01T15:55:33 EligibleTime=2026-12-01T15:55:33 "
+        "DerivedExitCode=0:0 ExitCode=0:0 \n"
+    )
+    failed = parse_jobcomp(log, "20")
+    assert (failed.state, failed.exit_code, failed.end, failed.nodes) == (
+        "FAILED", 143, END_EXIT, ("node1",),
+    )  # fmt: skip
+    assert parse_jobcomp(log, "26").end == END_LOST
+    assert parse_jobcomp(log, "2") is None

@@ -203,3 +203,21 @@ def test_one_pool_over_agent_and_slurm_nodes_lends_and_reclaims_across_both(worl
     for job in borrowers:
         wait_state(job, Job.State.SUCCEEDED, timeout=120)
     check_invariants(accepted_job_ids=[j.pk for j in [*borrowers, owner]])
+
+
+def test_a_restarted_connector_adopts_the_jobs_slurm_runs(world, live, slurm):
+    """The connector dies (SIGKILL) while its jobs run on Slurm, and one of them ends meanwhile;
+    the connector started again finds them in Slurm by name: the running ones go on, the
+    ended one is reported with its exit code, and no job is run twice."""
+    system = start(live, slurm)
+    short = submit(world.alice, "research", job_command(10, 0.1))
+    long = submit(world.alice, "research", job_command(60, 0.1))
+    wait_for(lambda: len([j for j in slurm.active() if j["state"] == "RUNNING"]) == 2,
+             what="two Slurm jobs running")  # fmt: skip
+    system.kill_agent("slurm")
+    wait_for(lambda: len(slurm.active()) == 1, what="the short job ended in Slurm")
+    system.start_connector(slurm.conf)
+    wait_state(short, Job.State.SUCCEEDED)
+    wait_state(long, Job.State.SUCCEEDED)
+    assert [a.outcome for a in attempts(short)] == [JobAttempt.Outcome.SUCCEEDED]
+    assert [a.outcome for a in attempts(long)] == [JobAttempt.Outcome.SUCCEEDED]
