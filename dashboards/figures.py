@@ -41,6 +41,7 @@ Figure = dict  # {"data": [trace dicts], "layout": layout dict}, as plotly.js ta
 COLOURS = {
     "capacity": "#222222",
     "in_use": "#1f77b4",
+    "outside": "#8c564b",
     "down": "#d62728",
     "idle_lendable": "#2ca02c",
     "limit": "#222222",
@@ -135,19 +136,21 @@ def _on_steps(bucket: list[int | None], values: Sequence[float]) -> list[float |
 
 
 def capacity_now(rows: list[GpuTypeNow]) -> Figure:
-    """Grouped bars per GPU type: capacity, in use, idle lendable, down."""
+    """Grouped bars per GPU type: capacity, in use, used outside the portal, idle lendable,
+    down. GPUs used outside the portal are not capacity: their own bar shows a lead why
+    capacity shrank. A cluster where no GPU is used outside the portal (only node agents, or
+    a cluster manager running nothing of its own) has no such bar."""
     types = [r.gpu_type for r in rows]
     layout = _layout("GPUs now, per GPU type", "GPUs", x_title="GPU type")
     layout.update(barmode="group", hovermode="closest")
+    bars = [("capacity (nodes up)", "capacity"), ("in use", "in_use")]
+    if any(r.outside for r in rows):
+        bars.append(("used outside the portal", "outside"))
+    bars += [("idle, lendable", "idle_lendable"), ("down", "down")]
     data = [
         {"type": "bar", "name": name, "x": types, "y": [getattr(r, key) for r in rows],
          "marker": {"color": COLOURS[key]}}
-        for name, key in (
-            ("capacity (nodes up)", "capacity"),
-            ("in use", "in_use"),
-            ("idle, lendable", "idle_lendable"),
-            ("down", "down"),
-        )
+        for name, key in bars
     ]  # fmt: skip
     return {"data": data, "layout": layout}
 

@@ -8,14 +8,14 @@ import math
 from collections import Counter
 
 from django.conf import settings
-from django.db.models import Count, Sum
+from django.db.models import Count
 from django.http import HttpRequest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from dashboards.models import CycleStats
-from dashboards.selectors import preemption_kind
+from dashboards.selectors import node_gpus, preemption_kind
 from dashboards.services import CYCLE_DURATION_BUCKETS
 from scheduler.models import Job, JobAttempt, Node
 from shares.models import CapacityLimit, QuotaShare
@@ -147,18 +147,25 @@ class PortalCollector(Collector):
             "portal_node_gpus", "GPUs on nodes, by GPU type and node state.",
             labels=["resource", "state"],
         )  # fmt: skip
+        outside = GaugeMetricFamily(
+            "portal_node_outside_gpus",
+            "GPUs used outside the portal (by jobs the portal did not submit, such as a cluster "
+            "manager's own) on nodes that are up, by GPU type: neither capacity nor planned on.",
+            labels=["resource"],
+        )
         by_state = Counter()
-        for gpu_type, state, n, total in (
-            Node.objects.values_list("gpu_type", "state")
-            .annotate(n=Count("id"), total=Sum("gpus"))
-            .order_by()
-        ):
+        by_type = Counter()
+        for gpu_type, state, n, total, held_outside in node_gpus():
             by_state[state] += n
             gpus.add_metric([gpu_type, state], total)
+            by_type[gpu_type] += 0 if state == Node.State.DOWN else held_outside
         for state in Node.State.values:
             nodes.add_metric([state], by_state[state])
+        for gpu_type in sorted(by_type):
+            outside.add_metric([gpu_type], by_type[gpu_type])
         yield nodes
         yield gpus
+        yield outside
 
     def _cycle(self):
         stats = CycleStats.objects.filter(pk=1).first() or CycleStats()

@@ -8,8 +8,21 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from django.db.models import Count, F, FloatField, Func, IntegerField, Max, Min, Q, QuerySet, Sum
-from django.db.models.functions import Coalesce
+from django.db.models import (
+    Case,
+    Count,
+    F,
+    FloatField,
+    Func,
+    IntegerField,
+    Max,
+    Min,
+    Q,
+    QuerySet,
+    Sum,
+    When,
+)
+from django.db.models.functions import Coalesce, Least
 from django.utils import timezone
 
 from dashboards.models import ClusterSample, Resolution, UsageSample
@@ -599,27 +612,32 @@ def share_change_events(*, share: QuotaShare, start: datetime, end: datetime) ->
 @dataclass(frozen=True)
 class GpuTypeNow:
     gpu_type: str
-    capacity: int  # GPUs on nodes that are up (READY or DRAINING)
+    capacity: int  # GPUs on nodes that are up (READY or DRAINING), less those used outside
     in_use: int
     down: int
     idle_lendable: float  # idle GPUs a borrower could get now: free pool + lendable quota
+    # GPUs on nodes that are up held by jobs the portal did not submit (a cluster manager's
+    # own): never planned on and not capacity (docs/semantics.md), so shown beside it.
+    outside: int = 0
 
 
 def cluster_now(usage: list[ShareUsage] | None = None) -> list[GpuTypeNow]:
-    """Per GPU type: capacity, GPUs in use and down, and idle GPUs that borrowers could use
-    (the free pool plus every LEND / LEND_AND_BORROW share's idle quota within its lend_limit)."""
+    """Per GPU type: capacity, GPUs in use, used outside the portal and down, and idle GPUs that
+    borrowers could use (the free pool plus every LEND / LEND_AND_BORROW share's idle quota
+    within its lend_limit)."""
     usage = current_usage() if usage is None else usage
     up: dict[str, int] = defaultdict(int)
     ready: dict[str, int] = defaultdict(int)
     down: dict[str, int] = defaultdict(int)
-    nodes = Node.objects.values_list("gpu_type", "state").annotate(total=Sum("gpus")).order_by()
-    for gpu_type, state, total in nodes:
+    outside: dict[str, int] = defaultdict(int)
+    for gpu_type, state, _nodes, total, held_outside in node_gpus():
         if state == Node.State.DOWN:
             down[gpu_type] += total
-        else:
-            up[gpu_type] += total
+            continue
+        up[gpu_type] += total - held_outside
+        outside[gpu_type] += held_outside
         if state == Node.State.READY:
-            ready[gpu_type] += total
+            ready[gpu_type] += total - held_outside
     lend_rules = {
         (share, gpu_type): (strategy, lend_limit)
         for share, gpu_type, strategy, lend_limit in CapacityLimit.objects.values_list(
@@ -648,9 +666,56 @@ def cluster_now(usage: list[ShareUsage] | None = None) -> list[GpuTypeNow]:
                 in_use=in_use[gpu_type],
                 down=down[gpu_type],
                 idle_lendable=round(pool_left + lendable[gpu_type], 3),
+                outside=outside[gpu_type],
             )
         )
     return result
+
+
+def node_gpus() -> QuerySet:
+    """(gpu_type, state, nodes, GPUs, GPUs used outside the portal) per GPU type and node
+    state. A node never has more GPUs outside the portal than it has (the connector API checks
+    it); Least keeps it so for a row written otherwise, as the engine does."""
+    return (
+        Node.objects.values_list("gpu_type", "state")
+        .annotate(n=Count("id"), total=Sum("gpus"), outside=Sum(Least("outside_gpus", "gpus")))
+        .order_by()
+    )
+
+
+@dataclass(frozen=True)
+class NodeHoldingBack:
+    name: str
+    gpu_type: str
+    gpus: int
+    state: str
+    state_reason: str
+    outside_gpus: int
+    connector: str  # "" for a node its own agent runs
+
+
+# The overview lists only the nodes that hold GPUs back: a large cluster's healthy nodes would
+# bury them, and the page must stay light (bench/dashboard.py).
+MAX_NODES_HOLDING_BACK = 200
+
+
+def nodes_holding_back(limit: int = MAX_NODES_HOLDING_BACK) -> list[NodeHoldingBack]:
+    """Nodes that do not give all their GPUs to the portal: DRAINING or DOWN, or with GPUs used
+    outside the portal; the most GPUs held back first, then by name."""
+    rows = (
+        Node.objects.filter(~Q(state=Node.State.READY) | Q(outside_gpus__gt=0))
+        .annotate(
+            held_back=Case(
+                When(state=Node.State.READY, then=Least("outside_gpus", "gpus")),
+                default=F("gpus"),
+            )
+        )
+        .order_by("-held_back", "name")
+        .values_list(
+            "name", "gpu_type", "gpus", "state", "state_reason", "outside_gpus", "connector__name"
+        )[:limit]
+    )
+    return [NodeHoldingBack(*row[:6], connector=row[6] or "") for row in rows]
 
 
 @dataclass(frozen=True)

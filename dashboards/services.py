@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Max, Min, Sum
+from django.db.models.functions import Least
 from django.utils import timezone
 
 from dashboards.models import ClusterSample, CycleStats, Resolution, UsageSample, Watermark
@@ -86,9 +87,16 @@ def history_sample(now: datetime | None = None) -> bool:
             in_use[row.gpu_type] += row.usage
         up: dict[str, float] = defaultdict(float)
         down: dict[str, float] = defaultdict(float)
-        nodes = Node.objects.values_list("gpu_type", "state").annotate(total=Sum("gpus"))
-        for gpu_type, state, total in nodes.order_by():
-            (down if state == Node.State.DOWN else up)[gpu_type] += total
+        # Capacity is what the portal can plan on: GPUs used outside the portal are not
+        # (docs/semantics.md), as on the overview's cards (selectors.cluster_now).
+        nodes = Node.objects.values_list("gpu_type", "state").annotate(
+            total=Sum("gpus"), outside=Sum(Least("outside_gpus", "gpus"))
+        )
+        for gpu_type, state, total, outside in nodes.order_by():
+            if state == Node.State.DOWN:
+                down[gpu_type] += total
+            else:
+                up[gpu_type] += total - outside
         ClusterSample.objects.bulk_create(
             ClusterSample(
                 resolution=Resolution.RAW,

@@ -64,7 +64,7 @@ def _nav(request: HttpRequest) -> dict:
 @require_GET
 def overview(request: HttpRequest) -> HttpResponse:
     """Cluster overview: capacity against use now, use over time by share, idle lendable GPUs,
-    the queue."""
+    the nodes that hold GPUs back, the queue."""
     _require_dashboard_user(request)
     now, time_range, resolution, context = _range_context(request)
     usage = current_usage()
@@ -89,6 +89,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         _nav(request),
         charts=charts,
         gpu_now=gpu_now,
+        nodes_holding_back=selectors.nodes_holding_back(),
         queue=selectors.queue_summary(now),
         shares=sorted({row.share for row in usage}),
         visible_shares=set(selectors.visible_shares(request.user).values_list("name", flat=True)),

@@ -1,20 +1,57 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.db.models import Count
 from django.http import HttpRequest
 
 from scheduler.jobs.services import job_cancel
-from scheduler.models import ClusterSettings, Job, JobAttempt, JobEvent, Node
+from scheduler.models import ClusterSettings, Connector, Job, JobAttempt, JobEvent, Node
 from scheduler.nodes.services import node_set_state
+
+
+@admin.register(Connector)
+class ConnectorAdmin(admin.ModelAdmin):
+    """Connectors register themselves (`gpu-agent slurm`, by name): here an admin sees them,
+    how many nodes each brings and when it was last heard from. Read-only, and without the
+    token hash, which is no one's to read."""
+
+    list_display = ["name", "kind", "last_heartbeat", "node_count", "created_at"]
+    list_filter = ["kind"]
+    search_fields = ["name"]
+    fields = ["name", "kind", "last_heartbeat", "created_at"]
+
+    def get_queryset(self, request: HttpRequest):
+        return super().get_queryset(request).annotate(node_count=Count("nodes"))
+
+    @admin.display(description="nodes", ordering="node_count")
+    def node_count(self, connector: Connector) -> int:
+        return connector.node_count
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
 
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
-    list_display = ["name", "gpu_type", "gpus", "state", "last_heartbeat"]
-    list_filter = ["state", "gpu_type"]
+    list_display = [
+        "name",
+        "gpu_type",
+        "gpus",
+        "state",
+        "state_reason",
+        "outside_gpus",
+        "connector",
+        "last_heartbeat",
+    ]
+    list_filter = ["state", "gpu_type", "connector"]
+    list_select_related = ["connector"]
     search_fields = ["name"]
     actions = ["drain", "undrain"]
-    readonly_fields = ["gpu_details", "last_heartbeat"]
+    # A connector's cluster manager says which node is its and how many GPUs its own jobs hold.
+    readonly_fields = ["gpu_details", "last_heartbeat", "connector", "outside_gpus"]
 
     @admin.action(description="Drain: finish running jobs, take no new ones")
     def drain(self, request: HttpRequest, queryset) -> None:
@@ -44,6 +81,7 @@ class JobAttemptInline(admin.TabularInline):
         "outcome",
         "exit_code",
         "end_reason",
+        "cluster_job",
     ]
     readonly_fields = fields
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 
-from django.db.models import QuerySet, Sum
+from django.db.models import F, QuerySet, Sum
+from django.db.models.functions import Least
 
 from scheduler.engine import accounting
 from scheduler.models import Job, Node
@@ -15,6 +16,17 @@ OVERPROMISED = "GPU type {gpu_type}: shares promise {promised} GPUs, READY nodes
 NO_NODES = (
     "GPU type {gpu_type}: shares promise {promised} GPUs, but there is no READY {gpu_type} node."
 )
+
+
+def ready_capacity() -> dict[str, int]:
+    """GPUs of each type on READY nodes, less those used outside the portal (a cluster
+    manager's own jobs): the cluster capacity the engine plans with (docs/semantics.md)."""
+    return dict(
+        Node.objects.filter(state=Node.State.READY)
+        .values_list("gpu_type")
+        .annotate(total=Sum(F("gpus") - Least("outside_gpus", "gpus")))
+        .values_list("gpu_type", "total")
+    )
 
 
 def capacity_warnings() -> list[str]:
@@ -28,12 +40,7 @@ def capacity_warnings() -> list[str]:
     )
     for row in rows:
         promised[row["gpu_type"]] = row["total"]
-    capacity = dict(
-        Node.objects.filter(state=Node.State.READY)
-        .values_list("gpu_type")
-        .annotate(total=Sum("gpus"))
-        .values_list("gpu_type", "total")
-    )
+    capacity = ready_capacity()
     warnings = []
     for gpu_type in sorted(promised):
         have = capacity.get(gpu_type, 0)
@@ -130,12 +137,7 @@ def share_usage() -> UsageReport:
         .values("share_id", "gpu_type")
         .annotate(total=Sum("gpus"))
     }
-    capacity: dict[str, int] = dict(
-        Node.objects.filter(state=Node.State.READY)
-        .values_list("gpu_type")
-        .annotate(total=Sum("gpus"))
-        .values_list("gpu_type", "total")
-    )
+    capacity = ready_capacity()
     gpu_types = set(capacity) | {gpu_type for _, gpu_type in used}
     views = {share.pk: share.engine_view() for share in shares}
     for view in views.values():

@@ -227,10 +227,41 @@ class AllocationSerializer(serializers.Serializer):
     gpu_indices = serializers.ListField(child=serializers.IntegerField())
 
 
+class ClusterJobSerializer(serializers.Serializer):
+    """What a connector's cluster manager runs an attempt as: {} (no key) for an attempt a
+    node agent runs, and for one the cluster manager has not started."""
+
+    # `allocations` is empty where the cluster manager could not say which GPUs it gave.
+    id = serializers.CharField(
+        required=False, help_text="The cluster manager's job id (Slurm's job id)."
+    )
+    allocations = AllocationSerializer(
+        many=True,
+        required=False,
+        help_text="The GPU indices the cluster manager really gave, per node; the attempt's "
+        "`allocations` are the portal's own (nominal) indices.",
+    )
+
+
+@extend_schema_field(ClusterJobSerializer)
+class ClusterJobField(serializers.JSONField):
+    """What a connector's cluster manager runs an attempt as; {} where a node agent runs it."""
+
+
 class AttemptSerializer(PlainValuesMixin, serializers.ModelSerializer):
     # Shows an attempt from `job_detail`, with its GPUs in `gpu_list`.
     allocations = serializers.SerializerMethodField()
-    preempted_for = serializers.PrimaryKeyRelatedField(read_only=True)
+    # Declared, not derived from the model: a read-only model field loses its allow_blank and
+    # allow_null, so the schema would refuse an attempt not ended yet (outcome "", no
+    # preempted_for).
+    outcome = serializers.ChoiceField(
+        choices=JobAttempt.Outcome.choices,
+        allow_blank=True,
+        read_only=True,
+        help_text="How the attempt ended; blank while it has not.",
+    )
+    preempted_for = serializers.PrimaryKeyRelatedField(read_only=True, allow_null=True)
+    cluster_job = ClusterJobField(read_only=True)
 
     class Meta:
         model = JobAttempt
@@ -246,6 +277,7 @@ class AttemptSerializer(PlainValuesMixin, serializers.ModelSerializer):
             "exit_code",
             "end_reason",
             "preempted_for",
+            "cluster_job",
         ]
         read_only_fields = fields
 
@@ -290,12 +322,14 @@ class JobDetailSerializer(JobSerializer):
     events = EventSerializer(many=True, read_only=True, source="event_list")
     preemptions = serializers.SerializerMethodField()
     allocations = serializers.SerializerMethodField()
+    cluster_job = serializers.SerializerMethodField()
     log_tail = serializers.SerializerMethodField()
 
     class Meta(JobSerializer.Meta):
         fields = [
             *JobSerializer.Meta.fields,
             "allocations",
+            "cluster_job",
             "preemptions",
             "attempts",
             "events",
@@ -321,6 +355,11 @@ class JobDetailSerializer(JobSerializer):
     def get_allocations(self, job: Job) -> list[dict]:
         """Where the latest attempt runs (or ran): nodes and GPU indices."""
         return attempt_allocations(job.attempt_list[-1]) if job.attempt_list else []
+
+    @extend_schema_field(ClusterJobSerializer)
+    def get_cluster_job(self, job: Job) -> dict:
+        """What the cluster manager runs (or ran) the latest attempt as; {} if none does."""
+        return dict(job.attempt_list[-1].cluster_job) if job.attempt_list else {}
 
     @extend_schema_field(serializers.CharField())
     def get_log_tail(self, job: Job) -> str:
@@ -695,6 +734,14 @@ class NodeJobSerializer(serializers.Serializer):
 class NodeSerializer(serializers.ModelSerializer):
     """A node with its GPUs and the jobs holding them (another team's job shows no id)."""
 
+    # Shows a node of `node_list`, with its connector loaded.
+    connector = serializers.SlugRelatedField(
+        slug_field="name",
+        read_only=True,
+        allow_null=True,
+        help_text="The connector that brings the node from its cluster manager (`gpu-agent "
+        "slurm`); null for a node its own agent runs.",
+    )
     gpus_in_use = serializers.SerializerMethodField()
     jobs = serializers.SerializerMethodField()
 
@@ -705,14 +752,17 @@ class NodeSerializer(serializers.ModelSerializer):
             "gpu_type",
             "gpus",
             "state",
+            "state_reason",
             "labels",
             "last_heartbeat",
+            "connector",
+            "outside_gpus",
             "gpus_in_use",
             "jobs",
         ]
         read_only_fields = fields
 
-    @extend_schema_field(serializers.IntegerField())
+    @extend_schema_field(serializers.IntegerField(help_text="GPUs the portal's jobs hold."))
     def get_gpus_in_use(self, node: Node) -> int:
         return len(getattr(node, "held", []))
 

@@ -416,9 +416,8 @@ class NodeListView(generics.GenericAPIView):
         responses={200: s.NodeSerializer(many=True), **errors()},
     )
     def get(self, request):
-        return Response(
-            s.NodeSerializer(node_list(), many=True, context=_node_context(request)).data
-        )
+        nodes = s.NodeSerializer(node_list(), many=True, context=_node_context(request))
+        return Response(nodes.data)
 
 
 def _node(name: str) -> Node:

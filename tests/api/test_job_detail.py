@@ -61,6 +61,7 @@ class _OrmDetail(serializers.ModelSerializer):
     events = _OrmEvent(many=True, read_only=True)
     preemptions = serializers.SerializerMethodField()
     allocations = serializers.SerializerMethodField()
+    cluster_job = serializers.SerializerMethodField()
     log_tail = serializers.SerializerMethodField()
 
     class Meta(JobDetailSerializer.Meta):
@@ -78,6 +79,10 @@ class _OrmDetail(serializers.ModelSerializer):
     def get_allocations(self, job):
         attempts = list(job.attempts.all())
         return _orm_allocations(attempts[-1]) if attempts else []
+
+    def get_cluster_job(self, job):
+        attempts = list(job.attempts.all())
+        return attempts[-1].cluster_job if attempts else {}
 
     def get_log_tail(self, job):
         attempts = list(job.attempts.all())
