@@ -496,7 +496,8 @@ class Connector:
     def _ended(self, tracked: Attempt, job: SlurmJob) -> None:
         signalled = tracked.term_sent_at is not None
         tail = self._tail(tracked)
-        if tracked.withdrawn and tracked.running_since is None:
+        if tracked.withdrawn:
+            # Withdrawn, even if Slurm started it just before the cancel reached it.
             self._end(tracked.id, end=END_WITHDRAWN, detail=tracked.withdrawn)
         elif tracked.running_since is None or (job.state == "CANCELLED" and not job.nodes):
             self._end(tracked.id, end=END_NEVER_STARTED,

@@ -68,10 +68,10 @@ def test_the_agent_install_brings_the_agent_and_the_client_and_no_server(agent_v
     )  # fmt: skip
     installed = {d["name"].lower().replace("_", "-") for d in json.loads(listed.stdout)}
     assert installed <= AGENT_DISTRIBUTIONS | {"setuptools", "wheel"}, installed
-    for script in ("gpu-agent", "gpu-portal"):
-        shown = subprocess.run([str(agent_venv / "bin" / script), "--version"],
+    for command in (["gpu-agent"], ["gpu-portal"], ["gpu-agent", "slurm"]):
+        shown = subprocess.run([str(agent_venv / "bin" / command[0]), *command[1:], "--version"],
                                capture_output=True, text=True)  # fmt: skip
-        assert shown.returncode == 0 and VERSION in shown.stdout, (script, shown)
+        assert shown.returncode == 0 and VERSION in shown.stdout, (command, shown)
 
 
 def test_the_installed_agent_runs_jobs_for_a_live_portal(agent_venv, live, world):
