@@ -65,6 +65,7 @@ INSTALLED_APPS = [
     "shares",
     "scheduler",
     "dashboards",
+    "awsbatch",
 ]
 
 MIDDLEWARE = [
@@ -211,6 +212,14 @@ NODE_HEARTBEAT_TIMEOUT_SECONDS = env.float("NODE_HEARTBEAT_TIMEOUT_SECONDS", def
 # The join token agents register with, used when the cluster settings row is first created
 # (afterwards the admin shows and edits it there).
 AGENT_JOIN_TOKEN = env.str("AGENT_JOIN_TOKEN", default="")
+
+# The AWS Batch API (docs/aws.md): the portal as one job queue, on one service environment, with
+# one scheduling policy, under this account and region in its ARNs.
+AWS_ACCOUNT_ID = env.str("AWS_ACCOUNT_ID", default="000000000000")
+AWS_REGION = env.str("AWS_REGION", default="us-east-1")
+AWS_JOB_QUEUE_NAME = env.str("AWS_JOB_QUEUE_NAME", default="gpu-portal")
+AWS_SERVICE_ENVIRONMENT_NAME = env.str("AWS_SERVICE_ENVIRONMENT_NAME", default="gpu-portal")
+AWS_SCHEDULING_POLICY_NAME = env.str("AWS_SCHEDULING_POLICY_NAME", default="gpu-portal")
 # Longest an agent's long poll for orders waits; kept well below the heartbeat timeout, since
 # each poll is the node's heartbeat.
 AGENT_POLL_MAX_WAIT_SECONDS = min(

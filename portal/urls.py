@@ -23,6 +23,8 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("health/", health, name="health"),
     path("api/v1/agent/", include("scheduler.nodes.urls")),
+    # The AWS Batch API (docs/aws.md): boto3's endpoint_url is https://PORTAL/aws.
+    path("aws/", include("awsbatch.urls")),
     path("api/v1/", include("scheduler.api.urls")),
     # The schema and its Swagger UI are public (they describe, they hold no data); the UI's
     # assets come from drf-spectacular-sidecar through our static files, so it works offline.

@@ -10,6 +10,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from scheduler.cycle.trigger import request_cycle
+from scheduler.models import Job
 from shares.models import (
     CAPACITY_LIMITS_COUNT,
     MAX_GPU_TYPES_PER_SHARE,
@@ -183,3 +184,29 @@ def share_set_state(
     """Enable or disable a share. A DISABLED share refuses new jobs; its queued and running
     jobs carry on."""
     return share_update(share=share, actor=actor, source=source, state=state)
+
+
+SHARE_HAS_UNFINISHED = (
+    "quota share {name} has {count} job(s) that have not finished: cancel them or let them end "
+    "first."
+)
+SHARE_HAS_HISTORY = (
+    "quota share {name} keeps the records of {count} finished job(s): disable it (state "
+    "DISABLED) instead, which refuses new jobs and keeps the history."
+)
+
+
+@transaction.atomic
+def share_delete(*, share: QuotaShare) -> None:
+    """Delete a share that has no job: one with jobs not finished is refused (they would be
+    lost), and so is one with finished jobs, whose records the portal keeps (disable it)."""
+    share = QuotaShare.objects.select_for_update().get(pk=share.pk)
+    unfinished = share.jobs.exclude(state__in=Job.FINAL_STATES).count()
+    if unfinished:
+        raise ValidationError({"share": SHARE_HAS_UNFINISHED.format(name=share.name,
+                                                                   count=unfinished)})  # fmt: skip
+    finished = share.jobs.count()
+    if finished:
+        raise ValidationError({"share": SHARE_HAS_HISTORY.format(name=share.name, count=finished)})
+    share.delete()
+    request_cycle()

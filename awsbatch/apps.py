@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class AwsBatchConfig(AppConfig):
+    name = "awsbatch"
+    verbose_name = "AWS Batch API"

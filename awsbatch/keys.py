@@ -1,0 +1,87 @@
+"""Access keys: created, looked up to verify a signature, revoked.
+
+SigV4 is an HMAC keyed by the secret, so the portal must be able to recover the secret to
+check a signature (a hash would not do). It is stored encrypted (Fernet: AES with an HMAC) with
+a key derived from the portal's SECRET_KEY, which lives outside the database (the environment,
+or the server's var directory): a leaked copy of the database alone lets no one sign. Changing
+SECRET_KEY makes the keys unusable, unless the old one stays in SECRET_KEY_FALLBACKS."""
+
+from __future__ import annotations
+
+import base64
+import secrets
+import string
+from dataclasses import dataclass
+
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from django.conf import settings
+from django.utils import timezone
+
+from awsbatch.models import AccessKey
+
+KEY_ID_PREFIX = "AKIA"  # as AWS's long-term keys: tools recognise the shape
+KEY_ID_ALPHABET = string.ascii_uppercase + "234567"
+SECRET_LENGTH = 40
+
+
+def _fernet(secret_key: str) -> Fernet:
+    derived = HKDF(
+        algorithm=hashes.SHA256(), length=32, salt=None, info=b"gpu-portal aws access keys"
+    ).derive(secret_key.encode())
+    return Fernet(base64.urlsafe_b64encode(derived))
+
+
+def _cipher() -> MultiFernet:
+    keys = [settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", [])]
+    return MultiFernet([_fernet(key) for key in keys])
+
+
+@dataclass(frozen=True)
+class NewKey:
+    key: AccessKey
+    secret: str  # shown once
+
+
+def access_key_create(*, user, description: str = "") -> NewKey:
+    """A new access key for `user`; its secret is returned once and stored only encrypted."""
+    key_id = KEY_ID_PREFIX + "".join(secrets.choice(KEY_ID_ALPHABET) for _ in range(16))
+    secret = secrets.token_urlsafe(SECRET_LENGTH)[:SECRET_LENGTH]
+    key = AccessKey.objects.create(
+        user=user,
+        access_key_id=key_id,
+        secret_encrypted=_cipher().encrypt(secret.encode()).decode(),
+        description=description,
+    )
+    return NewKey(key=key, secret=secret)
+
+
+def access_key_revoke(*, key: AccessKey) -> AccessKey:
+    if key.revoked_at is None:
+        key.revoked_at = timezone.now()
+        key.save(update_fields=["revoked_at"])
+    return key
+
+
+def access_key_secret(key: AccessKey) -> str | None:
+    """The key's secret, or None if this portal's SECRET_KEY cannot decrypt it."""
+    try:
+        return _cipher().decrypt(key.secret_encrypted.encode()).decode()
+    except InvalidToken:
+        return None
+
+
+def active_key(access_key_id: str) -> AccessKey | None:
+    return (
+        AccessKey.objects.select_related("user")
+        .filter(access_key_id=access_key_id, revoked_at__isnull=True, user__is_active=True)
+        .first()
+    )
+
+
+def access_key_used(*, key: AccessKey) -> None:
+    """Note the key's use, at most once a minute (each signed request would otherwise write)."""
+    now = timezone.now()
+    if key.last_used_at is None or (now - key.last_used_at).total_seconds() >= 60:
+        AccessKey.objects.filter(pk=key.pk).update(last_used_at=now)
