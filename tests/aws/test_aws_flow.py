@@ -67,9 +67,10 @@ def test_the_quota_management_sample_runs_against_the_portal(aws, world):
         schedulingPolicyArn=policy["arn"],
         serviceEnvironmentOrder=[{"order": 1, "serviceEnvironment": env["serviceEnvironmentArn"]}],
     )  # fmt: skip
-    assert admin.describe_job_queues(jobQueues=[queue["jobQueueArn"]])["jobQueues"][0][
-        "jobQueueName"
-    ] == QUEUE
+    assert (
+        admin.describe_job_queues(jobQueues=[queue["jobQueueArn"]])["jobQueues"][0]["jobQueueName"]
+        == QUEUE
+    )
     # The world's two shares make way for the sample's three (they have no jobs).
     for old in ("vision", "research"):
         admin.delete_quota_share(quotaShareArn=old)
