@@ -35,6 +35,9 @@ else:
     SECRET_KEY = env.str("SECRET_KEY", default="")
     if not SECRET_KEY:
         raise ImproperlyConfigured(SECRET_KEY_REQUIRED)
+# Earlier keys, comma-separated: sessions signed and AWS access keys encrypted with them still
+# work after SECRET_KEY changes.
+SECRET_KEY_FALLBACKS = env.list("SECRET_KEY_FALLBACKS", default=[])
 
 # Production (DEBUG off) is served over HTTPS, usually behind a proxy that terminates TLS.
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
