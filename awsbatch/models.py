@@ -3,6 +3,8 @@ the instance types a SageMaker request may name."""
 
 from __future__ import annotations
 
+from functools import cache
+
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -85,3 +87,22 @@ class ServiceJob(models.Model):
 
     def __str__(self) -> str:
         return f"{self.service_job_type} job {self.job_id}"
+
+
+def instance_type_named(name: str) -> InstanceType | None:
+    """The instance type of that name: a written-out statement, prepared once per connection
+    (every SubmitServiceJob looks one up)."""
+    from portal.db.sql import instance_from_row, select_rows
+
+    rows = select_rows(_instance_type_sql(), [name], tuple(InstanceType._meta.concrete_fields))
+    return instance_from_row(InstanceType, rows[0]) if rows else None
+
+
+@cache
+def _instance_type_sql() -> str:
+    from django.db import connection
+
+    from portal.db.sql import model_columns
+
+    table = connection.ops.quote_name(InstanceType._meta.db_table)
+    return f"SELECT {model_columns(InstanceType, 't')} FROM {table} t WHERE t.name = %s"

@@ -70,9 +70,10 @@ def verify(
 ) -> Signed:
     """Verify a request's SigV4 signature; raise AwsError (403) if it does not hold.
     `replay_check`: refuse a signature seen before. SigV4 has no nonce, so a client that sends
-    the same read twice within a second signs it the same: only requests that change something
-    are checked (a replayed read shows what its signer could read anyway; botocore gives each
-    SubmitServiceJob a clientToken of its own)."""
+    the same request twice within a second signs it the same: only requests that would change
+    something if received twice are checked (awsbatch.views says which: not a read, whose
+    replay shows what its signer could read anyway, nor a SubmitServiceJob with a clientToken,
+    whose replay gives the same job)."""
     authorization = headers.get("Authorization", "")
     if not authorization:
         raise forbidden(MISSING_AUTHENTICATION, NOT_SIGNED)

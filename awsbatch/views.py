@@ -6,6 +6,7 @@ is a ClientException naming the field, never a 500 or an HTML page."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import uuid
@@ -26,6 +27,9 @@ logger = logging.getLogger(__name__)
 BODY_NOT_JSON = "body: must be a JSON object (rest-json)."
 POST_ONLY = "{method}: AWS Batch operations are POST requests."
 READS = ("Describe", "List", "Get")  # operations that change nothing
+# Operations whose request, sent again with the same clientToken, gives the same result.
+IDEMPOTENT_BY_TOKEN = ("SubmitServiceJob",)
+_NOT_JSON = object()
 INTERNAL = "The portal failed to answer; it logged the error (request id {request_id})."
 
 
@@ -37,21 +41,23 @@ def operation(request: HttpRequest, path: str) -> HttpResponse:
             raise AwsError(POST_ONLY.format(method=request.method), status=405)
         op = service.operation_for(f"/v1/{path}")
         body = request.body
-        signed = sigv4.verify(method=request.method, host=request.get_host(),
-                              path=request.get_full_path(), headers=request.headers, body=body,
-                              now=timezone.now(),
-                              replay_check=not op.name.startswith(READS))  # fmt: skip
         try:
             params = json.loads(body or b"{}")
         except (ValueError, UnicodeDecodeError, RecursionError):
-            raise client_error(BODY_NOT_JSON) from None
+            params = _NOT_JSON  # said once the signature holds
+        signed = sigv4.verify(method=request.method, host=request.get_host(),
+                              path=request.get_full_path(), headers=request.headers, body=body,
+                              now=timezone.now(),
+                              replay_check=_changes_something(op.name, params))  # fmt: skip
+        if params is _NOT_JSON:
+            raise client_error(BODY_NOT_JSON)
         params = service.validate(op, params)
-        handler = handler_for(op.name)
+        handler, atomic = handler_for(op.name)
         if handler is None:
             raise client_error(service.NOT_SUPPORTED.format(operation=op.name))
         access_key_used(key=signed.key)
         caller = Caller(user=signed.key.user, region=signed.region)
-        with transaction.atomic():
+        with transaction.atomic() if atomic else contextlib.nullcontext():
             result = handler(caller, params)
     except AwsError as error:
         return error_response(error, request_id)
@@ -64,6 +70,19 @@ def operation(request: HttpRequest, path: str) -> HttpResponse:
     response = HttpResponse(json.dumps(result), content_type="application/json")
     response["x-amzn-RequestId"] = request_id
     return response
+
+
+def _changes_something(operation: str, params: object) -> bool:
+    """Whether receiving the request twice could change more than receiving it once, so that
+    a replayed signature must be refused. Not a read; not a SubmitServiceJob with a
+    clientToken: sent again it gives the same job. botocore retries a request with the body it
+    first sent (the same token) and signs the retry anew, alike within the same second: were
+    that retry refused as a replay, a client whose answer was lost could not learn its job."""
+    if operation.startswith(READS):
+        return False
+    if operation in IDEMPOTENT_BY_TOKEN and isinstance(params, dict):
+        return not params.get("clientToken")
+    return True
 
 
 def _validation_message(error: ValidationError) -> str:

@@ -9,6 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 HANDLERS: dict[str, Callable] = {}
+# Handlers that run outside a transaction of the view's: reads, and SubmitServiceJob, whose job
+# is inserted in one statement that commits on its own (scheduler.transitions.job_insert) as
+# the native submit's is; a transaction around it would cost it round trips for nothing.
+AUTOCOMMIT: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -19,16 +23,22 @@ class Caller:
     region: str
 
 
-def operation(name: str):
+def operation(name: str, *, atomic: bool = True):
+    """Register `handler` for the operation `name`; `atomic`: the view runs it in a transaction
+    (all its writes or none)."""
+
     def register(handler):
         HANDLERS[name] = handler
+        if not atomic:
+            AUTOCOMMIT.add(name)
         return handler
 
     return register
 
 
-def handler_for(name: str) -> Callable | None:
+def handler_for(name: str) -> tuple[Callable | None, bool]:
+    """The operation's handler, and whether it runs in a transaction."""
     # The modules register their handlers when imported.
     from awsbatch.operations import jobs, queue, shares  # noqa: F401
 
-    return HANDLERS.get(name)
+    return HANDLERS.get(name), name not in AUTOCOMMIT

@@ -21,9 +21,10 @@ from django.core.exceptions import ValidationError
 
 from awsbatch import arns
 from awsbatch.errors import AwsError, client_error
-from awsbatch.models import InstanceType, ServiceJob
+from awsbatch.models import InstanceType, ServiceJob, instance_type_named
 from awsbatch.operations import Caller, operation
-from awsbatch.operations.shares import NO_SUCH_SHARE, check_queue
+from awsbatch.operations.shares import NO_SUCH_SHARE, check_queue, page_size
+from portal.db.bulk import insert_with_children
 from scheduler.jobs.selectors import jobs_visible_to
 from scheduler.jobs.services import (
     ClientTokenConflict,
@@ -46,7 +47,6 @@ TOKEN_CONFLICT = "clientToken: {token} was already used for another request."
 BAD_TOKEN = "nextToken: not a token this operation gave."
 FILTERS = ("JOB_NAME", "QUOTA_SHARE_NAME", "SHARE_IDENTIFIER")
 UNKNOWN_FILTER = "filters[{i}].name: one of {names}."
-MAX_RESULTS = 100
 
 # The portal's job states as AWS's ServiceJobStatus: a job being stopped still runs; a
 # cancelled one is FAILED (its statusReason says it was cancelled), as AWS terminates.
@@ -88,7 +88,7 @@ def _request(payload: dict) -> dict:
     if not isinstance(instance_name, str) or not instance_name:
         raise client_error(PAYLOAD_FIELD.format(field="ResourceConfig.InstanceType",
                                                 rule="required, e.g. ml.p5.48xlarge."))  # fmt: skip
-    instance = InstanceType.objects.filter(name=instance_name).first()
+    instance = instance_type_named(instance_name)
     if instance is None:
         known = ", ".join(InstanceType.objects.values_list("name", flat=True)) or "none"
         rule = f"{instance_name} is not an instance type this portal knows ({known})."
@@ -128,7 +128,7 @@ def _request(payload: dict) -> dict:
     }
 
 
-@operation("SubmitServiceJob")
+@operation("SubmitServiceJob", atomic=False)
 def submit_service_job(caller: Caller, params: dict) -> dict:
     check_queue(params["jobQueue"])
     share_name = params.get("quotaShareName")
@@ -168,7 +168,9 @@ def submit_service_job(caller: Caller, params: dict) -> dict:
     except ValidationError as error:
         raise client_error(_in_aws_words(error)) from None
     if created:
-        ServiceJob.objects.create(
+        # One prepared INSERT, in its own commit: the job is accepted already; without this
+        # row it is still described, from its own fields.
+        insert_with_children(ServiceJob(
             job=job,
             service_job_type=params["serviceJobType"],
             service_request_payload=params["serviceRequestPayload"],
@@ -178,7 +180,7 @@ def submit_service_job(caller: Caller, params: dict) -> dict:
             preemption_configuration=preemption,
             instance_type=asked["instance"],
             instance_count=asked["count"],
-        )
+        ), [], link="job")  # fmt: skip
     return {"jobArn": arns.job_arn(job.pk), "jobName": job.name, "jobId": str(job.pk)}
 
 
@@ -273,7 +275,7 @@ def _summary(job: Job, attempts: list[JobAttempt]) -> dict:
     return summary
 
 
-@operation("DescribeServiceJob")
+@operation("DescribeServiceJob", atomic=False)
 def describe_service_job(caller: Caller, params: dict) -> dict:
     job = _job(caller, params["jobId"])
     attempts = list(job.attempts.order_by("number"))
@@ -307,7 +309,7 @@ def describe_service_job(caller: Caller, params: dict) -> dict:
     return detail
 
 
-@operation("ListServiceJobs")
+@operation("ListServiceJobs", atomic=False)
 def list_service_jobs(caller: Caller, params: dict) -> dict:
     """The caller's visible jobs, newest first, by status and filters, a page at a time."""
     if params.get("jobQueue"):
@@ -330,7 +332,7 @@ def list_service_jobs(caller: Caller, params: dict) -> dict:
         except (ValueError, TypeError):
             raise client_error(BAD_TOKEN) from None
         jobs = jobs.filter(pk__lt=before)
-    size = min(params.get("maxResults") or MAX_RESULTS, MAX_RESULTS)
+    size = page_size(params)
     chosen = list(jobs[: size + 1])
     more = len(chosen) > size
     chosen = chosen[:size]
@@ -346,7 +348,11 @@ def list_service_jobs(caller: Caller, params: dict) -> dict:
 
 @operation("UpdateServiceJob")
 def update_service_job(caller: Caller, params: dict) -> dict:
-    job = job_set_priority(job=_job(caller, params["jobId"]), priority=params["schedulingPriority"])
+    job = _job(caller, params["jobId"])
+    try:
+        job = job_set_priority(job=job, priority=params["schedulingPriority"])
+    except ValidationError as error:
+        raise client_error(_in_aws_words(error)) from None
     return {"jobArn": arns.job_arn(job.pk), "jobName": job.name, "jobId": str(job.pk)}
 
 

@@ -96,7 +96,7 @@ def create_job_queue(caller: Caller, params: dict) -> dict:
     return {"jobQueueName": settings.AWS_JOB_QUEUE_NAME, "jobQueueArn": arns.job_queue_arn()}
 
 
-@operation("DescribeJobQueues")
+@operation("DescribeJobQueues", atomic=False)
 def describe_job_queues(caller: Caller, params: dict) -> dict:
     wanted = params.get("jobQueues")
     if wanted:
@@ -116,7 +116,7 @@ def create_service_environment(caller: Caller, params: dict) -> dict:
     }
 
 
-@operation("DescribeServiceEnvironments")
+@operation("DescribeServiceEnvironments", atomic=False)
 def describe_service_environments(caller: Caller, params: dict) -> dict:
     wanted = params.get("serviceEnvironments")
     if wanted:
@@ -142,7 +142,7 @@ def create_scheduling_policy(caller: Caller, params: dict) -> dict:
     return {"name": settings.AWS_SCHEDULING_POLICY_NAME, "arn": arns.scheduling_policy_arn()}
 
 
-@operation("GetJobQueueSnapshot")
+@operation("GetJobQueueSnapshot", atomic=False)
 def get_job_queue_snapshot(caller: Caller, params: dict) -> dict:
     """The front of the queue in the engine's order, the first job of each quota share, and each
     share's GPUs in use, as the native queue/ endpoint shows them: every share's figures (as

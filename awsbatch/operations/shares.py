@@ -38,6 +38,9 @@ BORROW_LIMIT_ONLY_LAB = (
 )
 BAD_TOKEN = "nextToken: not a token this operation gave."
 MAX_RESULTS = 100
+PAGE_SIZE = (
+    f"maxResults: between 1 and {MAX_RESULTS} (a larger value gives pages of {MAX_RESULTS})."
+)
 
 
 def require_admin(caller: Caller, name: str) -> None:
@@ -159,14 +162,25 @@ def create_quota_share(caller: Caller, params: dict) -> dict:
     return {"quotaShareName": share.name, "quotaShareArn": arns.quota_share_arn(share.name)}
 
 
-@operation("DescribeQuotaShare")
+@operation("DescribeQuotaShare", atomic=False)
 def describe_quota_share(caller: Caller, params: dict) -> dict:
     return describe(share_for(caller, params["quotaShareArn"], "quotaShareArn"))
 
 
+def page_size(params: dict) -> int:
+    """A page's size: `maxResults`, at most MAX_RESULTS (also without it). The service model
+    sets no minimum, so the validator lets 0 and negative sizes through: refused here."""
+    size = params.get("maxResults")
+    if size is None:
+        return MAX_RESULTS
+    if size < 1:
+        raise client_error(PAGE_SIZE)
+    return min(size, MAX_RESULTS)
+
+
 def page(names: list[str], params: dict) -> tuple[list[str], str | None]:
     """One page of `names` (sorted), after the name `nextToken` stands for."""
-    size = min(params.get("maxResults") or MAX_RESULTS, MAX_RESULTS)
+    size = page_size(params)
     start = 0
     if params.get("nextToken"):
         try:
@@ -180,7 +194,7 @@ def page(names: list[str], params: dict) -> tuple[list[str], str | None]:
     return chosen, token
 
 
-@operation("ListQuotaShares")
+@operation("ListQuotaShares", atomic=False)
 def list_quota_shares(caller: Caller, params: dict) -> dict:
     check_queue(params["jobQueue"])
     shares = {s.name: s for s in shares_visible_to(caller.user).select_related("aws_tags")}

@@ -334,13 +334,16 @@ _whole_numbers = st.one_of(
     st.integers(min_value=-3, max_value=2**40),
     st.sampled_from([0, 1, 2, 8, 1000, 9999, 10000, 20, 21, MAX_TIMEOUT_SECONDS, 2**31]),
 )
+# gpus and nodes are required and must divide: drawn in range often enough that a good share of
+# the requests is valid (else Hypothesis may find too few to test, and give up).
+_sizes = st.one_of(st.integers(min_value=1, max_value=16), _whole_numbers)
 
 
 @hypothesis_settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     gpu_type=st.one_of(st.from_regex(r"[a-z0-9][a-z0-9-]{0,40}", fullmatch=True), st.text()),
-    gpus=_whole_numbers,
-    nodes=_whole_numbers,
+    gpus=_sizes,
+    nodes=_sizes,
     priority=_whole_numbers,
     timeout_seconds=_whole_numbers,
     max_preemptions=_whole_numbers,

@@ -5,15 +5,18 @@ test database (tests/live.py), each persona with an access key. The client is AW
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from importlib import import_module
 
 import boto3
 import pytest
 from botocore.config import Config
 
 from awsbatch.keys import access_key_create
+from awsbatch.models import InstanceType
 from scheduler.models import Node
 from tests.live import LiveSystem, wait_for
 
+SEEDED_INSTANCE_TYPES = import_module("awsbatch.migrations.0002_seed_instance_types").INSTANCE_TYPES
 REGION = "us-east-1"
 QUEUE = "gpu-portal"
 
@@ -50,6 +53,10 @@ def aws(live, world) -> AwsPortal:
     for name in ("aws-a", "aws-b"):
         system.start_agent(name, 8, "h100")
     wait_for(lambda: Node.objects.filter(state=Node.State.READY).count() == 2, what="agents")
+    # The instance types the seed migration made: a transactional test before this one may
+    # have emptied every table.
+    for name, gpu_type, gpus in SEEDED_INSTANCE_TYPES:
+        InstanceType.objects.get_or_create(name=name, defaults={"gpu_type": gpu_type, "gpus": gpus})
     portal = AwsPortal(system)
     for persona, user in world.users.items():
         new = access_key_create(user=user)
