@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import queue
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scheduler.agent.core import log_tail
 from scheduler.agent.outbox import Backoff, Outbox
 from scheduler.agent.protocol import (
     CONNECTOR_POLL_PATH,
@@ -41,7 +41,6 @@ from scheduler.agent.protocol import (
     EVENT_EXITED,
     EVENT_LOG,
     EVENT_STARTED,
-    LOG_TAIL_CHARS,
 )
 from scheduler.agent.slurm import (
     SlurmCluster,
@@ -523,15 +522,7 @@ class Connector:
                     job.exit_code)  # fmt: skip
 
     def _tail(self, tracked: Attempt) -> str:
-        if tracked.order is None:
-            return ""
-        try:
-            with open(self._log_path(tracked.order), "rb") as log:
-                log.seek(0, os.SEEK_END)
-                log.seek(max(0, log.tell() - LOG_TAIL_CHARS))
-                return log.read().decode(errors="replace")
-        except OSError:
-            return ""
+        return log_tail(self._log_path(tracked.order)) if tracked.order is not None else ""
 
     def supervise(self) -> None:
         """Timeouts, grace periods, log tails."""

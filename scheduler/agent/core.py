@@ -111,6 +111,17 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+def log_tail(path: Path) -> str:
+    """The last LOG_TAIL_CHARS of a job's log ("" if it cannot be read)."""
+    try:
+        with open(path, "rb") as log:
+            log.seek(0, os.SEEK_END)
+            log.seek(max(0, log.tell() - LOG_TAIL_CHARS))  # bytes: no more characters
+            return log.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 @dataclass
 class Process:
     attempt: int
@@ -495,13 +506,7 @@ class Agent:
                     os.killpg(process.popen.pid, signal.SIGKILL)
 
     def _tail(self, process: Process) -> str:
-        try:
-            with open(process.log_path, "rb") as log:
-                log.seek(0, os.SEEK_END)
-                log.seek(max(0, log.tell() - LOG_TAIL_CHARS))  # bytes: no more characters
-                return log.read().decode(errors="replace")
-        except OSError:
-            return ""
+        return log_tail(process.log_path)
 
     def kill_leftovers(self) -> None:
         """Process groups left by a previous run of this agent are not ours any more: the portal

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -30,7 +32,6 @@ from scheduler.nodes import connectors
 from scheduler.nodes.attempts import attempts_start, node_report
 from scheduler.nodes.connectors import ClusterNode, connector_for_token
 from scheduler.nodes.services import (
-    PollStart,
     node_for_token,
     node_heartbeat,
     node_poll_orders,
@@ -127,10 +128,23 @@ def _authenticated_node(request: HttpRequest) -> Node | None:
     return node_for_token(token.strip())
 
 
-def agent_view(authenticated: bool = True, about=lambda data: ()):
+@dataclass(frozen=True)
+class Principal:
+    """Who may call an endpoint: a node's agent or a connector, found from the request's
+    Authorization header, and the 401 a request without it gets."""
+
+    authenticate: Callable[[HttpRequest], Any]
+    not_authenticated: Callable[[], JsonResponse]
+
+
+def agent_view(
+    authenticated: bool = True, about=lambda data: (), principal: Principal | None = None
+):
     """POST-only JSON view, async: the body is parsed on the event loop, then `view` runs with
     the database (`in_database_thread`), one at a time with other requests `about` the same
-    attempts (their ids in the body); `authenticated`: the node is passed in, or 401."""
+    attempts (their ids in the body); `authenticated`: the node (or the connector, for
+    `principal` CONNECTOR) is passed in, or 401."""
+    principal = principal or NODE
 
     def decorate(view):
         @csrf_exempt
@@ -142,7 +156,9 @@ def agent_view(authenticated: bool = True, about=lambda data: ()):
                 if not authenticated:
                     return await in_database_thread(view, request, data)
                 async with attempt_locks.held(about(data)):
-                    return await in_database_thread(_authenticated_call, view, request, data)
+                    return await in_database_thread(
+                        _authenticated_call, principal, view, request, data
+                    )
             except BadRequest as error:
                 return JsonResponse(error.errors, status=400)
             except ValidationError as error:
@@ -153,15 +169,18 @@ def agent_view(authenticated: bool = True, about=lambda data: ()):
     return decorate
 
 
-def _authenticated_call(view, request: HttpRequest, data: dict) -> JsonResponse:
-    node = _authenticated_node(request)
-    if node is None:
-        return _not_authenticated()
-    return view(request, node, data)
+def _authenticated_call(principal: Principal, view, request: HttpRequest, data: dict):
+    caller = principal.authenticate(request)
+    if caller is None:
+        return principal.not_authenticated()
+    return view(request, caller, data)
 
 
 def _not_authenticated() -> JsonResponse:
     return JsonResponse({"detail": NOT_AUTHENTICATED}, status=401)
+
+
+NODE = Principal(_authenticated_node, _not_authenticated)
 
 
 @agent_view(authenticated=False)
@@ -202,6 +221,19 @@ async def poll(request: HttpRequest) -> JsonResponse:
     with its next poll instead of a request of its own. Answers at once when the orders
     differ from what the agent reports; otherwise waits up to `wait` seconds for them to
     change, on the event loop: a waiting poll holds no thread and no database connection."""
+    return await _long_poll(
+        request,
+        principal=NODE,
+        start=lambda node, **poll: node_poll_start(node=node, **poll),
+        again=lambda node, running: node_poll_orders(node=node, running=running),
+    )
+
+
+async def _long_poll(request: HttpRequest, *, principal: Principal, start, again,
+                     more=lambda data: {}) -> JsonResponse:  # fmt: skip
+    """A long poll, of an agent or a connector: `start(caller, running, stopping, events,
+    waiter, **more(data))` its database step (a PollStart), `again(caller, running)` the orders
+    read again when a change woke the waiting poll."""
     try:
         data = _body(request)
         running = _ids(data, "running")
@@ -210,21 +242,22 @@ async def poll(request: HttpRequest) -> JsonResponse:
         if wait is not None and (isinstance(wait, bool) or not isinstance(wait, int | float)):
             raise BadRequest("wait", "wait: must be a number of seconds.")
         events = _events(data, required=False)
+        extra = more(data)
     except BadRequest as error:
         return JsonResponse(error.errors, status=400)
     waiter = OrderWaiter()
     try:
         async with attempt_locks.held(event["attempt"] for event in events):
             found = await in_database_thread(
-                _poll_start, request, running=running, stopping=stopping, events=events,
-                waiter=waiter,
+                _poll_start, request, principal, start, running=running, stopping=stopping,
+                events=events, waiter=waiter, **extra,
             )  # fmt: skip
         if found is None:
-            return _not_authenticated()
-        node, begun = found
+            return principal.not_authenticated()
+        caller, begun = found
         orders = begun.orders
         if not begun.news and await waiter.wait(poll_wait_seconds(wait)):
-            orders = await in_database_thread(node_poll_orders, node=node, running=running)
+            orders = await in_database_thread(again, caller, running)
     except ValidationError as error:
         return JsonResponse(error.message_dict, status=400)
     finally:
@@ -232,14 +265,14 @@ async def poll(request: HttpRequest) -> JsonResponse:
     return JsonResponse({**orders, "results": begun.results})
 
 
-def _poll_start(request: HttpRequest, **poll) -> tuple[Node, PollStart] | None:
-    node = _authenticated_node(request)
-    if node is None:
+def _poll_start(request: HttpRequest, principal: Principal, start, **poll):
+    caller = principal.authenticate(request)
+    if caller is None:
         return None
-    start = node_poll_start(node=node, **poll)
-    if not start.news:
+    begun = start(caller, **poll)
+    if not begun.news:
         release_database_connection()  # the poll waits next: it needs no connection meanwhile
-    return node, start
+    return caller, begun
 
 
 def _attempts_named(data: dict) -> list[int]:
@@ -433,36 +466,10 @@ def connector_register(request: HttpRequest, data: dict) -> JsonResponse:
     )
 
 
-def connector_view(about=lambda data: ()):
-    """As `agent_view`, for a connector's requests: the connector is passed in, or 401."""
-
-    def decorate(view):
-        @csrf_exempt
-        @require_POST
-        @functools.wraps(view)
-        async def wrapper(request: HttpRequest) -> JsonResponse:
-            try:
-                data = _body(request)
-                async with attempt_locks.held(about(data)):
-                    return await in_database_thread(_connector_call, view, request, data)
-            except BadRequest as error:
-                return JsonResponse(error.errors, status=400)
-            except ValidationError as error:
-                return JsonResponse(error.message_dict, status=400)
-
-        return wrapper
-
-    return decorate
+CONNECTOR = Principal(_authenticated_connector, _connector_not_authenticated)
 
 
-def _connector_call(view, request: HttpRequest, data: dict) -> JsonResponse:
-    connector = _authenticated_connector(request)
-    if connector is None:
-        return _connector_not_authenticated()
-    return view(request, connector, data)
-
-
-@connector_view(about=_attempts_named)
+@agent_view(about=_attempts_named, principal=CONNECTOR)
 def connector_start(request: HttpRequest, connector: Connector, data: dict) -> JsonResponse:
     """{attempts: [attempt ids]} → {start: [attempt ids]}, as an agent's start."""
     attempts = _ids(data, "attempts", most=MAX_CONNECTOR_STARTS)
@@ -471,7 +478,7 @@ def connector_start(request: HttpRequest, connector: Connector, data: dict) -> J
     return JsonResponse({"start": sorted(started)})
 
 
-@connector_view(about=_attempts_named)
+@agent_view(about=_attempts_named, principal=CONNECTOR)
 def connector_report(request: HttpRequest, connector: Connector, data: dict) -> JsonResponse:
     """{events: [...], nodes?: [...]} → {results: [...]}, as an agent's report; `nodes`: what
     the cluster manager now says of some of them."""
@@ -491,47 +498,20 @@ async def connector_poll(request: HttpRequest) -> JsonResponse:
     and resend_nodes when the portal wants every node in the next poll's `nodes`}. A run order
     names all the nodes of its attempt (`nodes`: [{node, gpu_indices}]); `full`: the run
     orders of the attempts in `running` too, answered at once."""
-    try:
-        data = _body(request)
-        running = _ids(data, "running")
-        stopping = _ids(data, "stopping")
-        wait = data.get("wait")
-        if wait is not None and (isinstance(wait, bool) or not isinstance(wait, int | float)):
-            raise BadRequest("wait", "wait: must be a number of seconds.")
-        events = _events(data, required=False)
-        nodes = _cluster_nodes(data, required=False)
-        full = data.get("full", False)
-        if not isinstance(full, bool):
-            raise BadRequest("full", "full: must be true or false.")
-    except BadRequest as error:
-        return JsonResponse(error.errors, status=400)
-    waiter = OrderWaiter()
-    try:
-        async with attempt_locks.held(event["attempt"] for event in events):
-            found = await in_database_thread(
-                _connector_poll_start, request, running=running, stopping=stopping,
-                events=events, nodes=nodes, waiter=waiter, full=full,
-            )  # fmt: skip
-        if found is None:
-            return _connector_not_authenticated()
-        connector, begun = found
-        orders = begun.orders
-        if not begun.news and await waiter.wait(poll_wait_seconds(wait)):
-            orders = await in_database_thread(
-                connectors.connector_orders, connector=connector, running=running
-            )
-    except ValidationError as error:
-        return JsonResponse(error.message_dict, status=400)
-    finally:
-        waiter.close()
-    return JsonResponse({**orders, "results": begun.results})
+    return await _long_poll(
+        request,
+        principal=CONNECTOR,
+        start=lambda connector, **poll: connectors.connector_poll_start(connector=connector,
+                                                                        **poll),
+        again=lambda connector, running: connectors.connector_orders(connector=connector,
+                                                                     running=running),
+        more=_connector_poll_fields,
+    )  # fmt: skip
 
 
-def _connector_poll_start(request: HttpRequest, **poll) -> tuple[Connector, PollStart] | None:
-    connector = _authenticated_connector(request)
-    if connector is None:
-        return None
-    start = connectors.connector_poll_start(connector=connector, **poll)
-    if not start.news:
-        release_database_connection()
-    return connector, start
+def _connector_poll_fields(data: dict) -> dict:
+    """What a connector's poll carries beside an agent's: `nodes` and `full`."""
+    full = data.get("full", False)
+    if not isinstance(full, bool):
+        raise BadRequest("full", "full: must be true or false.")
+    return {"nodes": _cluster_nodes(data, required=False), "full": full}
