@@ -44,6 +44,10 @@ def parser() -> argparse.ArgumentParser:
     submit.add_argument("--timeout", type=int, dest="timeout_seconds")
     submit.add_argument("--max-preemptions", type=int)
     submit.add_argument("--retry-attempts", type=int, default=0)
+    submit.add_argument(
+        "--not-preemptible", dest="preemptible", action="store_false",
+        help="run only within the share's limit, never preempted",
+    )  # fmt: skip
     submit.add_argument("--wait", action="store_true", help="wait until the job ends")
     submit.add_argument("job_command", nargs=argparse.REMAINDER)
 
@@ -138,6 +142,7 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
             client_token=args.client_token,
             timeout_seconds=args.timeout_seconds,
             max_preemptions=args.max_preemptions,
+            preemptible=args.preemptible,
             retry_attempts=args.retry_attempts,
         )
         if args.wait:

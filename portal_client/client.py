@@ -99,6 +99,7 @@ class Client:
         timeout_seconds: int | None = None,
         max_preemptions: int | None = None,
         retry_attempts: int = 0,
+        preemptible: bool = True,
     ) -> dict:
         """Submit a job; returns it. With a `client_token` already used for the same request,
         returns the first job instead of creating a second."""
@@ -114,6 +115,7 @@ class Client:
             "name": name,
             "env": env or {},
             "retry_attempts": retry_attempts,
+            "preemptible": preemptible,
         }
         for key, value in (
             ("client_token", client_token),

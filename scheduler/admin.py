@@ -111,11 +111,12 @@ class JobAdmin(admin.ModelAdmin):
         "gpu_type",
         "gpus",
         "priority",
+        "preemptible",
         "state",
         "reason",
         "submitted_at",
     ]
-    list_filter = ["state", "share", "gpu_type"]
+    list_filter = ["state", "share", "gpu_type", "preemptible"]
     search_fields = ["name", "id"]
     list_select_related = ["share"]
     actions = ["cancel"]

@@ -145,6 +145,11 @@ class Job(models.Model):
         validators=[MinValueValidator(1), MaxValueValidator(MAX_TIMEOUT_SECONDS)],
     )
     max_preemptions = models.PositiveIntegerField(null=True, blank=True)
+    preemptible = models.BooleanField(
+        default=True,
+        help_text="False: runs only within its share's limit (it never borrows) and is never "
+        "preempted, by a reclaim or in its share.",
+    )
     retry_attempts = models.PositiveIntegerField(
         default=0, validators=[MaxValueValidator(MAX_RETRY_ATTEMPTS)]
     )

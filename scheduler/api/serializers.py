@@ -202,6 +202,7 @@ class JobSerializer(PlainValuesMixin, serializers.ModelSerializer):
             "timeout_seconds",
             "max_preemptions",
             "retry_attempts",
+            "preemptible",
             "submitted_at",
             "started_at",
             "finished_at",
@@ -501,6 +502,11 @@ class JobSubmitSerializer(SharedFieldsMixin, serializers.Serializer):
         min_value=0,
         max_value=MAX_RETRY_ATTEMPTS,
         error_messages=_range(RETRY_ATTEMPTS_RANGE),
+    )
+    preemptible = serializers.BooleanField(
+        default=True,
+        help_text="false: the job runs only within its share's limit (it never borrows) and is "
+        "never preempted, by a reclaim or in its share (docs/semantics.md).",
     )
 
 

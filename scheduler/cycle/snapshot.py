@@ -144,6 +144,7 @@ class _Jobs:
             preempted_for,
             allocations,
             borrowed,
+            preemptible,
         ) in attempts:  # fmt: skip
             self.placed[attempt_id] = placed_job(
                 id=str(job_id),
@@ -161,6 +162,7 @@ class _Jobs:
                 preempted_for=str(preempted_for) if preempted_for else None,
                 # Victim ties: jobs on borrowed GPUs go before jobs on their own quota.
                 borrowed=borrowed,
+                preemptible=bool(preemptible),
             )
             self.attempts_of.setdefault(job_id, []).append(attempt_id)
 
@@ -176,7 +178,7 @@ class _Jobs:
         runnable, reasons, victims = self.runnable, self.reasons, self.victims
         for (
             job_id, share_id, gpu_type, gpus, nodes_wanted, priority, submitted, reason,
-            claimant, ended,
+            claimant, ended, preemptible,
         ) in rows:  # fmt: skip
             runnable[job_id] = runnable_job(
                 str(job_id),
@@ -186,6 +188,7 @@ class _Jobs:
                 nodes_wanted,
                 priority,
                 to_epoch(submitted),
+                preemptible=bool(preemptible),
             )
             reasons[job_id] = reason
             if claimant is not None:
@@ -205,7 +208,7 @@ class _Jobs:
                 if claimant is not None:
                     jobs[place] = engine.RunnableJob(
                         job.id, job.share, job.gpu_type, job.gpus, job.nodes, job.priority,
-                        job.submitted, claimant,
+                        job.submitted, claimant, job.preemptible,
                     )  # fmt: skip
         placed = self.placed
         return engine.Snapshot(
@@ -365,7 +368,7 @@ def _placed_sql(of_ids: bool) -> tuple[str, Callable[[object], float]]:
         "SELECT attempt.id, attempt.job_id, job.share_id, job.gpu_type, job.gpus, job.priority, "
         f"{submitted}, {started}, "
         "(attempt.stop_requested_at IS NOT NULL OR job.state = %s), "
-        "attempt.preempted_for_id, attempt.allocations, attempt.borrowed_gpus "
+        "attempt.preempted_for_id, attempt.allocations, attempt.borrowed_gpus, job.preemptible "
         f"FROM {table(JobAttempt._meta.db_table)} attempt "
         f"JOIN {table(Job._meta.db_table)} job ON job.id = attempt.job_id "
         f"WHERE attempt.ended_at IS NULL AND job.state IN ({states})"
@@ -386,7 +389,7 @@ def _runnable_sql(of_ids: bool) -> tuple[str, Callable[[object], float]]:
     ended, _ = _epoch("attempt.ended_at")
     sql = (
         "SELECT job.id, job.share_id, job.gpu_type, job.gpus, job.nodes, job.priority, "
-        f"{submitted}, job.reason, attempt.preempted_for_id, {ended} "
+        f"{submitted}, job.reason, attempt.preempted_for_id, {ended}, job.preemptible "
         f"FROM {table(Job._meta.db_table)} job "
         f"LEFT JOIN {table(JobAttempt._meta.db_table)} attempt ON attempt.job_id = job.id "
         "AND attempt.number = job.attempt_count AND attempt.outcome = %s "

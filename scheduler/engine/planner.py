@@ -259,7 +259,8 @@ class _TypePlan:
         for job in placed:
             if job.stopping:
                 stopping.append(job)
-            elif job.share in shares:
+            elif job.share in shares and job.preemptible:
+                # A job that is not preemptible is never a candidate victim.
                 by_share[job.share].append(job)
         self.candidates = Candidates(by_share)
         # Jobs promised GPUs: the runnable jobs of this type that victims were preempted for,
@@ -344,7 +345,7 @@ class _TypePlan:
             if blocked is not None:
                 waiting[job.id] = blocked
                 continue
-            shape = (name, job.gpus, job.nodes, job.priority)
+            shape = (name, job.gpus, job.nodes, job.priority, job.preemptible)
             last = last_share_wait.get(shape)
             if last is None or last[0] != share_changes[name] or job.id in promised:
                 last = last_wait.get(shape)
@@ -380,6 +381,12 @@ class _TypePlan:
             # It stays RUNNABLE (an admin may raise the limit), but say plainly why it waits.
             self.waiting[job.id] = reasons.larger_than_limit(
                 job.gpus, self.gpu_type, job.share, limit, share.strategy
+            )
+            return WAITS_ON_SHARE
+        if not job.preemptible and not self.ledger.fits_limit(job.share, job.gpus):
+            # It never borrows: it waits for its share's own GPUs.
+            self.waiting[job.id] = reasons.not_preemptible(
+                job.share, self.ledger.usage(job.share), limit, self.gpu_type, job.gpus
             )
             return WAITS_ON_SHARE
         per_node = job.gpus // job.nodes

@@ -26,6 +26,16 @@ def larger_than_limit(gpus: int, gpu_type: str, share: str, limit: int, strategy
     )
 
 
+def not_preemptible(share: str, used: int, limit: int, gpu_type: str, gpus: int) -> str:
+    """A job that is not preemptible never borrows: it runs only within its share's limit."""
+    if gpus > limit:
+        return (
+            f"not preemptible: needs {gpus} {gpu_type}, more than share {share}'s limit "
+            f"({limit}), and a job that is not preemptible never borrows"
+        )
+    return f"not preemptible: waits for share {share}'s own GPUs ({used}/{limit} {gpu_type} in use)"
+
+
 def borrow_limit_reached(borrowed: int, cap: int, gpu_type: str) -> str:
     return f"borrow limit reached ({borrowed}/{cap} extra {gpu_type})"
 

@@ -87,6 +87,9 @@ class PlacedJob:
     # GPUs of this job above its share's limit when it started (Placement.borrowed): a job on
     # borrowed GPUs goes before a job on its share's own quota in the victim order.
     borrowed: int = 0
+    # A job submitted not preemptible is never a victim, of a reclaim or of in-share
+    # preemption (docs/semantics.md).
+    preemptible: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +107,9 @@ class RunnableJob:
     # runnable too, the GPUs this one released are still promised to it: it goes ahead of
     # them, so the victims do not take their GPUs back before it starts.
     preempted_for: str | None = None
+    # Not preemptible: placed only within its share's limit (it never borrows, so no reclaim
+    # could take it), and never a victim once placed.
+    preemptible: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -119,6 +119,7 @@ IDEMPOTENT_FIELDS = (
     "timeout_seconds",
     "max_preemptions",
     "retry_attempts",
+    "preemptible",
 )
 
 
@@ -167,6 +168,7 @@ def job_submit(
     timeout_seconds: int | None = None,
     max_preemptions: int | None = None,
     retry_attempts: int = 0,
+    preemptible: bool = True,
     members_only: bool = False,
     fields_validated: bool = False,
 ) -> tuple[Job, bool]:
@@ -190,6 +192,7 @@ def job_submit(
         "timeout_seconds": timeout_seconds,
         "max_preemptions": max_preemptions,
         "retry_attempts": retry_attempts,
+        "preemptible": preemptible,
     }
     target = submit_target(
         user=user,

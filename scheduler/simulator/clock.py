@@ -265,6 +265,7 @@ class Simulation:
             priority=spec.priority,
             submitted=spec.submit,
             preempted_for=preempted_for,
+            preemptible=spec.preemptible,
         )
         self.runnable.setdefault(spec.gpu_type, {})[spec.id] = view
         if preempted_for is not None:
@@ -613,6 +614,7 @@ class Simulation:
             started=now,
             allocations=placement.allocations,
             borrowed=placement.borrowed,
+            preemptible=spec.preemptible,
         )
         key = (spec.share, spec.gpu_type)
         self.usage[key] = self.usage.get(key, 0) + spec.gpus
@@ -668,6 +670,7 @@ class Simulation:
             stopping=True,
             preempted_for=for_job_id,
             borrowed=placed.borrowed,
+            preemptible=placed.preemptible,
         )
         self.stopping[spec.gpu_type][job_id] = self.placed[job_id]
         self.promised[for_job_id] = self.promised.get(for_job_id, 0) + 1

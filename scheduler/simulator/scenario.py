@@ -52,7 +52,7 @@ SHARE_KEYS = {
 REQUIRED_SHARE_KEYS = ("name", "capacity_limits", "strategy")
 REQUIRED_JOB_KEYS = ("id", "share", "gpu_type", "gpus", "submit", "duration")
 TRACE_COLUMNS = ("id", "share", "gpu_type", "gpus", "submit", "duration", "priority")
-OPTIONAL_TRACE_COLUMNS = ("nodes", "max_preemptions", "checkpoint_interval")
+OPTIONAL_TRACE_COLUMNS = ("nodes", "max_preemptions", "checkpoint_interval", "preemptible")
 JOB_KEYS = set(TRACE_COLUMNS + OPTIONAL_TRACE_COLUMNS)
 CHANGE_KEYS = {"at", "share", "set"}
 
@@ -77,6 +77,7 @@ class JobSpec:
     nodes: int = 1
     max_preemptions: int | None = None
     checkpoint_interval: float | None = None
+    preemptible: bool = True
 
 
 @dataclass(frozen=True)
@@ -222,6 +223,7 @@ class _WellFormedRows:
         self._nodes = at.get("nodes")
         self._max_preemptions = at.get("max_preemptions")
         self._checkpoint = at.get("checkpoint_interval")
+        self._preemptible = at.get("preemptible")
 
     def job(self, row: list[str]) -> JobSpec | None:
         job_id, share, gpu_type, gpus, submit, duration, priority = self._required(row)
@@ -240,6 +242,11 @@ class _WellFormedRows:
         if self._checkpoint is not None and row[self._checkpoint]:
             checkpoint = _seconds(row[self._checkpoint])
             if checkpoint is None or checkpoint <= 0:
+                return None
+        preemptible = True
+        if self._preemptible is not None and row[self._preemptible]:
+            preemptible = {"true": True, "false": False}.get(row[self._preemptible].lower())
+            if preemptible is None:
                 return None
         if (
             gpus is None
@@ -263,6 +270,7 @@ class _WellFormedRows:
             nodes=nodes,
             max_preemptions=max_preemptions,
             checkpoint_interval=checkpoint,
+            preemptible=preemptible,
         )
 
 
@@ -445,7 +453,18 @@ def _parse_job(
         nodes=_int(number(raw.get("nodes", 1), where, "nodes"), where, "nodes", minimum=1),
         max_preemptions=max_preemptions,
         checkpoint_interval=checkpoint,
+        preemptible=_preemptible(raw.get("preemptible", True), where, from_text),
     )
+
+
+def _preemptible(value: Any, where: str, from_text: bool) -> bool:
+    """A job's `preemptible`: true or false (in a CSV trace, the words)."""
+    if from_text and isinstance(value, str):
+        words = {"true": True, "false": False}
+        if value.lower() not in words:
+            raise ScenarioError(f"{where}: preemptible must be true or false")
+        return words[value.lower()]
+    return _bool(value, where, "preemptible")
 
 
 def _parse_changes(raw: Any, share_by_name: Mapping[str, ShareView]) -> tuple[ShareChange, ...]:

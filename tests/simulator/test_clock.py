@@ -384,3 +384,26 @@ def test_skipping_settled_gpu_types_changes_nothing(in_share):
     assert len(set(preempted)) == len(preempted)
     if in_share:
         assert any(e["type"] == "preempt" for e in fast["events"])
+
+
+def test_a_job_that_is_not_preemptible_waits_for_its_own_quota_and_is_never_preempted():
+    """In the simulator as live: a job submitted not preemptible never runs on lent GPUs (it
+    waits, though the lender's GPUs are idle, until its share's own job ends), and once
+    running it is never a reclaim's victim."""
+    result = run(two_nodes(
+        share("research", "LEND_AND_BORROW"), share("vision", "LEND"),
+        jobs=[
+            h100_job("own", "research", 8, 0, 100),
+            h100_job("steady", "research", 8, 10, 1000, preemptible=False),
+            h100_job("owner", "vision", 8, 200, 50),
+        ],
+    ))  # fmt: skip
+    assert events_of(result) == [
+        (0, "own", "start"),
+        (100, "own", "finish"),
+        (100, "steady", "start"),
+        (200, "owner", "start"),
+        (250, "owner", "finish"),
+        (1100, "steady", "finish"),
+    ]
+    assert job(result, "steady")["preemptions"] == 0

@@ -35,12 +35,14 @@ GOOD = {
     "nodes": ["", "1", "2"],
     "max_preemptions": ["", "0", "3"],
     "checkpoint_interval": ["", "60", "0.5"],
+    "preemptible": ["", "true", "false", "True"],
 }
 ANY = {
     "id": ["j", "", "a b"],
     "share": ["vision", "", "nobody"],
     "gpu_type": ["h100", "", "a100"],
     "priority": ["10000", "-1", "1.5", "x"],
+    "preemptible": ["yes", "0", "", "FALSE"],
 }
 
 

@@ -80,6 +80,7 @@ def advance(snapshot: Snapshot, outcome: Plan, now: float) -> Snapshot:
                 now,
                 p.allocations,
                 borrowed=p.borrowed,
+                preemptible=j.preemptible,
             )
         )
     done = {p.job_id for p in outcome.placements} | {r.job_id for r in outcome.rejections}

@@ -81,6 +81,7 @@ def clusters(draw) -> Snapshot:
                 spread,
                 draw(st.integers(0, 3)),
                 float(i),
+                preemptible=draw(st.integers(0, 3)) > 0,
             )
         )
     return Snapshot(nodes, tuple(shares), (), tuple(jobs), draw(st.sampled_from((FIFO, FAIR))))
@@ -167,6 +168,7 @@ def check_plan(snapshot: Snapshot, outcome: Plan) -> None:
     for preemption in outcome.preemptions:
         victim = placed[preemption.job_id]
         assert not victim.stopping
+        assert victim.preemptible, f"{victim.id} is not preemptible"
         for_job = runnable[preemption.for_job_id]
         if preemption.kind == RECLAIM:
             assert victim.share != for_job.share
@@ -185,6 +187,8 @@ def check_plan(snapshot: Snapshot, outcome: Plan) -> None:
         for placement in outcome.placements:
             share = shares[runnable[placement.job_id].share]
             assert _within_cap(share, after[share.name])
+            # A job that is not preemptible never borrows.
+            assert runnable[placement.job_id].preemptible or placement.borrowed == 0
 
     # A job with victims already stopping for it triggers no new preemption.
     promised = {p.preempted_for for p in snapshot.placed if p.stopping and p.preempted_for}
@@ -203,6 +207,8 @@ def check_plan(snapshot: Snapshot, outcome: Plan) -> None:
             usage = dict(before)
             usage[job.share] = usage.get(job.share, 0) + job.gpus
             usage = defaultdict(int, usage)
+            if not job.preemptible and usage[job.share] > share.capacity_limits[H100]:
+                continue  # it would borrow: it waits for its share's own GPUs
             roomy = sum(1 for f in free.values() if f >= job.gpus // job.nodes)
             assert not (
                 roomy >= job.nodes
@@ -348,6 +354,7 @@ def busy_clusters(draw) -> Snapshot:
                     float(rng.randrange(1000)),
                     float(rng.randrange(1000)),
                     (Allocation(node.name, tuple(range(index, index + gpus))),),
+                    preemptible=rng.random() < 0.9,
                 )
             )
             index += gpus

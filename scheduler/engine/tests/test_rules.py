@@ -169,6 +169,52 @@ def test_gpus_held_outside_the_portal_are_never_planned_on_nor_lent():
     assert where(outcome) == {"small": [("slurm", (0, 1))]}
 
 
+def test_a_job_that_is_not_preemptible_never_borrows():
+    """A job submitted not preemptible runs only within its share's limit: with its share at
+    its limit it waits, lendable GPUs idle or not, and says why; a preemptible job of the same
+    size borrows them."""
+    snapshot = Snapshot(
+        nodes(2),
+        (share("vision", 8, LEND), share("nlp", 8, LAB)),
+        placed=(running("nlp-own", "nlp", "n0", range(8)),),
+        runnable=(
+            job("steady", "nlp", 8, submitted=1, preemptible=False),
+            job("flexible", "nlp", 8, submitted=2),
+        ),
+    )
+    outcome = plan(snapshot)
+    assert where(outcome) == {"flexible": [("n1", tuple(range(8)))]}
+    assert outcome.waiting["steady"] == reasons.not_preemptible("nlp", 8, 8, H100, 8)
+    too_big = Snapshot(nodes(2), (share("nlp", 8, LAB),),
+                       runnable=(job("huge", "nlp", 16, nodes=2, preemptible=False),))  # fmt: skip
+    assert "more than share nlp's limit (8)" in plan(too_big).waiting["huge"]
+
+
+def test_a_job_that_is_not_preemptible_is_never_a_victim():
+    """Neither a reclaim nor in-share preemption takes a job that is not preemptible: after its
+    share's limit was lowered it is above the limit, yet the owner's reclaim takes the
+    preemptible borrower; a higher-priority job of its own share waits rather than stop it."""
+    snapshot = Snapshot(
+        nodes(2),
+        (share("vision", 8, LEND), share("nlp", 4, LAB, in_share_preemption=True)),
+        placed=(
+            running("steady", "nlp", "n0", range(8), started=1, preemptible=False),
+            running("flexible", "nlp", "n1", range(8), started=2),
+        ),
+        runnable=(job("owner", "vision", 8, submitted=3),),
+    )
+    outcome = plan(snapshot)
+    assert victims(outcome) == {"flexible": "owner"}
+    own = Snapshot(
+        nodes(1),
+        (share("nlp", 8, LAB, in_share_preemption=True),),
+        placed=(running("steady", "nlp", "n0", range(8), priority=0, preemptible=False),),
+        runnable=(job("urgent", "nlp", 8, priority=9, submitted=1),),
+    )
+    outcome = plan(own)
+    assert outcome.preemptions == () and "urgent" in outcome.waiting
+
+
 def test_reclaim_takes_back_lent_gpus_from_the_latest_borrower():
     """A LEND share's idle GPUs go to a borrower and come back when its own job arrives."""
     snapshot = Snapshot(
