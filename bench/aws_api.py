@@ -24,7 +24,7 @@ Each run: --rounds rounds, each --seconds of native submits then --seconds of AW
 Per path and run: submits/s (accepted / the phases' wall time), p50/p99 latency (every
 request, as the client sees it), refused (any answer but 200/201, or an error), and CPU
 milliseconds per request of the client processes (their own process time, boto3's cost), the
-server (its processes), PostgreSQL (the backends connected to this bench's database), Redis
+server (its processes), PostgreSQL (the whole server, its ended backends included), Redis
 (its server) and the rest of the machine's busy CPU (the kernel, anything else running: other
 users). Time-based phases: what other users take shows up per request on the slower path more.
 Prints each run, then one table of medians over the runs; exits 1 if a goal is missed."""
@@ -147,15 +147,11 @@ def machine_cpu() -> float:
 
 
 def postgres_cpu() -> float:
-    """CPU seconds of the PostgreSQL backends connected to this bench's database (their process
-    title names it), not the other databases' (soak.postgres_cpu counts the whole server)."""
-    total = 0.0
-    for process in psutil.process_iter(["name", "cmdline"]):
-        title = " ".join(process.info["cmdline"] or ())
-        if process.info["name"] in ("postgres", "postmaster") and f" {api.DB_NAME} " in f"{title} ":
-            with contextlib.suppress(psutil.Error):
-                total += soak.process_cpu(process)
-    return total
+    """CPU seconds of the whole PostgreSQL server, its ended backends included (soak's count):
+    counting only the live backends of this bench's database lost the CPU of those that ended
+    between two readings, and gave negative figures. Other databases' work counts too: run it
+    on a quiet server."""
+    return soak.postgres_cpu()
 
 
 def redis_cpu() -> float:
@@ -387,8 +383,8 @@ def main() -> int:
     print(
         f"\nmedian of {len(runs)} run(s) ({args.clients} clients, {api.SERVERS[args.server]}, "
         f"PostgreSQL, {os.cpu_count()} CPUs); CPU per request (accepted or refused): client = "
-        f"the client processes' own, server = the server's processes, PostgreSQL = the backends "
-        f"of {api.DB_NAME}, Redis = its server, rest = the machine's other busy CPU (kernel, "
+        f"the client processes' own, server = the server's processes, PostgreSQL = the whole "
+        f"server's, Redis = its server, rest = the machine's other busy CPU (kernel, "
         f"other users)"
     )
     print(table(runs))
