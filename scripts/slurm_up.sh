@@ -29,6 +29,7 @@
 #   SLURM_START_TIMEOUT 60                  seconds to wait for all nodes to be idle
 #   SLURM_RETURN_TO_SERVICE 1               slurm.conf ReturnToService (see the note there)
 #   SLURM_SLURMD_TIMEOUT 30                 SlurmdTimeout; a node whose slurmd died goes DOWN ~15 s after it
+#   SLURM_MIN_JOB_AGE 300                   MinJobAge: how long squeue still lists an ended job
 #
 # Client commands must run with SLURM_CONF=$SLURM_DIR/slurm.conf in their environment.
 set -euo pipefail
@@ -45,6 +46,7 @@ SLURM_PARTITION=${SLURM_PARTITION:-gpu}
 SLURM_START_TIMEOUT=${SLURM_START_TIMEOUT:-60}
 SLURM_RETURN_TO_SERVICE=${SLURM_RETURN_TO_SERVICE:-1}
 SLURM_SLURMD_TIMEOUT=${SLURM_SLURMD_TIMEOUT:-30}
+SLURM_MIN_JOB_AGE=${SLURM_MIN_JOB_AGE:-300}
 
 # Relative paths would break as soon as a daemon chdir()s, and callers run us from anywhere.
 case $SLURM_DIR in /*) ;; *) SLURM_DIR="$PWD/$SLURM_DIR" ;; esac
@@ -236,7 +238,7 @@ JobCompLoc=$SLURM_DIR/jobcomp.log
 # A job on a node that fails ends as NODE_FAIL instead of being silently requeued.
 JobRequeue=0
 KillWait=2
-MinJobAge=300
+MinJobAge=$SLURM_MIN_JOB_AGE
 InactiveLimit=0
 # Short timeouts so that clients fail fast when slurmctld is down and dead nodes are noticed.
 MessageTimeout=5

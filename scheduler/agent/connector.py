@@ -299,9 +299,9 @@ class Connector:
             if attempt_id in self.finished:
                 continue
             if order.get("started"):
-                # Started before, and not in the cluster: lost (the connector's view of the
+                # Started before, and not in the cluster any more (the connector's view of the
                 # cluster is fresh, see run()).
-                self._end(attempt_id, end=END_LOST, detail="not in Slurm any more")
+                self._gone(attempt_id, order)
             else:
                 self.claims[attempt_id] = order
         for order in orders.get("stop", []):
@@ -315,12 +315,30 @@ class Connector:
                     tracked.grace = float(order.get("grace_seconds", 0))
                     self.terminate(tracked)
             elif attempt_id not in self.finished and not order.get("orphan"):
-                detail = "not in Slurm any more" if order.get("started") else ""
-                end = END_LOST if order.get("started") else END_NEVER_STARTED
-                self._end(attempt_id, end=end, detail=detail or "stopped before it started")
+                if order.get("started"):
+                    self._gone(attempt_id, order)
+                else:
+                    self._end(attempt_id, end=END_NEVER_STARTED, detail="stopped before it started")
         for attempt_id in set(self.claims) - ordered:
             del self.claims[attempt_id]
         self.claim()
+
+    def _gone(self, attempt_id: int, order: dict) -> None:
+        """An attempt the portal says started that Slurm no longer lists (it ended, and Slurm
+        purged it, while the connector was away): its end as sacct or the job-completion log
+        has it, else lost (the portal runs it again)."""
+        job_id = order.get("cluster_job_id")
+        ended = None
+        if job_id:
+            with contextlib.suppress(SlurmUnreachable, SlurmRefused):
+                ended = self.cluster.ended_job(str(job_id))
+        if ended is None or ended.end is None:
+            self._end(attempt_id, end=END_LOST, detail="not in Slurm any more")
+            return
+        tracked = Attempt(id=attempt_id, order=order if "command" in order else None,
+                          job_id=str(job_id), running_since=time.monotonic(),
+                          started_reported=True, nodes=ended.nodes)  # fmt: skip
+        self._ended(tracked, ended)
 
     def claim(self) -> None:
         attempt_ids = sorted(self.claims)

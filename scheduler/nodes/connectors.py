@@ -191,14 +191,16 @@ def connector_orders(
     known: set[int] = set()
     for (
         node_name, index, attempt_id, number, started_at, stop_requested_at,
-        job_id, command, env, timeout_seconds, grace, share,
+        job_id, command, env, timeout_seconds, grace, share, cluster_job,
     ) in held:  # fmt: skip
         known.add(attempt_id)
         if stop_requested_at is not None:
-            stop.setdefault(
-                attempt_id,
-                {"attempt": attempt_id, "grace_seconds": grace, "started": started_at is not None},
-            )
+            if attempt_id not in stop:
+                stop[attempt_id] = _with_cluster_job(
+                    {"attempt": attempt_id, "grace_seconds": grace,
+                     "started": started_at is not None},
+                    cluster_job,
+                )  # fmt: skip
             continue
         if attempt_id in running and not full:
             continue
@@ -216,6 +218,7 @@ def connector_orders(
                 "grace_seconds": grace,
                 "started": started_at is not None,
             }
+            _with_cluster_job(order, cluster_job)
         nodes = order["nodes"]
         if not nodes or nodes[-1]["node"] != node_name:
             nodes.append({"node": node_name, "gpu_indices": []})
@@ -229,6 +232,16 @@ def connector_orders(
         for a in sorted(orphans)
     ]
     return {"run": list(run.values()), "stop": [*stop.values(), *orphan_stops]}
+
+
+def _with_cluster_job(order: dict, cluster_job) -> dict:
+    """The order, with the cluster's job id when the attempt has one: a connector that
+    restarted and no longer lists the job may still learn how it ended (sacct, the
+    job-completion log)."""
+    job_id = (json_value(cluster_job) or {}).get("id")
+    if job_id:
+        order["cluster_job_id"] = job_id
+    return order
 
 
 def _holders(connector: Connector, attempt_ids: set[int]) -> dict[int, list[Node]]:

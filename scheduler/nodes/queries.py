@@ -88,7 +88,7 @@ def connector_orders_sql() -> str:
     fields = _columns(
         "node.name", "gpu.gpu_index", "attempt.id", "attempt.number", "attempt.started_at",
         "attempt.stop_requested_at", "job.id", "job.command", "job.env",
-        "job.timeout_seconds", "share.grace_seconds", "share.name",
+        "job.timeout_seconds", "share.grace_seconds", "share.name", "attempt.cluster_job",
     )  # fmt: skip
     template = (
         "SELECT {columns} FROM {gpu} gpu "

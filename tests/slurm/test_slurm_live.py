@@ -221,3 +221,27 @@ def test_a_restarted_connector_adopts_the_jobs_slurm_runs(world, live, slurm):
     wait_state(long, Job.State.SUCCEEDED)
     assert [a.outcome for a in attempts(short)] == [JobAttempt.Outcome.SUCCEEDED]
     assert [a.outcome for a in attempts(long)] == [JobAttempt.Outcome.SUCCEEDED]
+
+
+def test_a_job_that_ended_and_was_purged_while_its_connector_was_away_keeps_its_outcome(
+    world, live, slurm
+):
+    """The connector is away while its job ends and Slurm forgets it (MinJobAge 2 s here): the
+    connector started again reads the job's end from Slurm's job-completion log (this cluster
+    has no accounting), by the Slurm job id the portal recorded; the job SUCCEEDED, once."""
+    slurm.env = {**slurm.env, "SLURM_MIN_JOB_AGE": "2"}
+    slurm.script("start")
+    try:
+        system = start(live, slurm, NODE_HEARTBEAT_TIMEOUT_SECONDS="300")
+        job = submit(world.alice, "research", job_command(10, 0.1))
+        wait_for(lambda: attempts(job) and attempts(job)[0].cluster_job.get("id"),
+                 what="the Slurm job recorded")  # fmt: skip
+        system.kill_agent("slurm")
+        slurm_id = attempts(job)[0].cluster_job["id"]
+        wait_for(lambda: all(j["id"] != slurm_id for j in slurm.jobs()), timeout=180,
+                 what=f"Slurm purging job {slurm_id}")  # fmt: skip
+        system.start_connector(slurm.conf)
+        wait_state(job, Job.State.SUCCEEDED)
+        assert [a.outcome for a in attempts(job)] == [JobAttempt.Outcome.SUCCEEDED]
+    finally:
+        slurm.env = {k: v for k, v in slurm.env.items() if k != "SLURM_MIN_JOB_AGE"}
