@@ -7,8 +7,9 @@ from functools import cache
 
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
-from django.db import models
+from django.db import connection, models
 
+from portal.db.sql import instance_from_row, model_columns, select_rows
 from scheduler.models import MAX_GPUS_PER_NODE
 from shares.models import validate_gpu_type
 
@@ -92,17 +93,11 @@ class ServiceJob(models.Model):
 def instance_type_named(name: str) -> InstanceType | None:
     """The instance type of that name: a written-out statement, prepared once per connection
     (every SubmitServiceJob looks one up)."""
-    from portal.db.sql import instance_from_row, select_rows
-
     rows = select_rows(_instance_type_sql(), [name], tuple(InstanceType._meta.concrete_fields))
     return instance_from_row(InstanceType, rows[0]) if rows else None
 
 
 @cache
 def _instance_type_sql() -> str:
-    from django.db import connection
-
-    from portal.db.sql import model_columns
-
     table = connection.ops.quote_name(InstanceType._meta.db_table)
     return f"SELECT {model_columns(InstanceType, 't')} FROM {table} t WHERE t.name = %s"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -15,12 +16,15 @@ from scheduler.agent.core import Agent
 from scheduler.agent.gpus import DiscoveryError, fake_gpus, nvml_gpus
 from scheduler.version import VERSION
 
+JOIN_TOKEN_REQUIRED = (
+    "error: --join-token (or AGENT_JOIN_TOKEN) is required; the admin shows it under Cluster "
+    "settings."
+)
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
+
+def _portal_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the agent and the connectors share: the portal, how to join it, the long poll."""
     env = os.environ.get
-    parser = argparse.ArgumentParser(
-        prog="gpu-agent", description="Run jobs of the GPU portal on this node."
-    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     parser.add_argument(
         "--portal",
@@ -32,6 +36,21 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default=env("AGENT_JOIN_TOKEN", ""),
         help="the cluster's join token, from the admin (AGENT_JOIN_TOKEN)",
     )
+    parser.add_argument(
+        "--poll-wait",
+        type=float,
+        default=float(env("AGENT_POLL_WAIT", "10")),
+        help="seconds a long poll may wait for orders (AGENT_POLL_WAIT)",
+    )
+    parser.add_argument("--log-level", default=env("AGENT_LOG_LEVEL", "INFO"))
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    env = os.environ.get
+    parser = argparse.ArgumentParser(
+        prog="gpu-agent", description="Run jobs of the GPU portal on this node."
+    )
+    _portal_arguments(parser)
     parser.add_argument(
         "--name",
         default=env("AGENT_NAME", socket.gethostname()),
@@ -59,13 +78,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="CHECKPOINT_DIR of job J is ROOT/job-J; share it between nodes so a "
         "job resumes anywhere (AGENT_CHECKPOINT_ROOT; default WORK_DIR/checkpoints)",
     )
-    parser.add_argument(
-        "--poll-wait",
-        type=float,
-        default=float(env("AGENT_POLL_WAIT", "10")),
-        help="seconds a long poll may wait for orders (AGENT_POLL_WAIT)",
-    )
-    parser.add_argument("--log-level", default=env("AGENT_LOG_LEVEL", "INFO"))
     return parser.parse_args(argv)  # fmt: skip
 
 
@@ -76,11 +88,7 @@ def parse_slurm(argv: list[str]) -> argparse.Namespace:
         description="Bring the GPU nodes of a Slurm cluster to the portal: the portal decides "
         "who runs where, Slurm runs the jobs. One per cluster, on a host where sbatch works.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
-    parser.add_argument("--portal", default=env("PORTAL_URL", "http://127.0.0.1:8000"),
-                        help="portal base URL (PORTAL_URL)")  # fmt: skip
-    parser.add_argument("--join-token", default=env("AGENT_JOIN_TOKEN", ""),
-                        help="the join token, from the admin (AGENT_JOIN_TOKEN)")  # fmt: skip
+    _portal_arguments(parser)
     parser.add_argument(
         "--partition", action="append", default=[],
         help="a partition whose GPU nodes the portal shares (repeat, or comma-separated)",
@@ -112,37 +120,34 @@ def parse_slurm(argv: list[str]) -> argparse.Namespace:
         "--pending-timeout", type=float, default=float(env("CONNECTOR_PENDING_TIMEOUT", "60")),
         help="seconds a job may stay pending in Slurm before it is withdrawn and requeued",
     )  # fmt: skip
-    parser.add_argument("--poll-wait", type=float, default=float(env("AGENT_POLL_WAIT", "10")),
-                        help="seconds a long poll may wait for orders")  # fmt: skip
-    parser.add_argument("--log-level", default=env("AGENT_LOG_LEVEL", "INFO"))
     return parser.parse_args(argv)
 
 
-def _cluster_name(env: dict[str, str]) -> str:
-    """Slurm's ClusterName, as `scontrol show config` prints it."""
-    import subprocess
+def _run_until_signalled(worker) -> int:
+    """Run the agent or connector until SIGTERM or SIGINT, which it answers by stopping."""
 
-    try:
-        text = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
-                              timeout=30, env=env).stdout  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    for line in text.splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() == "ClusterName":
-            return value.strip()
-    return ""
+    def stop(*_args) -> None:
+        worker.stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    worker.run()
+    return 0
 
 
 def main_slurm(argv: list[str]) -> int:
     from scheduler.agent.connector import Connector
-    from scheduler.agent.slurm import SlurmCluster, slurm_environment
+    from scheduler.agent.slurm import (
+        SlurmCluster,
+        SlurmRefused,
+        SlurmUnreachable,
+        slurm_environment,
+    )
 
     args = parse_slurm(argv)
     partitions = tuple(p for value in args.partition for p in value.split(",") if p)
     if not args.join_token:
-        print("error: --join-token (or AGENT_JOIN_TOKEN) is required; the admin shows it "
-              "under Cluster settings.", file=sys.stderr)  # fmt: skip
+        print(JOIN_TOKEN_REQUIRED, file=sys.stderr)
         return 2
     if not partitions:
         print("error: --partition is required: the Slurm partition(s) whose GPU nodes the "
@@ -155,8 +160,15 @@ def main_slurm(argv: list[str]) -> int:
             node_types[node] = gpu_type
         else:
             default_type = gpu_type
-    env = slurm_environment(os.environ.get("SLURM_CONF"))
-    name = args.name or _cluster_name(env)
+    cluster = SlurmCluster(
+        partitions=partitions, prefix=args.job_prefix, default_gpu_type=default_type,
+        node_gpu_types=node_types, sbatch_args=tuple(args.sbatch_arg),
+        env=slurm_environment(os.environ.get("SLURM_CONF")),
+    )  # fmt: skip
+    name = args.name
+    if not name:
+        with contextlib.suppress(SlurmUnreachable, SlurmRefused):
+            name = cluster.config().get("ClusterName", "")
     if not name:
         print("error: Slurm does not answer `scontrol show config` with a ClusterName; "
               "give the cluster's name with --name.", file=sys.stderr)  # fmt: skip
@@ -164,23 +176,12 @@ def main_slurm(argv: list[str]) -> int:
     log_format = f"%(asctime)s %(levelname)s connector[{name}]: %(message)s"
     logging.basicConfig(level=args.log_level, format=log_format)
     work_dir = Path(args.work_dir or Path.home() / ".gpu-agent" / f"slurm-{name}")
-    cluster = SlurmCluster(
-        partitions=partitions, prefix=args.job_prefix, default_gpu_type=default_type,
-        node_gpu_types=node_types, sbatch_args=tuple(args.sbatch_arg), env=env,
-    )  # fmt: skip
     connector = Connector(
         portal=args.portal, join_token=args.join_token, name=name, cluster=cluster,
         work_dir=work_dir, checkpoint_root=Path(args.checkpoint_root or work_dir / "checkpoints"),
         poll_wait=args.poll_wait, pending_timeout=args.pending_timeout,
     )  # fmt: skip
-
-    def stop(*_args) -> None:
-        connector.stopping.set()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    connector.run()
-    return 0
+    return _run_until_signalled(connector)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,8 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         format=f"%(asctime)s %(levelname)s agent[{args.name}]: %(message)s",
     )
     if not args.join_token:
-        print("error: --join-token (or AGENT_JOIN_TOKEN) is required; the admin shows it "
-              "under Cluster settings.", file=sys.stderr)  # fmt: skip
+        print(JOIN_TOKEN_REQUIRED, file=sys.stderr)
         return 2
     if args.fake_gpus:
         if not args.gpu_type:
@@ -219,14 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint_root=Path(args.checkpoint_root or work_dir / "checkpoints"),
         poll_wait=args.poll_wait,
     )
-
-    def stop(*_args) -> None:
-        agent.stopping.set()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    agent.run()
-    return 0
+    return _run_until_signalled(agent)
 
 
 if __name__ == "__main__":

@@ -124,7 +124,6 @@ class Connector:
         self.cluster_ok = threading.Event()
         self.full_orders = True  # the next poll asks for every order (after a (re)start)
         self.nodes: dict[str, SlurmNode] = {}  # as last read
-        self.partition_of: dict[str, str] = {}
         self.inventory_sent: dict[str, dict] = {}  # node name → as the portal last took it
         self.inventory_due = True  # send every node with the next poll
         self.last_observe = 0.0

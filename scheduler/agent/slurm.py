@@ -336,13 +336,18 @@ class SlurmCluster:
 
     kind = "slurm"
 
-    def discover(self) -> None:
-        """Read from Slurm's configuration where ended jobs are recorded."""
+    def config(self) -> dict[str, str]:
+        """Slurm's configuration, as `scontrol show config` prints it: key → value."""
         config = {}
         for line in self._run("scontrol", "show", "config").splitlines():
             key, sep, value = line.partition("=")
             if sep:
                 config[key.strip()] = value.strip()
+        return config
+
+    def discover(self) -> None:
+        """Read from Slurm's configuration where ended jobs are recorded."""
+        config = self.config()
         self.accounting = config.get("AccountingStorageType", "") not in (
             "", "accounting_storage/none",
         )  # fmt: skip
@@ -355,13 +360,13 @@ class SlurmCluster:
                     "(no accounting, no job-completion log: a job that ended while the "
                     "connector was away longer than MinJobAge is reported lost)")  # fmt: skip
 
-    def _run(self, *args: str, input: str | None = None) -> str:
+    def _run(self, *args: str) -> str:
         if args[0] != "squeue":
             logger.debug("%s", shlex.join(args))
         try:
             done = subprocess.run(
                 args, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_SECONDS,
-                env=self.env, input=input,
+                env=self.env,
             )  # fmt: skip
         except (OSError, subprocess.TimeoutExpired) as error:
             raise SlurmUnreachable(f"{args[0]}: {error}") from error

@@ -114,9 +114,9 @@ def connector_register(
 
 
 def _set_node(node: Node, reported: ClusterNode) -> bool:
-    """Take what the cluster manager says of the node; returns whether the plan may change."""
-    changed = (node.gpu_type, node.gpus, node.state, node.outside_gpus) != (
-        reported.gpu_type, reported.gpus, reported.state, reported.outside_gpus,
+    """Take what the cluster manager says of the node; returns whether anything changed."""
+    changed = (node.gpu_type, node.gpus, node.state, node.state_reason, node.outside_gpus) != (
+        reported.gpu_type, reported.gpus, reported.state, reported.reason, reported.outside_gpus,
     )  # fmt: skip
     node.gpu_type = reported.gpu_type
     node.gpus = reported.gpus
@@ -144,8 +144,7 @@ def connector_nodes_update(*, connector: Connector, nodes: list[ClusterNode]) ->
             node = by_name.get(reported.name)
             if node is None:
                 continue
-            before = node.state_reason
-            if _set_node(node, reported) or before != node.state_reason:
+            if _set_node(node, reported):
                 changed = True
                 node.full_clean(exclude=["token_hash", "connector"])
                 node.save(
