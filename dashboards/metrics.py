@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 from dashboards.models import CycleStats
 from dashboards.selectors import node_gpus, preemption_kind
 from dashboards.services import CYCLE_DURATION_BUCKETS
+from scheduler.jobs.selectors import held_off
 from scheduler.models import Job, JobAttempt, Node
 from shares.models import CapacityLimit, QuotaShare
 from shares.selectors import current_usage
@@ -47,6 +48,7 @@ class PortalCollector(Collector):
     def collect(self):
         yield from self._quota()
         yield from self._workloads()
+        yield from self._held_off()
         yield from self._preemptions()
         yield from self._nodes()
         yield from self._cycle()
@@ -121,6 +123,20 @@ class PortalCollector(Collector):
             admitted.add_metric([share], counts[(share, "admitted")])
         yield pending
         yield admitted
+
+    def _held_off(self):
+        family = GaugeMetricFamily(
+            "portal_held_off_workloads",
+            "Runnable jobs the churn breaker holds off borrowed GPUs (preempted too often "
+            "within its window): they run only within their share's limit until it has passed.",
+            labels=["cluster_queue"],
+        )
+        counts = Counter(
+            Job.objects.filter(pk__in=list(held_off())).values_list("share__name", flat=True)
+        )
+        for share in QuotaShare.objects.order_by("name").values_list("name", flat=True):
+            family.add_metric([share], counts[share])
+        yield family
 
     def _preemptions(self):
         family = CounterMetricFamily(

@@ -731,6 +731,7 @@ class QueueEntry:
     waiting: timedelta
     pass_: str  # order.PROMISED, order.WITHIN_LIMIT or order.BORROWING
     reason: str
+    held_off_until: datetime | None = None  # the churn breaker's, if it holds the job off
 
     @property
     def within_limit(self) -> bool:
@@ -743,6 +744,7 @@ def queue_front(*, limit: int = 200, now: datetime | None = None) -> list[QueueE
     (`scheduler.jobs.selectors.queue_front`)."""
     now = now or timezone.now()
     _runnable, front = job_selectors.queue_front(limit=limit)
+    held = job_selectors.held_off(Job.objects.filter(pk__in=[entry.job.pk for entry in front]), now)
     return [
         QueueEntry(
             position=entry.position,
@@ -756,6 +758,7 @@ def queue_front(*, limit: int = 200, now: datetime | None = None) -> list[QueueE
             waiting=now - entry.job.submitted_at,
             pass_=entry.pass_,
             reason=entry.job.reason,
+            held_off_until=held.get(entry.job.pk),
         )
         for entry in front
     ]
@@ -798,4 +801,7 @@ def share_jobs(share: QuotaShare, limit: int = 100):
         .select_related("submitted_by")
         .order_by("-submitted_at")[: max(0, limit - len(active))]
     )
+    held = job_selectors.held_off(Job.objects.filter(pk__in=[job.pk for job in active]))
+    for job in active + ended:
+        job.held_off_until = held.get(job.pk)
     return active + ended

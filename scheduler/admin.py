@@ -77,6 +77,7 @@ class JobAttemptInline(admin.TabularInline):
         "borrowed_gpus",
         "scheduled_at",
         "started_at",
+        "last_checkpoint_at",
         "ended_at",
         "outcome",
         "exit_code",
@@ -142,7 +143,7 @@ class JobAdmin(admin.ModelAdmin):
 class ClusterSettingsAdmin(admin.ModelAdmin):
     """One row: the join token node agents register with (shown here to the admin)."""
 
-    list_display = ["__str__", "agent_join_token"]
+    list_display = ["__str__", "agent_join_token", "churn_preemptions", "churn_window_seconds"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return not ClusterSettings.objects.exists()

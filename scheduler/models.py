@@ -11,6 +11,7 @@ from django.db.models.functions import Mod
 from django.db.models.lookups import Exact
 
 from scheduler.engine import outcomes
+from scheduler.engine.snapshot import CHURN_PREEMPTIONS, CHURN_WINDOW_SECONDS
 from shares.models import QuotaShare, validate_gpu_type
 
 MAX_PRIORITY = 9999
@@ -264,6 +265,9 @@ class JobAttempt(models.Model):
     outcome = models.CharField(max_length=10, choices=Outcome.choices, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     end_reason = models.TextField(blank=True)
+    # When the job last saved a checkpoint during this attempt, as its agent saw it
+    # (docs/agent.md): the work a preemption would lose runs from here.
+    last_checkpoint_at = models.DateTimeField(null=True, blank=True)
     preempted_for = models.ForeignKey(
         Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="reclaimed_attempts"
     )
@@ -323,6 +327,17 @@ class ClusterSettings(models.Model):
         help_text="Node agents register with this token (agent flag --join-token or "
         "AGENT_JOIN_TOKEN); each then gets a token of its own. Changing it stops new "
         "registrations with the old one; registered nodes keep working.",
+    )
+    churn_preemptions = models.PositiveIntegerField(
+        default=CHURN_PREEMPTIONS,
+        help_text="The churn breaker: a job preempted this many times within the window below "
+        "is not placed on borrowed GPUs until the window has passed (within its share's limit "
+        "it still runs). 0 turns the breaker off.",
+    )
+    churn_window_seconds = models.PositiveIntegerField(
+        default=int(CHURN_WINDOW_SECONDS),
+        validators=[MinValueValidator(1)],
+        help_text="The churn breaker's window, in seconds.",
     )
 
     class Meta:

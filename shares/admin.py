@@ -80,7 +80,10 @@ class QuotaShareAdmin(admin.ModelAdmin):
     fieldsets = [
         (None, {"fields": ["name", "team", "state"]}),
         ("Sharing", {"fields": ["strategy", "borrow_limit", "weight", "strict_fifo"]}),
-        ("Preemption", {"fields": ["in_share_preemption", "grace_seconds"]}),
+        (
+            "Preemption",
+            {"fields": ["in_share_preemption", "grace_seconds", "min_runtime_seconds"]},
+        ),
         ("Change history", {"fields": ["history"]}),
     ]
 

@@ -15,6 +15,7 @@ from scheduler.engine.snapshot import ShareView
 
 MAX_GPU_TYPES_PER_SHARE = 5
 MAX_GRACE_SECONDS = 86400
+MAX_MIN_RUNTIME_SECONDS = 7 * 86400
 
 # Messages that tests assert: each names the field and the rule.
 BORROW_LIMIT_ONLY_WITH_LEND_AND_BORROW = (
@@ -23,6 +24,7 @@ BORROW_LIMIT_ONLY_WITH_LEND_AND_BORROW = (
 )
 BORROW_LIMIT_RANGE = "borrow_limit: must be -1 (no cap beyond the cluster) or a percent ≥ 0."
 GRACE_SECONDS_RANGE = f"grace_seconds: must be between 0 and {MAX_GRACE_SECONDS} seconds."
+MIN_RUNTIME_RANGE = f"min_runtime_seconds: must be between 0 and {MAX_MIN_RUNTIME_SECONDS} seconds."
 WEIGHT_POSITIVE = "weight: must be greater than 0."
 MAX_GPUS_POSITIVE = "max_gpus: a capacity limit must be at least 1 GPU."
 LEND_LIMIT_ABOVE_LIMIT = "lend_limit: cannot lend more than the limit ({max_gpus} {gpu_type} GPUs)."
@@ -102,6 +104,13 @@ class QuotaShare(models.Model):
         validators=[MaxValueValidator(MAX_GRACE_SECONDS)],
         help_text="Time between SIGTERM and SIGKILL when a job is preempted, to checkpoint.",
     )
+    min_runtime_seconds = models.PositiveIntegerField(
+        default=0,
+        validators=[MaxValueValidator(MAX_MIN_RUNTIME_SECONDS)],
+        help_text="A job of this share is no victim of a preemption (reclaim or in-share) "
+        "before it has run this long; the owner's wait for a reclaim stays within it plus the "
+        "grace period.",
+    )
     state = models.CharField(max_length=10, choices=State.choices, default=State.ENABLED)
     weight = models.FloatField(
         default=1.0, help_text="Share of idle capacity among borrowers when borrow order is fair."
@@ -127,6 +136,10 @@ class QuotaShare(models.Model):
                 condition=Q(grace_seconds__lte=MAX_GRACE_SECONDS), name="share_grace_seconds_range"
             ),
             models.CheckConstraint(condition=Q(weight__gt=0), name="share_weight_positive"),
+            models.CheckConstraint(
+                condition=Q(min_runtime_seconds__lte=MAX_MIN_RUNTIME_SECONDS),
+                name="share_min_runtime_seconds_range",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -143,6 +156,10 @@ class QuotaShare(models.Model):
             errors["grace_seconds"] = GRACE_SECONDS_RANGE
         if self.weight is not None and self.weight <= 0:
             errors["weight"] = WEIGHT_POSITIVE
+        if self.min_runtime_seconds is not None and not (
+            0 <= self.min_runtime_seconds <= MAX_MIN_RUNTIME_SECONDS
+        ):
+            errors["min_runtime_seconds"] = MIN_RUNTIME_RANGE
         if errors:
             raise ValidationError(errors)
 
@@ -173,6 +190,7 @@ class QuotaShare(models.Model):
             state=self.state,
             weight=self.weight,
             strict_fifo=self.strict_fifo,
+            min_runtime_seconds=self.min_runtime_seconds,
         )
 
 

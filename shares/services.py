@@ -29,6 +29,7 @@ SHARE_FIELDS = (
     "borrow_limit",
     "in_share_preemption",
     "grace_seconds",
+    "min_runtime_seconds",
     "state",
     "weight",
     "strict_fifo",

@@ -26,9 +26,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scheduler.agent.core import log_tail
+from scheduler.agent.core import CHECKPOINT_EVERY_SECONDS, checkpoint_saved_at, log_tail
 from scheduler.agent.outbox import Backoff, Outbox
 from scheduler.agent.protocol import (
+    CHECKPOINT_MARKER,
     CONNECTOR_POLL_PATH,
     CONNECTOR_REGISTER_PATH,
     CONNECTOR_REPORT_PATH,
@@ -38,6 +39,7 @@ from scheduler.agent.protocol import (
     END_NEVER_STARTED,
     END_TIMEOUT,
     END_WITHDRAWN,
+    EVENT_CHECKPOINT,
     EVENT_EXITED,
     EVENT_LOG,
     EVENT_STARTED,
@@ -85,6 +87,9 @@ class Attempt:
     last_log: float = field(default_factory=time.monotonic)
     nodes: tuple[str, ...] = ()
     gpus_per_node: int = 0
+    # The latest checkpoint reported (epoch seconds), and when the marker was last looked at.
+    checkpoint_seen: float = field(default_factory=time.time)
+    checkpoint_looked: float = field(default_factory=time.monotonic)
 
 
 class Connector:
@@ -541,8 +546,19 @@ class Connector:
     def _tail(self, tracked: Attempt) -> str:
         return log_tail(self._log_path(tracked.order)) if tracked.order is not None else ""
 
+    def _look_for_checkpoint(self, tracked: Attempt) -> None:
+        """Report a checkpoint the job saved since the last one reported (docs/agent.md): its
+        CHECKPOINT_DIR is on a file system the connector sees too (docs/slurm.md)."""
+        assert tracked.order is not None
+        marker = self.checkpoint_root / f"job-{tracked.order['job']}" / CHECKPOINT_MARKER
+        saved = checkpoint_saved_at(marker, after=tracked.checkpoint_seen)
+        if saved is not None:
+            tracked.checkpoint_seen = saved
+            self._event(type=EVENT_CHECKPOINT, attempt=tracked.id,
+                        age=max(0.0, time.time() - saved))  # fmt: skip
+
     def supervise(self) -> None:
-        """Timeouts, grace periods, log tails."""
+        """Timeouts, grace periods, log tails, checkpoints."""
         now = time.monotonic()
         for tracked in list(self.attempts.values()):
             if tracked.term_sent_at is None:
@@ -559,6 +575,13 @@ class Connector:
                 ):
                     tracked.last_log = now
                     self._event(type=EVENT_LOG, attempt=tracked.id, log_tail=self._tail(tracked))
+                if (
+                    tracked.running_since is not None
+                    and tracked.order is not None
+                    and now - tracked.checkpoint_looked >= CHECKPOINT_EVERY_SECONDS
+                ):
+                    tracked.checkpoint_looked = now
+                    self._look_for_checkpoint(tracked)
             elif not tracked.killed and now - tracked.term_sent_at >= tracked.grace:
                 tracked.killed = True
                 logger.info("attempt %s: grace over, scancel", tracked.id)

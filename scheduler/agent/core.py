@@ -28,10 +28,12 @@ from pathlib import Path
 from scheduler.agent.gpus import Gpu
 from scheduler.agent.outbox import Backoff, Outbox
 from scheduler.agent.protocol import (
+    CHECKPOINT_MARKER,
     END_EXIT,
     END_LOST,
     END_NEVER_STARTED,
     END_TIMEOUT,
+    EVENT_CHECKPOINT,
     EVENT_EXITED,
     EVENT_LOG,
     EVENT_STARTED,
@@ -47,6 +49,7 @@ logger = logging.getLogger("scheduler.agent")
 
 SHUTDOWN_REPORT_SECONDS = 5.0  # how long a stopping agent keeps trying to report
 LOG_EVERY_SECONDS = 15.0
+CHECKPOINT_EVERY_SECONDS = 1.0  # how often the agent looks at a running job's marker
 # The main loop wakes at once when an answer comes or one of its processes ends (a pidfd,
 # Linux 5.3+; elsewhere it notices exits at its next turn), else every turn for timeouts, grace
 # periods and log tails.
@@ -111,6 +114,17 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+def checkpoint_saved_at(marker: Path | None, *, after: float) -> float | None:
+    """When the checkpoint marker was last written, if later than `after` (epoch seconds)."""
+    if marker is None:
+        return None
+    try:
+        saved = marker.stat().st_mtime
+    except OSError:
+        return None
+    return saved if saved > after else None
+
+
 def log_tail(path: Path) -> str:
     """The last LOG_TAIL_CHARS of a job's log ("" if it cannot be read)."""
     try:
@@ -138,6 +152,11 @@ class Process:
     # Stopped because the agent itself shuts down (node maintenance): the job did nothing
     # wrong, so it is reported lost and the portal runs it again, like on a lost node.
     evicted: bool = False
+    # Its checkpoint marker (CHECKPOINT_MARKER), and the latest modification time reported: a
+    # marker older than the attempt's start is an earlier attempt's.
+    marker: Path | None = None
+    checkpoint_seen: float = field(default_factory=time.time)
+    checkpoint_looked: float = field(default_factory=time.monotonic)
     last_log: float = field(default_factory=time.monotonic)
 
 
@@ -438,6 +457,7 @@ class Agent:
             timeout=float(timeout) if timeout else None,
             grace=float(order["grace_seconds"]),
             pidfd=pidfd,
+            marker=checkpoint_dir / CHECKPOINT_MARKER,
         )
         logger.info("attempt %s (job %s) started, pid %s, GPUs %s", attempt, job, popen.pid,
                     order["gpu_indices"])  # fmt: skip
@@ -499,6 +519,9 @@ class Agent:
                 elif now - process.last_log >= LOG_EVERY_SECONDS:
                     process.last_log = now
                     self._event(type=EVENT_LOG, attempt=attempt, log_tail=self._tail(process))
+                if now - process.checkpoint_looked >= CHECKPOINT_EVERY_SECONDS:
+                    process.checkpoint_looked = now
+                    self._look_for_checkpoint(process)
             elif not process.killed and now - process.term_sent_at >= process.grace:
                 process.killed = True
                 logger.info("attempt %s: grace over, SIGKILL", attempt)
@@ -507,6 +530,14 @@ class Agent:
 
     def _tail(self, process: Process) -> str:
         return log_tail(process.log_path)
+
+    def _look_for_checkpoint(self, process: Process) -> None:
+        """Report a checkpoint the job saved since the last one reported (docs/agent.md)."""
+        saved = checkpoint_saved_at(process.marker, after=process.checkpoint_seen)
+        if saved is not None:
+            process.checkpoint_seen = saved
+            self._event(type=EVENT_CHECKPOINT, attempt=process.attempt,
+                        age=max(0.0, time.time() - saved))  # fmt: skip
 
     def kill_leftovers(self) -> None:
         """Process groups left by a previous run of this agent are not ours any more: the portal

@@ -13,7 +13,14 @@ REPORT_PATH = "/api/v1/agent/report/"
 EVENT_STARTED = "started"
 EVENT_EXITED = "exited"
 EVENT_LOG = "log"
-EVENT_TYPES = (EVENT_STARTED, EVENT_EXITED, EVENT_LOG)
+# The job saved a checkpoint `age` seconds ago (by the node's clock): a preemption would lose
+# only the work done since.
+EVENT_CHECKPOINT = "checkpoint"
+EVENT_TYPES = (EVENT_STARTED, EVENT_EXITED, EVENT_LOG, EVENT_CHECKPOINT)
+# A job says it has saved a checkpoint by creating or replacing this file in its
+# CHECKPOINT_DIR, once the checkpoint itself is complete (`portal_client.checkpoint_saved()`);
+# its modification time is when. docs/agent.md.
+CHECKPOINT_MARKER = ".portal-checkpoint"
 # Why a process ended, as the agent saw it.
 END_EXIT = "exit"  # it exited by itself, or after a stop order
 END_TIMEOUT = "timeout"  # the agent stopped it at timeout_seconds

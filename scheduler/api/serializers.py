@@ -29,6 +29,7 @@ from shares.models import (
     GPU_TYPE_FORMAT,
     MAX_GPU_TYPES_PER_SHARE,
     MAX_GRACE_SECONDS,
+    MAX_MIN_RUNTIME_SECONDS,
     QuotaShare,
     ShareChange,
 )
@@ -274,6 +275,7 @@ class AttemptSerializer(PlainValuesMixin, serializers.ModelSerializer):
             "started_at",
             "stop_requested_at",
             "ended_at",
+            "last_checkpoint_at",
             "outcome",
             "exit_code",
             "end_reason",
@@ -575,6 +577,7 @@ class ShareSerializer(serializers.ModelSerializer):
             "borrow_limit",
             "in_share_preemption",
             "grace_seconds",
+            "min_runtime_seconds",
             "state",
             "weight",
             "strict_fifo",
@@ -668,6 +671,12 @@ class ShareWriteSerializer(serializers.Serializer):
     in_share_preemption = serializers.BooleanField(required=False)
     grace_seconds = serializers.IntegerField(
         required=False, min_value=0, max_value=MAX_GRACE_SECONDS
+    )
+    min_runtime_seconds = serializers.IntegerField(
+        required=False,
+        min_value=0,
+        max_value=MAX_MIN_RUNTIME_SECONDS,
+        help_text="A job of the share is no victim of a preemption before it has run this long.",
     )
     state = serializers.ChoiceField(choices=QuotaShare.State.choices, required=False)
     weight = serializers.FloatField(required=False, min_value=0.000001, max_value=1e6)

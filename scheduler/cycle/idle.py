@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from functools import cache
 from typing import NamedTuple
 
@@ -62,8 +63,8 @@ def _fingerprint_sql() -> str:
         f"(SELECT COUNT(id), MAX(updated_at), SUM(priority) FROM {table[Job]} "
         f"WHERE state IN ({states})) AS jobs, "
         f"(SELECT COUNT(id), MAX(id) FROM {table[GpuAssignment]} WHERE released = %s) AS held, "
-        f"(SELECT COUNT(id), COUNT(stop_requested_at) FROM {table[JobAttempt]} "
-        "WHERE ended_at IS NULL) AS attempts, "
+        f"(SELECT COUNT(id), COUNT(stop_requested_at), MAX(last_checkpoint_at) "
+        f"FROM {table[JobAttempt]} WHERE ended_at IS NULL) AS attempts, "
         f"(SELECT COUNT(id), MAX(updated_at) FROM {table[QuotaShare]}) AS shares, "
         f"(SELECT MAX(id) FROM {table[ShareChange]}) AS share_changes, "
         f"(SELECT MAX(id) FROM {table[JobEvent]}) AS events"
@@ -160,24 +161,30 @@ def unchanged(changes: int | None) -> bool:
         return False
     if not value:
         return False
-    last_changes, _, last_digest = value.decode().partition(":")
+    last_changes, _, rest = value.decode().partition(":")
+    last_digest, _, wake_at = rest.partition(":")
     if last_changes != repr(changes) or not last_digest:
         return False
+    if wake_at and time.time() >= float(wake_at):
+        return False  # time alone may let the plan decide otherwise (Plan.wake_at)
     return fingerprint(changes) == last_digest
 
 
-def remember(changes: int | None, *, changed: bool) -> None:
+def remember(changes: int | None, *, changed: bool, wake_at: float | None = None) -> None:
     """Remember what this cycle leaves, with `changes` (the count it read before its snapshot),
     for the next cycle's `unchanged`: its fingerprint, unless the cycle `changed` what a
     fingerprint reads (it placed, preempted, rejected, stopped or lost jobs). Then the next
     cycle with no new change plans once more and remembers the fingerprint of what that one
     leaves: a busy queue's cycles, which change something nearly every time, do not each read
-    every active job for a fingerprint no cycle will use."""
+    every active job for a fingerprint no cycle will use. `wake_at` (the plan's): from then on
+    the same fingerprint no longer means the same plan (a minimum runtime or a churn hold
+    ends), so the first cycle after it plans."""
     digest = "" if changed else fingerprint(changes)
+    wake = "" if wake_at is None else repr(wake_at)
     try:
         redis_client().set(
             _fingerprint_key(),
-            f"{changes!r}:{digest}",
+            f"{changes!r}:{digest}:{wake}",
             ex=max(1, int(settings.CYCLE_FULL_EVERY_SECONDS)),
         )
     except Exception:  # noqa: BLE001

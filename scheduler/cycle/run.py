@@ -92,7 +92,7 @@ def _cycle(*, force: bool, result: CycleResult) -> CycleResult:
             # Safe to remember before the commit: after a rollback the database is back in the
             # state this cycle read, whose fingerprint differs from the one remembered unless
             # this cycle changed nothing.
-            idle.remember(changes, changed=result.changed)
+            idle.remember(changes, changed=result.changed, wake_at=plan.wake_at)
         nodes = set(result.nodes_to_notify)
         transaction.on_commit(lambda: notify_nodes(nodes))
         transaction.on_commit(lambda: idle.cover(changes))

@@ -3,7 +3,7 @@ open attempts) and runnable jobs, as tuples of the needed columns.
 
 `cycle_snapshot()` reads it all. The cycle itself (`SnapshotCache.load`, under the cycle lock)
 keeps the placed and runnable jobs between cycles and reads again only the jobs the database's
-change feed names (migration 0005: triggers record every job whose row, or one of whose
+change feed names (migrations 0005 and 0009: triggers record every job whose row, or one of whose
 attempts, changed, whoever wrote it, in the writer's transaction; the cycle consumes the feed).
 Nodes and shares, a few thousand rows at most, are read every cycle. Whenever the cache cannot
 prove itself current (first cycle, another worker's or a rolled-back cycle, a TRUNCATE, a
@@ -26,7 +26,7 @@ from django.utils.dateparse import parse_datetime
 
 from portal.db.sql import ids_param, ids_sql, json_value, prepared_cursor
 from scheduler import engine
-from scheduler.models import Job, JobAttempt, Node
+from scheduler.models import ClusterSettings, Job, JobAttempt, Node
 from shares.models import QuotaShare
 
 logger = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def cycle_snapshot() -> tuple[engine.Snapshot, SnapshotContext]:
     few shares), with written-out SQL: for a queue of 10,000 jobs, composing and iterating the
     ORM's queries cost the cycle several times what PostgreSQL spends on them
     (bench/cycle.py). Reads the change feed nothing and leaves it as it is."""
-    jobs = _Jobs()
+    jobs = _Jobs(churn=_churn())
     node_ids, node_views = _nodes()
     share_names, share_views = _shares()
     jobs.load(share_names, ids=None)
@@ -86,6 +86,12 @@ def _nodes() -> tuple[dict[str, int], tuple[engine.NodeView, ...]]:
     return {name: pk for pk, name, *_ in nodes}, views
 
 
+def _churn() -> tuple[int, float]:
+    """The churn breaker's settings: (preemptions, window in seconds)."""
+    row = ClusterSettings.load()
+    return row.churn_preemptions, float(row.churn_window_seconds)
+
+
 def _shares() -> tuple[dict[int, str], tuple[engine.ShareView, ...]]:
     share_views = []
     share_names: dict[int, str] = {}
@@ -99,6 +105,9 @@ def _shares() -> tuple[dict[int, str], tuple[engine.ShareView, ...]]:
 class _Jobs:
     """The placed and runnable jobs of a snapshot, by id, as the engine takes them."""
 
+    # The churn breaker's settings the jobs were read with: a job's latest preemptions, as
+    # many as it counts, go with it.
+    churn: tuple[int, float] = (0, 0.0)
     runnable: dict[int, engine.RunnableJob] = field(default_factory=dict)  # no claims
     reasons: dict[int, str] = field(default_factory=dict)
     # Requeued victims whose latest attempt was preempted for a job: id → (that job's id,
@@ -145,6 +154,7 @@ class _Jobs:
             allocations,
             borrowed,
             preemptible,
+            checkpointed,
         ) in attempts:  # fmt: skip
             self.placed[attempt_id] = placed_job(
                 id=str(job_id),
@@ -163,6 +173,7 @@ class _Jobs:
                 # Victim ties: jobs on borrowed GPUs go before jobs on their own quota.
                 borrowed=borrowed,
                 preemptible=bool(preemptible),
+                checkpointed=to_epoch(checkpointed) if checkpointed is not None else None,
             )
             self.attempts_of.setdefault(job_id, []).append(attempt_id)
 
@@ -176,9 +187,11 @@ class _Jobs:
             rows = cursor.fetchall()
         runnable_job = engine.RunnableJob
         runnable, reasons, victims = self.runnable, self.reasons, self.victims
+        limit = self.churn[0]
+        churned = []
         for (
             job_id, share_id, gpu_type, gpus, nodes_wanted, priority, submitted, reason,
-            claimant, ended, preemptible,
+            claimant, ended, preemptible, preemptions,
         ) in rows:  # fmt: skip
             runnable[job_id] = runnable_job(
                 str(job_id),
@@ -193,6 +206,27 @@ class _Jobs:
             reasons[job_id] = reason
             if claimant is not None:
                 victims[job_id] = (claimant, to_epoch(ended))
+            if limit and preemptions >= limit:
+                churned.append(job_id)
+        if churned:
+            self._load_preemptions(churned, limit)
+
+    def _load_preemptions(self, job_ids: list[int], limit: int) -> None:
+        """The latest `limit` preemptions of each of the jobs, for the churn breaker: only
+        jobs preempted that often can be held off."""
+        sql, to_epoch = _preemptions_sql()
+        ended: dict[int, list[float]] = {}
+        with prepared_cursor() as cursor:
+            cursor.execute(sql, [JobAttempt.Outcome.PREEMPTED, ids_param(job_ids)])
+            for job_id, at in cursor.fetchall():
+                ended.setdefault(job_id, []).append(to_epoch(at))
+        for job_id, times in ended.items():
+            view = self.runnable[job_id]
+            self.runnable[job_id] = engine.RunnableJob(
+                view.id, view.share, view.gpu_type, view.gpus, view.nodes, view.priority,
+                view.submitted, preemptible=view.preemptible,
+                preempted_at=tuple(sorted(times)[-limit:]),
+            )  # fmt: skip
 
     def snapshot(
         self, nodes: tuple[engine.NodeView, ...], shares: tuple[engine.ShareView, ...]
@@ -208,7 +242,7 @@ class _Jobs:
                 if claimant is not None:
                     jobs[place] = engine.RunnableJob(
                         job.id, job.share, job.gpu_type, job.gpus, job.nodes, job.priority,
-                        job.submitted, claimant, job.preemptible,
+                        job.submitted, claimant, job.preemptible, job.preempted_at,
                     )  # fmt: skip
         placed = self.placed
         return engine.Snapshot(
@@ -217,6 +251,9 @@ class _Jobs:
             placed=tuple(placed[attempt_id] for attempt_id in sorted(placed)),
             runnable=tuple(jobs),
             borrow_order=settings.BORROW_ORDER,
+            now=timezone.now().timestamp(),
+            churn_preemptions=self.churn[0],
+            churn_window_seconds=self.churn[1],
         )
 
 
@@ -264,12 +301,14 @@ class SnapshotCache:
             changed = sorted({job_id for (job_id,) in cursor.fetchall()})
         node_ids, node_views = _nodes()
         share_names, share_views = _shares()
+        churn = _churn()
         jobs = self.jobs
         current = (
             known is not None
             and token == known
             and triggers
             and share_names == self.share_names
+            and churn == jobs.churn
             # Reading most of the jobs one by one costs more than reading them all.
             and len(changed) <= max(FULL_READ_CHANGES, (len(jobs.runnable) + len(jobs.placed)) // 2)
         )
@@ -278,7 +317,7 @@ class SnapshotCache:
             if changed:
                 jobs.load(share_names, ids=changed)
         else:
-            jobs = self.jobs = _Jobs()
+            jobs = self.jobs = _Jobs(churn=churn)
             jobs.load(share_names, ids=None)
         self.share_names = share_names
         self.last_load, self.last_changes = ("changes" if current else "full"), len(changed)
@@ -363,12 +402,14 @@ def _placed_sql(of_ids: bool) -> tuple[str, Callable[[object], float]]:
     table = connection.ops.quote_name
     submitted, to_epoch = _epoch("job.submitted_at")
     started, _ = _epoch("COALESCE(attempt.started_at, attempt.scheduled_at)")
+    checkpointed, _ = _epoch("attempt.last_checkpoint_at")
     states = ", ".join(["%s"] * len(Job.PLACED_STATES))
     sql = (
         "SELECT attempt.id, attempt.job_id, job.share_id, job.gpu_type, job.gpus, job.priority, "
         f"{submitted}, {started}, "
         "(attempt.stop_requested_at IS NOT NULL OR job.state = %s), "
-        "attempt.preempted_for_id, attempt.allocations, attempt.borrowed_gpus, job.preemptible "
+        "attempt.preempted_for_id, attempt.allocations, attempt.borrowed_gpus, job.preemptible, "
+        f"{checkpointed} "
         f"FROM {table(JobAttempt._meta.db_table)} attempt "
         f"JOIN {table(Job._meta.db_table)} job ON job.id = attempt.job_id "
         f"WHERE attempt.ended_at IS NULL AND job.state IN ({states})"
@@ -389,7 +430,8 @@ def _runnable_sql(of_ids: bool) -> tuple[str, Callable[[object], float]]:
     ended, _ = _epoch("attempt.ended_at")
     sql = (
         "SELECT job.id, job.share_id, job.gpu_type, job.gpus, job.nodes, job.priority, "
-        f"{submitted}, job.reason, attempt.preempted_for_id, {ended}, job.preemptible "
+        f"{submitted}, job.reason, attempt.preempted_for_id, {ended}, job.preemptible, "
+        "job.preemption_count "
         f"FROM {table(Job._meta.db_table)} job "
         f"LEFT JOIN {table(JobAttempt._meta.db_table)} attempt ON attempt.job_id = job.id "
         "AND attempt.number = job.attempt_count AND attempt.outcome = %s "
@@ -399,6 +441,18 @@ def _runnable_sql(of_ids: bool) -> tuple[str, Callable[[object], float]]:
     if of_ids:
         sql += f" AND {ids_sql('job.id')}"
     return sql + " ORDER BY job.id", to_epoch
+
+
+@cache
+def _preemptions_sql() -> tuple[str, Callable[[object], float]]:
+    """(job id, end) of the PREEMPTED attempts (the first parameter) of the jobs among the ids
+    (the second)."""
+    ended, to_epoch = _epoch("ended_at")
+    sql = (
+        f"SELECT job_id, {ended} FROM {connection.ops.quote_name(JobAttempt._meta.db_table)} "
+        f"WHERE outcome = %s AND ended_at IS NOT NULL AND {ids_sql('job_id')}"
+    )
+    return sql, to_epoch
 
 
 @cache

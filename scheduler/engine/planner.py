@@ -25,7 +25,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
-from scheduler.engine import order, reasons
+from scheduler.engine import churn, order, reasons
 from scheduler.engine.ledger import Ledger
 from scheduler.engine.pool import NodeLayout, NodePool
 from scheduler.engine.shortcuts import KnownFailures, Shortcuts
@@ -48,7 +48,7 @@ from scheduler.engine.snapshot import (
 from scheduler.engine.victims import TRY_BORROWERS as TRY_BORROWERS
 from scheduler.engine.victims import TRY_BOTH as TRY_BOTH
 from scheduler.engine.victims import TRY_OWN_SHARE as TRY_OWN_SHARE
-from scheduler.engine.victims import Candidates, NodeRoom, find_victims, tries
+from scheduler.engine.victims import Candidates, NodeRoom, find_victims, tries, victim_from
 
 # What scheduling one job came to.
 PLACED = "placed"
@@ -78,6 +78,8 @@ def plan(snapshot: Snapshot, *, exhaustive: bool = False) -> Plan:
 
 def _plan(snapshot: Snapshot, exhaustive: bool) -> Plan:
     shares = {share.name: share for share in snapshot.shares}
+    now = snapshot.now if snapshot.now is not None else latest_time(snapshot)
+    rules = _TimeRules(now, snapshot.churn_preemptions, snapshot.churn_window_seconds)
     nodes = _nodes_of(snapshot.nodes)
     sizes = nodes.sizes
     rejections: list[Rejection] = []
@@ -124,12 +126,42 @@ def _plan(snapshot: Snapshot, exhaustive: bool) -> Plan:
             preempted_for.get(gpu_type, ()),
             snapshot.borrow_order,
             waiting,
+            rules,
             exhaustive,
         )
         type_plan.run()
         placements.extend(type_plan.placements)
         preemptions.extend(type_plan.preemptions)
-    return Plan(tuple(placements), tuple(preemptions), tuple(rejections), waiting)
+    wake_at = min(rules.wakes) if rules.wakes else None
+    return Plan(tuple(placements), tuple(preemptions), tuple(rejections), waiting, wake_at)
+
+
+def latest_time(snapshot: Snapshot) -> float:
+    """The latest time a snapshot holds: its `now` when it gives none."""
+    latest = 0.0
+    for placed in snapshot.placed:
+        latest = max(latest, placed.started, placed.checkpointed or 0.0)
+    for job in snapshot.runnable:
+        latest = max(latest, job.submitted, *job.preempted_at)
+    return latest
+
+
+class _TimeRules:
+    """The rules that depend on the time (minimum runtime, the churn breaker), and the times
+    after `now` at which they would let the plan decide otherwise (`Plan.wake_at`)."""
+
+    def __init__(self, now: float, churn_preemptions: int, churn_window: float) -> None:
+        self.now = now
+        self.churn_preemptions = churn_preemptions
+        self.churn_window = churn_window
+        self.wakes: list[float] = []
+
+    def held_off_until(self, job: RunnableJob) -> float | None:
+        if not job.preempted_at:
+            return None
+        return churn.held_off_until(
+            job.preempted_at, self.now, self.churn_preemptions, self.churn_window
+        )
 
 
 def held_gpus(placed: Iterable[PlacedJob]) -> dict[str, int]:
@@ -242,9 +274,12 @@ class _TypePlan:
         preempted_for: Iterable[str],
         borrow_order: str,
         waiting: dict[str, str],
+        rules: _TimeRules,
         exhaustive: bool = False,
     ) -> None:
         self.gpu_type = gpu_type
+        self.rules = rules
+        now = rules.now
         self.exhaustive = exhaustive
         self.shares = shares
         self.borrow_order = borrow_order
@@ -256,13 +291,19 @@ class _TypePlan:
         self._snapshot_jobs = jobs
         stopping: list[PlacedJob] = []
         by_share: dict[str, list[PlacedJob]] = defaultdict(list)
+        # Jobs that have not yet run their share's minimum runtime: victims from that time on.
+        self.young: list[tuple[float, PlacedJob]] = []
         for job in placed:
             if job.stopping:
                 stopping.append(job)
             elif job.share in shares and job.preemptible:
                 # A job that is not preemptible is never a candidate victim.
-                by_share[job.share].append(job)
-        self.candidates = Candidates(by_share)
+                minimum = shares[job.share].min_runtime_seconds
+                if minimum and victim_from(job, minimum) > now:
+                    self.young.append((victim_from(job, minimum), job))
+                else:
+                    by_share[job.share].append(job)
+        self.candidates = Candidates(by_share, now)
         # Jobs promised GPUs: the runnable jobs of this type that victims were preempted for,
         # stopping or already stopped and back in the queue (the GPUs they released stay
         # promised until the job starts). By id, with their places in the snapshot (the queue
@@ -345,7 +386,8 @@ class _TypePlan:
             if blocked is not None:
                 waiting[job.id] = blocked
                 continue
-            shape = (name, job.gpus, job.nodes, job.priority, job.preemptible)
+            held_off = self.rules.held_off_until(job)
+            shape = (name, job.gpus, job.nodes, job.priority, job.preemptible, held_off)
             last = last_share_wait.get(shape)
             if last is None or last[0] != share_changes[name] or job.id in promised:
                 last = last_wait.get(shape)
@@ -355,7 +397,7 @@ class _TypePlan:
                 waiting[job.id] = last[1]
             else:
                 before = repeats.changes
-                outcome = self._schedule(job)
+                outcome = self._schedule(job, held_off)
                 if outcome is PLACED:
                     continue
                 if not self.exhaustive and job.id not in promised:
@@ -371,10 +413,10 @@ class _TypePlan:
 
     # --- one job ---------------------------------------------------------------------------
 
-    def _schedule(self, job: RunnableJob) -> str:
+    def _schedule(self, job: RunnableJob, held_off: float | None = None) -> str:
         """Place the job (PLACED), or reserve GPUs for it (waiting for releases or victims), or
         record why it waits (WAITS; WAITS_ON_SHARE: for a reason only its share's usage can
-        change)."""
+        change). `held_off`: until when the churn breaker keeps it off borrowed GPUs."""
         share = self.shares[job.share]
         limit = self.ledger.limit(job.share)
         if job.gpus > limit and share.strategy != LEND_AND_BORROW:
@@ -388,6 +430,16 @@ class _TypePlan:
             self.waiting[job.id] = reasons.not_preemptible(
                 job.share, self.ledger.usage(job.share), limit, self.gpu_type, job.gpus
             )
+            return WAITS_ON_SHARE
+        if held_off is not None and not self.ledger.fits_limit(job.share, job.gpus):
+            # The churn breaker: within its share's limit only, until the window has passed.
+            rules = self.rules
+            self.waiting[job.id] = reasons.held_off(
+                churn.preemptions_within(job.preempted_at, rules.now, rules.churn_window),
+                rules.churn_window,
+                held_off - rules.now,
+            )
+            self.rules.wakes.append(held_off)
             return WAITS_ON_SHARE
         per_node = job.gpus // job.nodes
         reason = self.ledger.admission_reason(job.share, job.gpus)
@@ -446,8 +498,69 @@ class _TypePlan:
                 return WAITS
             if not promised:
                 self.known_failures.search_failed(job, attempt)
+        if self.young and self._reclaim_later(job, share.in_share_preemption, promised, deltas):
+            return WAITS
         self.waiting[job.id] = reason
         return WAITS
+
+    def _reclaim_later(
+        self,
+        job: RunnableJob,
+        in_share_preemption: bool,
+        promised: Sequence[PlacedJob],
+        deltas: Mapping[str, int],
+    ) -> bool:
+        """No try finds victims among the jobs that have run their minimum runtime: find the
+        earliest time at which one would, the younger jobs counted from the time each may be
+        a victim, and reserve for the job what it will then use (its quota, so no new borrower
+        takes it meanwhile, and the GPUs it will need beside its victims'). False: no time."""
+        taken = self.candidates.taken
+        times = sorted({at for at, young in self.young if young.id not in taken})
+
+        def victims_at(index: int) -> list[PlacedJob] | None:
+            by_share = {name: list(jobs) for name, jobs in self.candidates._unsorted.items()}
+            for at, young in self.young:
+                if at <= times[index] and young.id not in taken:
+                    by_share.setdefault(young.share, []).append(young)
+            candidates = Candidates(by_share, self.rules.now)
+            candidates.taken = taken
+            for attempt in tries(job, self.ledger, in_share_preemption):
+                victims = find_victims(
+                    job, attempt, self.ledger, self.pool, candidates, promised, deltas
+                )
+                if victims is not None:
+                    return victims
+            return None
+
+        if not times or victims_at(len(times) - 1) is None:
+            return False
+        # More jobs that may be victims never make a try fail that worked with fewer.
+        low, high = 0, len(times) - 1
+        while low < high:
+            middle = (low + high) // 2
+            if victims_at(middle) is None:
+                low = middle + 1
+            else:
+                high = middle
+        victims = victims_at(low)
+        assert victims is not None
+        at = max(times[low], self.rules.now)
+        self.repeats.changes += 1
+        self._reserve_nodes(job, [*promised, *victims])
+        self.ledger.promise(deltas)
+        for name in deltas:
+            self._share_changed(name)
+        gpus = sum(victim.gpus for victim in victims)
+        others = {victim.share for victim in victims if victim.share != job.share}
+        seconds = at - self.rules.now
+        if others:
+            self.waiting[job.id] = reasons.reclaiming_in(gpus, self.gpu_type, others, seconds)
+        else:
+            self.waiting[job.id] = reasons.preempting_in_share_in(
+                gpus, self.gpu_type, job.share, seconds
+            )
+        self.rules.wakes.append(at)
+        return True
 
     def _search(
         self,
@@ -475,10 +588,28 @@ class _TypePlan:
         it will use so no other job of this plan takes them, and count the quota as if the
         victims had stopped and the job were running."""
         self.repeats.changes += 1
+        self._reserve_nodes(job, [*promised, *victims])
+        final = dict(deltas)
+        for victim in victims:
+            final[victim.share] = final.get(victim.share, 0) - victim.gpus
+            self.candidates.take(victim)
+            if victim.share == job.share:
+                kind, why = IN_SHARE, reasons.preempted_in_share(job.share, job.id)
+            else:
+                kind, why = RECLAIM, reasons.reclaimed_by(job.share, job.id)
+            self.preemptions.append(Preemption(victim.id, job.id, kind, why))
+        self.ledger.promise(final)
+        for name in final:
+            self._share_changed(name)
+        self.waiting[job.id] = self._wait_reason(job, [*promised, *victims])
+
+    def _reserve_nodes(self, job: RunnableJob, stopping: Sequence[PlacedJob]) -> None:
+        """Reserve the GPUs the job will use once `stopping` (its victims, and jobs already
+        stopping for it) have stopped: theirs, then GPUs released for anyone, then free ones."""
         per_node = job.gpus // job.nodes
         mine: dict[str, int] = defaultdict(int)
-        for stopping in [*promised, *victims]:
-            for allocation in stopping.allocations:
+        for stopping_job in stopping:
+            for allocation in stopping_job.allocations:
                 if allocation.node in self.pool.ready:
                     mine[allocation.node] += len(allocation.gpu_indices)
         nodes = self.pool.tightest_with(per_node, job.nodes, mine)
@@ -494,20 +625,6 @@ class _TypePlan:
             if need > 0:
                 self.pool.reserve(name, self.pool.free_indices(name)[:need])
             self._node_changed(name)
-
-        final = dict(deltas)
-        for victim in victims:
-            final[victim.share] = final.get(victim.share, 0) - victim.gpus
-            self.candidates.take(victim)
-            if victim.share == job.share:
-                kind, why = IN_SHARE, reasons.preempted_in_share(job.share, job.id)
-            else:
-                kind, why = RECLAIM, reasons.reclaimed_by(job.share, job.id)
-            self.preemptions.append(Preemption(victim.id, job.id, kind, why))
-        self.ledger.promise(final)
-        for name in final:
-            self._share_changed(name)
-        self.waiting[job.id] = self._wait_reason(job, [*promised, *victims])
 
     def _share_changed(self, name: str) -> None:
         """After the share's usage or victims changed."""

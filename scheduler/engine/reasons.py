@@ -5,6 +5,7 @@ Tests and the layers above compare against these functions, so the wording lives
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 
@@ -67,6 +68,29 @@ def preempting_in_share(gpus: int, gpu_type: str, share: str, jobs: int) -> str:
     return (
         f"preempting {gpus} {gpu_type} of lower priority in share {share} "
         f"({_count(jobs, 'job')} stopping)"
+    )
+
+
+def _in(seconds: float) -> str:
+    return f"in {max(1, math.ceil(seconds))} s"
+
+
+def reclaiming_in(gpus: int, gpu_type: str, shares: Iterable[str], seconds: float) -> str:
+    """The victims have not yet run their shares' minimum runtime."""
+    names = sorted(shares)
+    label = "share" if len(names) == 1 else "shares"
+    return f"reclaiming {gpus} {gpu_type} from {label} {', '.join(names)} {_in(seconds)}"
+
+
+def preempting_in_share_in(gpus: int, gpu_type: str, share: str, seconds: float) -> str:
+    return f"preempting {gpus} {gpu_type} of lower priority in share {share} {_in(seconds)}"
+
+
+def held_off(preemptions: int, window: float, seconds: float) -> str:
+    """The churn breaker holds the job off borrowed GPUs."""
+    return (
+        f"held off borrowed GPUs for {_in(seconds)[3:]}: preempted {preemptions} times within "
+        f"{window:g} s; runs within its share's limit meanwhile"
     )
 
 

@@ -30,6 +30,11 @@ IN_SHARE = "in_share"
 
 UNLIMITED = -1
 
+# The churn breaker's defaults (docs/semantics.md): a job preempted 3 times within an hour
+# borrows no more until that hour has passed.
+CHURN_PREEMPTIONS = 3
+CHURN_WINDOW_SECONDS = 3600.0
+
 
 @dataclass(frozen=True, slots=True)
 class NodeView:
@@ -58,6 +63,9 @@ class ShareView:
     state: str = ENABLED
     weight: float = 1.0
     strict_fifo: bool = False
+    # A job of this share that has run for less than this (seconds since its attempt started)
+    # is not yet a victim of any preemption, reclaim or in-share (docs/semantics.md).
+    min_runtime_seconds: float = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +98,9 @@ class PlacedJob:
     # A job submitted not preemptible is never a victim, of a reclaim or of in-share
     # preemption (docs/semantics.md).
     preemptible: bool = True
+    # When the job last saved a checkpoint, if it did since `started`: the work a preemption
+    # would lose runs from the later of the two (`victims.work_lost`).
+    checkpointed: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +121,9 @@ class RunnableJob:
     # Not preemptible: placed only within its share's limit (it never borrows, so no reclaim
     # could take it), and never a victim once placed.
     preemptible: bool = True
+    # When it was preempted, at least its latest `Snapshot.churn_preemptions` times (older
+    # ones may be left out): the churn breaker holds it off borrowed GPUs (`churn`).
+    preempted_at: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +138,13 @@ class Snapshot:
     # over every placed job's allocations. It must be what `placed` holds; None: the engine
     # works it out.
     held_gpus: Mapping[str, int] | None = None
+    # The time of the snapshot, on the clock of `started`, `submitted` and the like. None: the
+    # latest time the snapshot holds (tests that do not care about time).
+    now: float | None = None
+    # The churn breaker (docs/semantics.md): a job preempted this many times within the window
+    # is not placed on borrowed GPUs until the window has passed; 0: no breaker.
+    churn_preemptions: int = CHURN_PREEMPTIONS
+    churn_window_seconds: float = CHURN_WINDOW_SECONDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,3 +175,6 @@ class Plan:
     rejections: tuple[Rejection, ...] = ()
     # Every runnable job neither placed nor rejected, with why it waits.
     waiting: Mapping[str, str] = field(default_factory=dict)
+    # The earliest time after `now` at which time alone may let the plan decide otherwise: a
+    # reclaim victim reaching its minimum runtime, a job's churn hold ending. None: no such.
+    wake_at: float | None = None

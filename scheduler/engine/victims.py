@@ -47,19 +47,44 @@ def tries(job: RunnableJob, ledger: Ledger, in_share_preemption: bool) -> list[s
     return open_tries
 
 
-def victim_key(job: PlacedJob, own: bool) -> tuple:
-    """Victim order: lowest priority first, then jobs on borrowed GPUs before jobs on their
-    share's own quota, then most recently started (least work lost), then (try 3) other shares'
-    jobs before the job's own share's (`own`), then later submission; the id makes it total."""
-    return (job.priority, job.borrowed == 0, -job.started, own, -job.submitted, job.id)
+def work_lost(job: PlacedJob, now: float) -> float:
+    """GPU-seconds a preemption at `now` throws away: the job's GPUs times the time since the
+    later of its start and its last checkpoint."""
+    since = job.started
+    if job.checkpointed is not None and job.checkpointed > since:
+        since = job.checkpointed
+    return job.gpus * max(0.0, now - since)
+
+
+def victim_key(job: PlacedJob, own: bool, now: float) -> tuple:
+    """Victim order: lowest priority first, then least work lost (`work_lost`), then jobs on
+    borrowed GPUs before jobs on their share's own quota, then most recently started, then
+    (try 3) other shares' jobs before the job's own share's (`own`), then later submission;
+    the id makes it total."""
+    return (
+        job.priority,
+        work_lost(job, now),
+        job.borrowed == 0,
+        -job.started,
+        own,
+        -job.submitted,
+        job.id,
+    )
+
+
+def victim_from(job: PlacedJob, min_runtime_seconds: float) -> float:
+    """When the job may first be a victim, of a reclaim or of in-share preemption: once it has
+    run its share's minimum runtime."""
+    return job.started + min_runtime_seconds
 
 
 class Candidates:
     """The running jobs of one GPU type that a victim search may choose, by share in victim
     order, and which of them this plan has already taken as victims."""
 
-    def __init__(self, by_share: Mapping[str, list[PlacedJob]]) -> None:
+    def __init__(self, by_share: Mapping[str, list[PlacedJob]], now: float) -> None:
         self._unsorted = by_share
+        self.now = now
         self.taken: set[str] = set()  # ids of this plan's victims
         # Victim keys of each share's jobs, as another share's (filled when sorting) and as the
         # job's own share's (filled on first use).
@@ -77,7 +102,8 @@ class Candidates:
         victim search only, as most plans of a busy queue search for none."""
         by_share = {}
         for name, share_jobs in self._unsorted.items():
-            keyed = sorted([(victim_key(job, False), job) for job in share_jobs])  # ids differ
+            now = self.now
+            keyed = sorted([(victim_key(job, False, now), job) for job in share_jobs])  # ids differ
             queue = by_share[name] = [job for _, job in keyed]
             self._keys[name, False] = [key for key, _ in keyed]
             self._priorities[name] = [job.priority for job in queue]
@@ -88,7 +114,9 @@ class Candidates:
         """The victim keys of `of[share]`, as the job's own share's jobs (`own`) or not."""
         keys = self._keys.get((share, own))
         if keys is None:
-            keys = self._keys[share, own] = [victim_key(job, own) for job in self.of[share]]
+            keys = self._keys[share, own] = [
+                victim_key(job, own, self.now) for job in self.of[share]
+            ]
         return keys
 
     def first_untaken(self, share: str) -> int:

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import cache
 
 from django.contrib.auth import get_user_model
 from django.db import models
 from django.db.models import QuerySet
+from django.utils import timezone
 
 from portal.db.sql import instance_from_row, model_columns, prepared_cursor
 from scheduler.cycle.snapshot import cycle_snapshot
-from scheduler.engine import order
-from scheduler.models import GpuAssignment, Job, JobAttempt, JobEvent, Node
+from scheduler.engine import churn, order
+from scheduler.models import ClusterSettings, GpuAssignment, Job, JobAttempt, JobEvent, Node
 from shares.models import CapacityLimit, Membership, QuotaShare, Team
 from shares.selectors import UsageReport, is_admin, share_usage
 
@@ -296,3 +297,27 @@ def queue_snapshot(*, limit: int = QUEUE_FRONT_SIZE) -> QueueSnapshot:
     """AWS GetJobQueueSnapshot: the front of the queue (`queue_front`) and every share's usage."""
     runnable, front = queue_front(limit=limit)
     return QueueSnapshot(runnable=runnable, front=front, usage=share_usage())
+
+
+def held_off(jobs: QuerySet[Job] | None = None, now: datetime | None = None) -> dict[int, datetime]:
+    """The runnable jobs (of `jobs`, default all) the churn breaker holds off borrowed GPUs,
+    with when it lets them borrow again (`scheduler.engine.churn`, as the cycle applies it)."""
+    settings = ClusterSettings.load()
+    limit = settings.churn_preemptions
+    if not limit:
+        return {}
+    runnable = (Job.objects if jobs is None else jobs).filter(
+        state=Job.State.RUNNABLE, preemption_count__gte=limit
+    )
+    ended: dict[int, list[float]] = {}
+    for job_id, at in JobAttempt.objects.filter(
+        job__in=runnable, outcome=JobAttempt.Outcome.PREEMPTED, ended_at__isnull=False
+    ).values_list("job_id", "ended_at"):
+        ended.setdefault(job_id, []).append(at.timestamp())
+    moment = (now or timezone.now()).timestamp()
+    held: dict[int, datetime] = {}
+    for job_id, times in ended.items():
+        until = churn.held_off_until(times, moment, limit, float(settings.churn_window_seconds))
+        if until is not None:
+            held[job_id] = datetime.fromtimestamp(until, tz=UTC)
+    return held

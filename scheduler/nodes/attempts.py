@@ -7,8 +7,10 @@ report changes nothing."""
 from __future__ import annotations
 
 from collections import defaultdict
+from datetime import timedelta
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from portal.db.bulk import rows_update
@@ -19,6 +21,7 @@ from scheduler.agent.protocol import (
     END_NEVER_STARTED,
     END_TIMEOUT,
     END_WITHDRAWN,
+    EVENT_CHECKPOINT,
     EVENT_EXITED,
     EVENT_LOG,
     EVENT_STARTED,
@@ -107,10 +110,10 @@ def attempt_exited(
 
 
 def node_report(*, node: Node, events: list[dict]) -> list[str]:
-    """Apply what a node's agent reports, in order: events {type: started|log|exited, attempt,
-    log (its log tail), and for an exit: end, exit_code, signalled, detail} (see
-    `attempt_started`, `attempt_log`, `attempt_exited`). Returns "ok" or "ignored" (a replay,
-    a stale report) for each.
+    """Apply what a node's agent reports, in order: events {type: started|log|exited|checkpoint,
+    attempt, log (its log tail), for an exit: end, exit_code, signalled, detail, and for a
+    checkpoint: age (seconds since it was saved)} (see `attempt_started`, `attempt_log`,
+    `attempt_exited`). Returns "ok" or "ignored" (a replay, a stale report) for each.
 
     Events about distinct attempts do not depend on each other: a run of them is applied in one
     transaction, with a statement per kind of read and write (on PostgreSQL) however many
@@ -131,25 +134,42 @@ def node_report(*, node: Node, events: list[dict]) -> list[str]:
 
 def _apply_reports(node: Node, events: list[dict]) -> list[str]:
     """Apply events about distinct attempts (see `node_report`)."""
-    if all(event["type"] == EVENT_LOG for event in events):
-        return _apply_logs(node, events)
+    if all(event["type"] in QUIET_EVENTS for event in events):
+        return _apply_quiet(node, events)
     with transaction.atomic():
         return _apply_changes(node, events)
 
 
-def _apply_logs(node: Node, events: list[dict]) -> list[str]:
-    """Log tails change no state: no lock, each written only while its attempt runs."""
+# Events that change no job's state: applied without a lock.
+QUIET_EVENTS = (EVENT_LOG, EVENT_CHECKPOINT)
+
+
+def _apply_quiet(node: Node, events: list[dict]) -> list[str]:
+    """Log tails and checkpoints change no job's state: no lock, each written only while its
+    attempt runs."""
     held = set(
         GpuAssignment.objects.filter(
             node=node, attempt_id__in=[event["attempt"] for event in events], released=False
         ).values_list("attempt_id", flat=True)
     )
+    now = timezone.now()
     for event in events:
         if event["attempt"] in held:
-            JobAttempt.objects.filter(pk=event["attempt"], ended_at__isnull=True).update(
-                log_tail=event["log"][-LOG_TAIL_CHARS:]
-            )
+            _apply_quiet_event(event, now)
     return ["ok" if event["attempt"] in held else "ignored" for event in events]
+
+
+def _apply_quiet_event(event: dict, now) -> None:
+    open_attempt = JobAttempt.objects.filter(pk=event["attempt"], ended_at__isnull=True)
+    if event["type"] == EVENT_LOG:
+        open_attempt.update(log_tail=event["log"][-LOG_TAIL_CHARS:])
+        return
+    # A checkpoint: only a later one than the portal knows moves it (reports may come twice,
+    # or out of order).
+    saved = now - timedelta(seconds=event["age"])
+    open_attempt.filter(
+        Q(last_checkpoint_at__isnull=True) | Q(last_checkpoint_at__lt=saved)
+    ).update(last_checkpoint_at=saved)
 
 
 def _apply_changes(node: Node, events: list[dict]) -> list[str]:
@@ -198,6 +218,10 @@ def _apply_changes(node: Node, events: list[dict]) -> list[str]:
             if attempt.ended_at is None:
                 attempt.log_tail = event["log"][-LOG_TAIL_CHARS:]
                 written[attempt.pk].add("log_tail")
+            results.append("ok")
+            continue
+        if event["type"] == EVENT_CHECKPOINT:
+            _apply_quiet_event(event, now)
             results.append("ok")
             continue
         if attempt.ended_at is not None:

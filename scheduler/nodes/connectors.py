@@ -20,7 +20,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from portal.db.sql import json_value, prepared_cursor
-from scheduler.agent.protocol import EVENT_LOG, EVENT_STARTED
+from scheduler.agent.protocol import EVENT_CHECKPOINT, EVENT_LOG, EVENT_STARTED
 from scheduler.cycle.housekeeping import HEARTBEAT_LOST
 from scheduler.cycle.trigger import request_cycle
 from scheduler.cycle.wake import OrderWaiter
@@ -277,6 +277,10 @@ def connector_start(*, connector: Connector, attempt_ids: set[int]) -> set[int]:
     return set(holders) - refused
 
 
+# Events about an attempt as a whole, applied on the first of its nodes only.
+FIRST_NODE_ONLY = (EVENT_STARTED, EVENT_LOG, EVENT_CHECKPOINT)
+
+
 def connector_report(*, connector: Connector, events: list[dict]) -> list[str]:
     """Apply what the connector reports about its attempts, in order: each event as the agent
     of each of the connector's nodes holding the attempt would report it (a start and a log
@@ -295,7 +299,7 @@ def connector_report(*, connector: Connector, events: list[dict]) -> list[str]:
         nodes: dict[int, Node] = {}
         for i, event in enumerate(events):
             held_on = holders.get(event["attempt"], [])
-            if k >= len(held_on) or (k > 0 and event["type"] in (EVENT_STARTED, EVENT_LOG)):
+            if k >= len(held_on) or (k > 0 and event["type"] in FIRST_NODE_ONLY):
                 continue
             by_node[held_on[k].pk].append((i, event))
             nodes[held_on[k].pk] = held_on[k]

@@ -21,6 +21,7 @@ from django.views.decorators.http import require_POST
 from portal.db.threads import KeyedLocks, in_database_thread, release_database_connection
 from scheduler.agent.protocol import (
     END_REASONS,
+    EVENT_CHECKPOINT,
     EVENT_EXITED,
     EVENT_STARTED,
     EVENT_TYPES,
@@ -351,6 +352,24 @@ def _cluster_job(value: Any) -> dict:
     return {"id": str(value["id"])[:100], "allocations": checked}
 
 
+MAX_CHECKPOINT_AGE = 366 * 86400.0
+
+
+def _age(event: dict) -> float:
+    """A checkpoint's age in seconds, by the agent's clock (so a skewed clock does not move
+    it)."""
+    age = event.get("age")
+    if (
+        isinstance(age, bool)
+        or not isinstance(age, int | float)
+        or not 0 <= age <= MAX_CHECKPOINT_AGE
+    ):
+        raise BadRequest(
+            "age", f"age: must be a number of seconds between 0 and {MAX_CHECKPOINT_AGE:g}."
+        )
+    return float(age)
+
+
 def _event(event: Any, i: int) -> dict:
     where = f"events[{i}]"
     if not isinstance(event, dict):
@@ -375,6 +394,8 @@ def _event(event: Any, i: int) -> dict:
             checked["detail"] = _text(event, "detail", max_length=2000)
         if kind == EVENT_STARTED and event.get("cluster_job") is not None:
             checked["cluster_job"] = _cluster_job(event["cluster_job"])
+        if kind == EVENT_CHECKPOINT:
+            checked["age"] = _age(event)
     except BadRequest as error:
         ((field, message),) = error.errors.items()
         raise BadRequest(f"{where}.{field}", f"{where}.{message}") from None

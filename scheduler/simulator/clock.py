@@ -57,6 +57,7 @@ FAILED = "FAILED"
 _RELEASE = 0  # a finish, or the end of a preempted job's grace period
 _CHANGE = 1
 _SUBMIT = 2
+_WAKE = 3  # a time a plan named: a minimum runtime or a churn hold ends (Plan.wake_at)
 
 # A cycle whose plan frees GPUs at once (grace 0) is followed by another at the same instant;
 # an engine that kept doing that would never let the clock move.
@@ -93,6 +94,7 @@ class SimJob:
     borrowed: int = 0
     node_names: tuple[str, ...] = ()
     fail_on_release: bool = False
+    preempted_at: tuple[float, ...] = ()  # when it was preempted, for the churn breaker
 
 
 @dataclass
@@ -184,6 +186,10 @@ class Simulation:
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = 0
         self._now = 0.0
+        self._wakes: set[float] = set()  # the times of the _WAKE events in the heap
+        # (time, job id, attempt) of each running job's next checkpoint, for the work a
+        # preemption loses (PlacedJob.checkpointed), brought up to date as snapshots are made.
+        self._checkpoints: list[tuple[float, str, int]] = []
         self._used_rate = [0.0] * len(self.share_names)
         self._borrowed_rate = [0.0] * len(self.share_names)
         self._lent_rate = [0.0] * len(self.share_names)
@@ -221,6 +227,9 @@ class Simulation:
                         dirty.add(gpu_type)
                 elif kind == _CHANGE:
                     self._apply_change(payload)
+                    dirty.update(self.gpu_types)
+                elif kind == _WAKE:
+                    self._wakes.discard(now)
                     dirty.update(self.gpu_types)
                 else:
                     gpu_type = self._submit(now, payload)
@@ -266,6 +275,9 @@ class Simulation:
             submitted=spec.submit,
             preempted_for=preempted_for,
             preemptible=spec.preemptible,
+            preempted_at=job.preempted_at[-self.scenario.churn_preemptions :]
+            if self.scenario.churn_preemptions
+            else (),
         )
         self.runnable.setdefault(spec.gpu_type, {})[spec.id] = view
         if preempted_for is not None:
@@ -365,7 +377,12 @@ class Simulation:
             if snapshot is None:
                 acted: set[str] = set()
                 break
-            acted, freed = self._apply(now, self.engine(snapshot))
+            plan = self.engine(snapshot)
+            if plan.wake_at is not None and plan.wake_at > now and plan.wake_at not in self._wakes:
+                self._wakes.add(plan.wake_at)
+                self._push(plan.wake_at, _WAKE, None)
+            acted, freed = self._apply(now, plan)
+            acted |= self._searching(snapshot, plan)
             if not freed:
                 break
             # Grace 0: the victims' GPUs are free now, so the reclaimer can start at this instant,
@@ -377,6 +394,28 @@ class Simulation:
                 "(the engine keeps preempting with grace 0)"
             )
         self.unsettled = acted
+
+    def _searching(self, snapshot: Snapshot, plan: Plan) -> set[str]:
+        """The GPU types where a job left waiting may have searched for victims among running
+        jobs: the victim order changes as time passes (the work each would lose grows at the
+        rate of its GPUs), so the next instant's plan may find what this one did not, and
+        those types are planned again, as full snapshots would."""
+        if self.full_snapshots or not plan.waiting:
+            return set()
+        searching: set[str] = set()
+        for view in snapshot.runnable:
+            gpu_type = view.gpu_type
+            if gpu_type in searching or view.id not in plan.waiting:
+                continue
+            if len(self.placed_by_type[gpu_type]) == len(self.stopping[gpu_type]):
+                continue  # no running job to choose from
+            share = self.shares[view.share]
+            limit = share.capacity_limits.get(gpu_type, 0)
+            if share.in_share_preemption or (
+                self.usage.get((view.share, gpu_type), 0) + view.gpus <= limit
+            ):
+                searching.add(gpu_type)
+        return searching
 
     def _snapshot(self, dirty: set[str]) -> Snapshot | None:
         """What the engine must see to plan the GPU types in `dirty`; None when it could decide
@@ -395,9 +434,11 @@ class Simulation:
                     runnable.extend(jobs)
         if not runnable:
             return None
+        self._note_checkpoints()
         placed: list[PlacedJob] = []
         for gpu_type in gpu_types:
             placed.extend(self.placed_by_type[gpu_type].values())
+        scenario = self.scenario
         if self.full_snapshots:
             # Built afresh, and without the GPUs held: the engine works out everything itself.
             return Snapshot(
@@ -405,7 +446,10 @@ class Simulation:
                 shares=self._share_views,
                 placed=tuple(placed),
                 runnable=tuple(runnable),
-                borrow_order=self.scenario.borrow_order,
+                borrow_order=scenario.borrow_order,
+                now=self._now,
+                churn_preemptions=scenario.churn_preemptions,
+                churn_window_seconds=scenario.churn_window_seconds,
             )
         # The same tuple of nodes for the same GPU types, so that the engine keeps what it
         # derives from them; the GPUs held, as kept here, so that it need not work them out.
@@ -420,9 +464,34 @@ class Simulation:
             shares=self._share_views,
             placed=tuple(placed),
             runnable=tuple(runnable),
-            borrow_order=self.scenario.borrow_order,
+            borrow_order=scenario.borrow_order,
             held_gpus=dict(self.used_gpus),
+            now=self._now,
+            churn_preemptions=scenario.churn_preemptions,
+            churn_window_seconds=scenario.churn_window_seconds,
         )
+
+    def _note_checkpoints(self) -> None:
+        """Give the running jobs whose checkpoint time has come their latest checkpoint."""
+        heap = self._checkpoints
+        now = self._now
+        while heap and heap[0][0] <= now:
+            _, job_id, attempt = heapq.heappop(heap)
+            job = self.jobs[job_id]
+            placed = self.placed.get(job_id)
+            if job.attempt != attempt or placed is None or placed.stopping:
+                continue
+            interval = job.spec.checkpoint_interval
+            progress = job.work_done + (now - job.run_start)
+            saved = job.run_start + (progress // interval) * interval - job.work_done
+            view = replace(placed, checkpointed=saved)
+            self.placed[job_id] = self.placed_by_type[job.spec.gpu_type][job_id] = view
+            self._next_checkpoint(job, saved + interval)
+
+    def _next_checkpoint(self, job: SimJob, at: float) -> None:
+        """The job's next checkpoint is at `at`, unless it has finished by then."""
+        if at < job.run_start + job.spec.duration - job.work_done:
+            heapq.heappush(self._checkpoints, (at, job.spec.id, job.attempt))
 
     def _may_be_decided(self, gpu_type: str) -> list[RunnableJob]:
         """The waiting jobs of `gpu_type`, in queue order, less those the engine could only
@@ -629,6 +698,10 @@ class Simulation:
             job.started = now
         self._event(now, job, "start", job.node_names, job.borrowed)
         self._push(now + spec.duration - job.work_done, _RELEASE, (spec.id, job.attempt))
+        if spec.checkpoint_interval:
+            interval = spec.checkpoint_interval
+            done = job.work_done
+            self._next_checkpoint(job, now + (done // interval + 1) * interval - done)
 
     def _preempt(self, now: float, job_id: str, for_job_id: str) -> SimJob:
         job = self.jobs.get(job_id)
@@ -653,6 +726,7 @@ class Simulation:
             preemptions=job.preemptions, max_preemptions=spec.max_preemptions
         )
         job.preemptions += 1
+        job.preempted_at = (*job.preempted_at, now)
         self._share_preemptions[self.share_index[spec.share]] += 1
         if step.state == FAILED:
             job.fail_on_release = True

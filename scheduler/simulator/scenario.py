@@ -20,6 +20,8 @@ from typing import Any
 import yaml
 
 from scheduler.engine.snapshot import (
+    CHURN_PREEMPTIONS,
+    CHURN_WINDOW_SECONDS,
     DISABLED,
     ENABLED,
     FAIR,
@@ -34,7 +36,8 @@ from scheduler.engine.snapshot import (
 MAX_GPU_TYPES = 5
 MAX_PRIORITY = 9999
 
-TOP_LEVEL_KEYS = {"borrow_order", "nodes", "shares", "jobs", "trace", "changes"}
+TOP_LEVEL_KEYS = {"borrow_order", "churn", "nodes", "shares", "jobs", "trace", "changes"}
+CHURN_KEYS = {"preemptions", "window_seconds"}
 NODE_KEYS = {"name", "gpu_type", "gpus", "count"}
 SHARE_KEYS = {
     "name",
@@ -48,6 +51,7 @@ SHARE_KEYS = {
     "state",
     "weight",
     "strict_fifo",
+    "min_runtime_seconds",
 }
 REQUIRED_SHARE_KEYS = ("name", "capacity_limits", "strategy")
 REQUIRED_JOB_KEYS = ("id", "share", "gpu_type", "gpus", "submit", "duration")
@@ -97,6 +101,9 @@ class Scenario:
     changes: tuple[ShareChange, ...] = ()
     borrow_order: str = FIFO
     source: str = field(default="<scenario>", compare=False)
+    # The churn breaker (docs/semantics.md): preemptions within the window; 0: none.
+    churn_preemptions: int = CHURN_PREEMPTIONS
+    churn_window_seconds: float = CHURN_WINDOW_SECONDS
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -151,6 +158,7 @@ def parse_scenario(
         seen.add(job.id)
 
     changes = _parse_changes(data.get("changes"), share_by_name)
+    churn_preemptions, churn_window = _parse_churn(data.get("churn"))
     return Scenario(
         nodes=nodes,
         shares=shares,
@@ -158,7 +166,23 @@ def parse_scenario(
         changes=changes,
         borrow_order=borrow_order,
         source=source,
+        churn_preemptions=churn_preemptions,
+        churn_window_seconds=churn_window,
     )
+
+
+def _parse_churn(raw: Any) -> tuple[int, float]:
+    """The scenario's `churn: {preemptions: K, window_seconds: W}` (either may be left out)."""
+    if raw is None:
+        return CHURN_PREEMPTIONS, CHURN_WINDOW_SECONDS
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"churn: must be a mapping of {sorted(CHURN_KEYS)}")
+    _no_unknown_keys(raw, CHURN_KEYS, "churn")
+    preemptions = _int(raw.get("preemptions", CHURN_PREEMPTIONS), "churn", "preemptions", minimum=0)
+    window = raw.get("window_seconds", CHURN_WINDOW_SECONDS)
+    if not _finite(window) or window <= 0:
+        raise ScenarioError("churn: window_seconds must be a number of seconds > 0")
+    return preemptions, float(window)
 
 
 def read_trace(path: Path, share_by_name: Mapping[str, ShareView]) -> list[JobSpec]:
@@ -376,6 +400,9 @@ def _build_share(name: str, fields: Mapping[str, Any], where: str) -> ShareView:
     weight = fields.get("weight", 1.0)
     if not _finite(weight) or weight <= 0:
         raise ScenarioError(f"{where}: weight must be a number > 0")
+    min_runtime = fields.get("min_runtime_seconds", 0)
+    if not _finite(min_runtime) or min_runtime < 0:
+        raise ScenarioError(f"{where}: min_runtime_seconds must be a number of seconds >= 0")
     return ShareView(
         name=name,
         capacity_limits=limits,
@@ -389,6 +416,7 @@ def _build_share(name: str, fields: Mapping[str, Any], where: str) -> ShareView:
         state=state,
         weight=float(weight),
         strict_fifo=_bool(fields.get("strict_fifo", False), where, "strict_fifo"),
+        min_runtime_seconds=min_runtime,
     )
 
 
@@ -516,6 +544,7 @@ def _share_fields(share: ShareView) -> dict[str, Any]:
         "state": share.state,
         "weight": share.weight,
         "strict_fifo": share.strict_fifo,
+        "min_runtime_seconds": share.min_runtime_seconds,
     }
 
 

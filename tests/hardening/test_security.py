@@ -114,6 +114,7 @@ def test_admin_change_form_accepts_its_own_token(world):
     url = reverse("admin:scheduler_clustersettings_change", args=[1])
     token = csrf_token(client, url)
     response = client.post(url, {"agent_join_token": "a-new-join-token",
+                                 "churn_preemptions": "3", "churn_window_seconds": "3600",
                                  "csrfmiddlewaretoken": token})  # fmt: skip
     assert response.status_code == 302, response.content[:500]
     assert ClusterSettings.load().agent_join_token == "a-new-join-token"

@@ -26,6 +26,7 @@ def share_form(team, **overrides) -> dict:
         "weight": "1.0",
         "in_share_preemption": "",
         "grace_seconds": "120",
+        "min_runtime_seconds": "0",
         "capacity_limits-TOTAL_FORMS": "1",
         "capacity_limits-INITIAL_FORMS": "0",
         "capacity_limits-MIN_NUM_FORMS": "1",

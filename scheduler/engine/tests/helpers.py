@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 
 from scheduler.engine import Allocation, NodeView, PlacedJob, Plan, RunnableJob, ShareView, Snapshot
@@ -84,23 +84,18 @@ def advance(snapshot: Snapshot, outcome: Plan, now: float) -> Snapshot:
             )
         )
     done = {p.job_id for p in outcome.placements} | {r.job_id for r in outcome.rejections}
-    return Snapshot(
-        snapshot.nodes,
-        snapshot.shares,
-        tuple(placed),
-        tuple(j for j in snapshot.runnable if j.id not in done),
-        snapshot.borrow_order,
+    return replace(
+        snapshot,
+        placed=tuple(placed),
+        runnable=tuple(j for j in snapshot.runnable if j.id not in done),
+        held_gpus=None,
     )
 
 
 def release_stopped(snapshot: Snapshot) -> Snapshot:
     """Stopping jobs have stopped: their GPUs are free and they are runnable again."""
-    return Snapshot(
-        snapshot.nodes,
-        snapshot.shares,
-        tuple(p for p in snapshot.placed if not p.stopping),
-        snapshot.runnable,
-        snapshot.borrow_order,
+    return replace(
+        snapshot, placed=tuple(p for p in snapshot.placed if not p.stopping), held_gpus=None
     )
 
 
@@ -108,11 +103,14 @@ def requeue_stopped(
     snapshot: Snapshot,
     started: Collection[str] = frozenset(),
     only: Collection[str] | None = None,
+    preempted_at: Mapping[str, tuple[float, ...]] = {},
 ) -> Snapshot:
     """Stopping jobs (or those of them in `only`) have stopped: their GPUs are free and they
     are runnable again, naming the job they were preempted for (as the cycle does) until that
-    job has started. `started`: jobs placed since, whose victims' claims are spent."""
+    job has started. `started`: jobs placed since, whose victims' claims are spent.
+    `preempted_at`: the victims' earlier preemptions; this one is at the snapshot's `now`."""
     stopped = [p for p in snapshot.placed if p.stopping and (only is None or p.id in only)]
+    preemptions = dict(preempted_at)
     gone = {p.id for p in stopped}
     waiting = tuple(
         replace(j, preempted_for=None) if j.preempted_for in started else j
@@ -128,13 +126,13 @@ def requeue_stopped(
             p.priority,
             p.submitted,
             preempted_for=p.preempted_for,
+            preempted_at=(*preemptions.get(p.id, ()), snapshot.now or 0.0),
         )
         for p in stopped
     )
-    return Snapshot(
-        snapshot.nodes,
-        snapshot.shares,
-        tuple(p for p in snapshot.placed if p.id not in gone),
-        waiting + requeued,
-        snapshot.borrow_order,
+    return replace(
+        snapshot,
+        placed=tuple(p for p in snapshot.placed if p.id not in gone),
+        runnable=waiting + requeued,
+        held_gpus=None,
     )

@@ -67,6 +67,7 @@ def clusters(draw) -> Snapshot:
                 in_share_preemption=draw(st.booleans()),
                 weight=draw(st.sampled_from((1.0, 2.0))),
                 strict_fifo=draw(st.integers(0, 4)) == 0,
+                min_runtime_seconds=draw(st.sampled_from((0, 0, 2, 50))),
             )
         )
     jobs = []
@@ -82,9 +83,20 @@ def clusters(draw) -> Snapshot:
                 draw(st.integers(0, 3)),
                 float(i),
                 preemptible=draw(st.integers(0, 3)) > 0,
+                # Earlier preemptions: some jobs are already held off borrowed GPUs.
+                preempted_at=draw(st.sampled_from(((), (), (60.0, 70.0, 80.0), (5.0,)))),
             )
         )
-    return Snapshot(nodes, tuple(shares), (), tuple(jobs), draw(st.sampled_from((FIFO, FAIR))))
+    return Snapshot(
+        nodes,
+        tuple(shares),
+        (),
+        tuple(jobs),
+        draw(st.sampled_from((FIFO, FAIR))),
+        now=100.0,
+        churn_preemptions=draw(st.sampled_from((0, 2, 3))),
+        churn_window_seconds=draw(st.sampled_from((30.0, 3600.0))),
+    )
 
 
 # --- an independent recount of the quota rules -------------------------------------------------
@@ -165,10 +177,13 @@ def check_plan(snapshot: Snapshot, outcome: Plan) -> None:
     for job in snapshot.runnable:
         if job.id in claimants or job.id in placed_now:
             before[job.share] += job.gpus
+    now = snapshot.now if snapshot.now is not None else planner.latest_time(snapshot)
     for preemption in outcome.preemptions:
         victim = placed[preemption.job_id]
         assert not victim.stopping
         assert victim.preemptible, f"{victim.id} is not preemptible"
+        minimum = shares[victim.share].min_runtime_seconds
+        assert now - victim.started >= minimum, f"{victim.id} has not run its minimum runtime"
         for_job = runnable[preemption.for_job_id]
         if preemption.kind == RECLAIM:
             assert victim.share != for_job.share
@@ -187,8 +202,11 @@ def check_plan(snapshot: Snapshot, outcome: Plan) -> None:
         for placement in outcome.placements:
             share = shares[runnable[placement.job_id].share]
             assert _within_cap(share, after[share.name])
-            # A job that is not preemptible never borrows.
+            # A job that is not preemptible never borrows, nor does a job held off.
             assert runnable[placement.job_id].preemptible or placement.borrowed == 0
+            assert placement.borrowed == 0 or not _held_off(snapshot, runnable[placement.job_id])
+    if outcome.wake_at is not None:
+        assert outcome.wake_at > now
 
     # A job with victims already stopping for it triggers no new preemption.
     promised = {p.preempted_for for p in snapshot.placed if p.stopping and p.preempted_for}
@@ -207,7 +225,9 @@ def check_plan(snapshot: Snapshot, outcome: Plan) -> None:
             usage = dict(before)
             usage[job.share] = usage.get(job.share, 0) + job.gpus
             usage = defaultdict(int, usage)
-            if not job.preemptible and usage[job.share] > share.capacity_limits[H100]:
+            if (not job.preemptible or _held_off(snapshot, job)) and usage[
+                job.share
+            ] > share.capacity_limits[H100]:
                 continue  # it would borrow: it waits for its share's own GPUs
             roomy = sum(1 for f in free.values() if f >= job.gpus // job.nodes)
             assert not (
@@ -215,6 +235,13 @@ def check_plan(snapshot: Snapshot, outcome: Plan) -> None:
                 and _within_cap(share, usage[job.share])
                 and _borrowing_fits(snapshot, usage)
             ), f"{job.id} fits but nothing was placed"
+
+
+def _held_off(snapshot: Snapshot, job: RunnableJob) -> bool:
+    """The churn breaker's rule, recounted."""
+    now = snapshot.now if snapshot.now is not None else planner.latest_time(snapshot)
+    recent = [at for at in job.preempted_at if now - snapshot.churn_window_seconds < at <= now]
+    return 0 < snapshot.churn_preemptions <= len(recent)
 
 
 def _minimal_search(original):
@@ -256,25 +283,40 @@ def test_every_cycle_keeps_the_rules(cluster, finishes):
     planner._TypePlan._search = _minimal_search(original)
     try:
         snapshot = cluster
+        history: dict[str, tuple[float, ...]] = {}
         for cycle, finish in enumerate(finishes):
             outcome = plan(snapshot)
             assert plan(snapshot) == outcome
             check_plan(snapshot, outcome)
-            snapshot = next_cycle(snapshot, outcome, cycle, finish)
+            snapshot = next_cycle(snapshot, outcome, cycle, finish, history)
     finally:
         planner._TypePlan._search = original
 
 
-def next_cycle(snapshot: Snapshot, outcome: Plan, cycle: int, finish: bool) -> Snapshot:
+def next_cycle(
+    snapshot: Snapshot,
+    outcome: Plan,
+    cycle: int,
+    finish: bool,
+    history: dict[str, tuple[float, ...]],
+) -> Snapshot:
     """Apply the plan; jobs that were stopping have stopped and are back in the queue, keeping
-    their submission time and naming the job they were preempted for until it starts; with
-    `finish`, the first running job ends."""
+    their submission time and naming the job they were preempted for until it starts, and
+    their preemptions (`history`, by job, kept up to date); with `finish`, the first running
+    job ends. Each cycle runs 20 s after the last (minimum runtimes and windows pass)."""
+    for job in snapshot.runnable:
+        history.setdefault(job.id, job.preempted_at)
     stopped = {p.id for p in snapshot.placed if p.stopping}
+    now = float(100 + 20 * cycle)
     snapshot = requeue_stopped(
-        advance(snapshot, outcome, now=float(100 + cycle)),
+        replace(advance(snapshot, outcome, now=now), now=now),
         started={p.job_id for p in outcome.placements},
         only=stopped,
+        preempted_at=history,
     )
+    snapshot = replace(snapshot, now=now + 20)
+    for job in snapshot.runnable:
+        history[job.id] = job.preempted_at
     if finish:
         running = [p for p in snapshot.placed if not p.stopping]
         if running:
@@ -297,11 +339,12 @@ def test_preemptions_settle_when_nothing_else_changes(cluster):
     preempted: list[tuple[str, str]] = []
     cycles = 24
     quiet_from = cycles - 8
+    history: dict[str, tuple[float, ...]] = {}
     for cycle in range(cycles):
         outcome = plan(cluster)
         assert cycle < quiet_from or outcome.preemptions == ()
         preempted.extend((p.job_id, p.for_job_id) for p in outcome.preemptions)
-        cluster = next_cycle(cluster, outcome, cycle, finish=False)
+        cluster = next_cycle(cluster, outcome, cycle, finish=False, history=history)
     assert len(set(preempted)) == len(preempted)
     per_job = defaultdict(int)
     for victim, _ in preempted:

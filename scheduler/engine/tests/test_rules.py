@@ -215,6 +215,95 @@ def test_a_job_that_is_not_preemptible_is_never_a_victim():
     assert outcome.preemptions == () and "urgent" in outcome.waiting
 
 
+def test_reclaim_takes_the_borrower_that_loses_the_least_work():
+    """Among borrowers of the same priority, a reclaim stops the one that loses the fewest
+    GPU-seconds since its start or its last checkpoint: the job that started first but saved
+    a checkpoint a minute ago goes before the job that started later and never saved one."""
+    snapshot = Snapshot(
+        nodes(3),
+        (share("vision", 8, LEND), share("nlp", 8, LAB)),
+        placed=(
+            running("nlp-own", "nlp", "n0", range(8), started=0),
+            running("saved", "nlp", "n1", range(8), started=100, checkpointed=940),
+            running("unsaved", "nlp", "n2", range(8), started=400),
+        ),
+        runnable=(job("vision-8", "vision", 8, submitted=990),),
+        now=1000,
+    )
+    assert victims(plan(snapshot)) == {"saved": "vision-8"}
+    # Without that checkpoint the later start loses less.
+    unsaved = Snapshot(
+        snapshot.nodes,
+        snapshot.shares,
+        (snapshot.placed[0], running("saved", "nlp", "n1", range(8), started=100),
+         snapshot.placed[2]),
+        snapshot.runnable,
+        now=1000,
+    )  # fmt: skip
+    assert victims(plan(unsaved)) == {"unsaved": "vision-8"}
+
+
+def test_a_borrower_younger_than_its_shares_minimum_runtime_is_not_reclaimed_yet():
+    """A borrower that has not yet run its share's minimum runtime is no victim: the owner's
+    job waits, says when it will reclaim (when the first of them has run its minimum), keeps
+    its quota from new borrowers meanwhile, and reclaims once the minimum has passed; a
+    borrower old enough is taken at once instead."""
+    shares = (share("vision", 8, LEND), share("nlp", 8, LAB, min_runtime_seconds=300))
+    snapshot = Snapshot(
+        nodes(2),
+        shares,
+        placed=(
+            running("younger", "nlp", "n0", range(8), started=800),
+            running("young", "nlp", "n1", range(8), started=740),
+        ),
+        runnable=(
+            job("vision-8", "vision", 8, submitted=990),
+            job("nlp-more", "nlp", 8, submitted=995),
+        ),
+        now=1000,
+    )
+    outcome = plan(snapshot)
+    assert outcome.preemptions == () and outcome.placements == ()
+    assert outcome.waiting["vision-8"] == "reclaiming 8 h100 from share nlp in 40 s"
+    assert outcome.waiting["nlp-more"] == reasons.no_lendable(H100)
+    assert outcome.wake_at == 1040
+    later = Snapshot(snapshot.nodes, shares, snapshot.placed, snapshot.runnable, now=1040)
+    assert victims(plan(later)) == {"young": "vision-8"}
+    old = Snapshot(
+        nodes(3),
+        shares,
+        placed=(*snapshot.placed, running("old", "nlp", "n2", range(8), started=500)),
+        runnable=snapshot.runnable[:1],
+        now=1000,
+    )
+    assert victims(plan(old)) == {"old": "vision-8"}
+
+
+def test_a_job_preempted_too_often_is_held_off_borrowed_gpus():
+    """A job preempted three times within the window may not borrow until the window has
+    passed since the first of them: it waits, saying so, while lendable GPUs are idle; within
+    its share's limit it runs; once the window has passed it borrows again."""
+    shares = (share("vision", 8, LEND), share("nlp", 8, LAB))
+    churned = job("churned", "nlp", 8, submitted=1, preempted_at=(100.0, 400.0, 900.0))
+    snapshot = Snapshot(
+        nodes(2),
+        shares,
+        placed=(running("nlp-own", "nlp", "n0", range(8), started=0),),
+        runnable=(churned,),
+        now=1000,
+        churn_preemptions=3,
+        churn_window_seconds=3600,
+    )
+    outcome = plan(snapshot)
+    assert outcome.placements == ()
+    assert outcome.waiting["churned"] == reasons.held_off(3, 3600, 2700)
+    assert outcome.wake_at == 3700
+    assert where(plan(Snapshot(snapshot.nodes, shares, runnable=(churned,), now=1000)))
+    assert where(plan(Snapshot(snapshot.nodes, shares, snapshot.placed, (churned,), now=3700))) == {
+        "churned": [("n1", tuple(range(8)))]
+    }
+
+
 def test_reclaim_takes_back_lent_gpus_from_the_latest_borrower():
     """A LEND share's idle GPUs go to a borrower and come back when its own job arrives."""
     snapshot = Snapshot(

@@ -49,10 +49,11 @@ def _compare_every_search(original):
 
 def _plans_over_cycles(snapshot: Snapshot, cycles: int) -> list:
     outcomes = []
+    history: dict[str, tuple[float, ...]] = {}
     for cycle in range(cycles):
         outcome = plan(snapshot)
         outcomes.append(outcome)
-        snapshot = next_cycle(snapshot, outcome, cycle, finish=False)
+        snapshot = next_cycle(snapshot, outcome, cycle, finish=False, history=history)
     return outcomes
 
 

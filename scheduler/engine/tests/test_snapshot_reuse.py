@@ -29,10 +29,11 @@ def test_held_gpus_given_plan_as_worked_out(cluster, finishes):
     """Over several cycles (jobs placed, stopping, finishing), a snapshot carrying the GPUs its
     placed jobs hold gives the plan of the same snapshot without them."""
     snapshot = cluster
+    history: dict[str, tuple[float, ...]] = {}
     for cycle, finish in enumerate(finishes):
         outcome = plan(snapshot)
         assert plan(replace(snapshot, held_gpus=held_masks(snapshot))) == outcome
-        snapshot = next_cycle(snapshot, outcome, cycle, finish)
+        snapshot = next_cycle(snapshot, outcome, cycle, finish, history)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
