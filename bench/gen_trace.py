@@ -136,6 +136,99 @@ def _row(
     }
 
 
+# Skewed teams (`generate_skewed`): what each asks for, as a multiple of its quota over the
+# trace, drawn per trace from these ranges. One team is mostly idle, one always over its quota,
+# the others in between; every team works in bursts with quiet spells between them.
+SKEWED_PROFILES = (
+    ("mostly idle", 0.1, 0.35),
+    ("over its quota", 1.6, 2.6),
+    ("near its quota", 0.9, 1.2),
+    ("near its quota", 0.8, 1.1),
+    ("moderate", 0.5, 0.9),
+)
+
+
+def skewed_quotas(teams: int, seed: int, cluster_gpus: int) -> list[int]:
+    """Each team's h100 quota, whole nodes, together 90 % of the cluster, unevenly split."""
+    rng = random.Random(f"quotas {seed}")
+    weights = [rng.uniform(0.6, 1.6) for _ in range(teams)]
+    nodes = int(cluster_gpus * 0.9) // GPUS_PER_NODE
+    quotas = [max(1, int(nodes * w / sum(weights))) * GPUS_PER_NODE for w in weights]
+    return quotas
+
+
+def generate_skewed(
+    jobs: int, teams: int, seed: int, *, cluster_gpus: int = 256, horizon: float = 7 * 86400
+) -> list[dict[str, object]]:
+    """`jobs` trace rows of `teams` teams on one GPU type (h100) over `horizon` seconds: each
+    team asks for a multiple of its quota (`skewed_quotas`) drawn from its profile
+    (SKEWED_PROFILES, in turn), in bursts of jobs of every size (gangs of 2 and 4 nodes
+    included), sorted by submission time."""
+    rng = random.Random(f"skewed {seed}")
+    names = team_names(teams)
+    quotas = skewed_quotas(teams, seed, cluster_gpus)
+    factors = [
+        rng.uniform(low, high)
+        for _, low, high in (SKEWED_PROFILES[i % len(SKEWED_PROFILES)] for i in range(teams))
+    ]
+    asked = [quota * factor * horizon for quota, factor in zip(quotas, factors, strict=True)]
+    rows: list[dict[str, object]] = []
+    per_team = [max(1, round(jobs * a / sum(asked))) for a in asked]
+    for team, count in enumerate(per_team):
+        shapes = []
+        for _ in range(count):
+            # No larger than the team's quota: under RESERVE a larger job could never run.
+            gpus = min(rng.choices(SIZES, weights=SIZE_WEIGHTS)[0], quotas[team])
+            median = MEDIAN_DURATION * (1 + math.log2(gpus) / 4)
+            duration = rng.lognormvariate(math.log(median), DURATION_SIGMA)
+            shapes.append((gpus, int(min(MAX_DURATION / 5, max(MIN_DURATION, duration)))))
+        # Scale the durations so the team asks for what its profile says.
+        scale = asked[team] / sum(g * d for g, d in shapes)
+        shapes = [(g, max(MIN_DURATION, int(d * scale))) for g, d in shapes]
+        # Bursts: a few busy spells (a deadline, a sweep), quiet in between.
+        spells = [rng.uniform(0, horizon * 0.9) for _ in range(rng.randint(3, 8))]
+        i = 0
+        while i < len(shapes):
+            size = 1 + int(rng.expovariate(1 / (MEAN_BURST - 1)))
+            t = rng.choice(spells) + rng.expovariate(1 / (horizon / 40))
+            for gpus, duration in shapes[i : i + size]:
+                rows.append(_row(rng, names[team], "h100", gpus, int(min(t, horizon)), duration))
+                t += rng.expovariate(1 / 30)
+            i += size
+    rows.sort(key=lambda r: (r["submit"], r["share"]))
+    for number, row in enumerate(rows):
+        row["id"] = f"j{number}"
+    return rows
+
+
+def skewed_scenario(
+    trace: str | Path,
+    teams: int,
+    *,
+    seed: int,
+    cluster_gpus: int = 256,
+    strategy: str,
+    grace_seconds: int = 120,
+) -> dict[str, object]:
+    """A scenario (as read from YAML) for a trace of `generate_skewed(..., teams, seed,
+    cluster_gpus)`: h100 nodes of 8 GPUs, one share per team with its quota, every share of
+    `strategy`."""
+    names = team_names(teams)
+    quotas = skewed_quotas(teams, seed, cluster_gpus)
+    return {
+        "nodes": [
+            {"name": "h100", "gpu_type": "h100", "gpus": GPUS_PER_NODE,
+             "count": cluster_gpus // GPUS_PER_NODE}
+        ],
+        "shares": [
+            {"name": name, "capacity_limits": {"h100": quota}, "strategy": strategy,
+             "grace_seconds": grace_seconds}
+            for name, quota in zip(names, quotas, strict=True)
+        ],
+        "trace": str(trace),
+    }  # fmt: skip
+
+
 def write_csv(rows: list[dict[str, object]], path: str | Path) -> None:
     with open(path, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS)

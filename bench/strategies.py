@@ -1,27 +1,28 @@
-"""Several traces, three ways to share the cluster: what does lending buy?
+"""Several traces, three ways to share the cluster: what does lending buy, and what does it cost
+the lenders?
 
-Replays synthetic traces (bench/gen_trace.py, one per seed) with every share RESERVE (no lending:
+Replays generated traces (bench/gen_trace.py, one per seed) with every share RESERVE (no lending:
 each team has only its quota), every share LEND_AND_BORROW (idle quota lent and reclaimed), and
 one single share holding the whole cluster (work-conserving: the bound lending can approach).
+The default traces (`--traces skewed`) are bursty and skewed: five teams on 256 h100 with uneven
+quotas, one mostly idle, one always over its quota, the others near it or below, jobs of every
+size (gangs of 2 and 4 nodes included). `--traces proportional` replays the earlier family
+instead (four teams on two GPU types, quotas in proportion to demand).
 
-Two utilizations, per seed and as the median over seeds:
+Figures, per seed and as the median over seeds:
 
-- over the makespan (DESIGN §4: GPU-hours held ÷ all GPUs × makespan). One trace's makespan is
-  set by its last few long jobs (a 32-GPU gang job starved behind smaller ones, a 100-hour job
-  restarted by a preemption), so one seed alone says little about a sharing strategy: the median
-  over several traces does;
-- while work waits: on each GPU type, the GPUs held during the periods when a job of that type
-  is waiting, ÷ that type's GPUs over those periods. This is what lending is for (no GPU idle
-  while someone waits for one) and a single tail job, running alone after the queue has emptied,
-  does not weigh on it.
+- utilization over the makespan (DESIGN §4: GPU-hours held ÷ all GPUs × makespan), and while
+  work waits (on each GPU type, the GPUs held while a job of that type waits, ÷ that type's
+  GPUs over those periods: what lending is for, and a tail job running alone after the queue
+  has emptied does not weigh on it); LEND_AND_BORROW's as ratios of the bound's;
+- the GPU-hours a preemption throws away (grace periods, work done again from the last
+  checkpoint, failed jobs), as a part of the GPU-hours held;
+- lenders worse off: for every (trace, share), the share's p95 and mean wait under
+  LEND_AND_BORROW against RESERVE; and, to tell what lending itself costs a team from what its
+  own borrowing changes, the same with that share alone LEND (it lends, never borrows) and the
+  others LEND_AND_BORROW. Each pair that waits longer is counted, with by how much.
 
-Both count the GPU-hours held, so the work a preemption throws away (a grace period, work done
-again from the last checkpoint) counts as used: the bound preempts nothing, so LEND_AND_BORROW
-may exceed it. Each replay also prints that part, and p50/p95 wait per share (medians over
-seeds, jobs counted over all of them). Last, LEND_AND_BORROW's utilizations as ratios of the
-bound's: the median of the per-seed ratios. Sized to run in a couple of minutes.
-
-    python bench/strategies.py [--jobs 1500] [--cluster-gpus 256] [--seeds 15]
+    python bench/strategies.py [--jobs 1500] [--cluster-gpus 256] [--seeds 15] [--traces skewed]
 """
 
 from __future__ import annotations
@@ -37,15 +38,24 @@ from statistics import median
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from gen_trace import generate, synthetic_scenario, team_gpu_type, write_csv  # noqa: E402
+from gen_trace import (  # noqa: E402
+    generate,
+    generate_skewed,
+    skewed_scenario,
+    synthetic_scenario,
+    team_gpu_type,
+    write_csv,
+)
 
 from scheduler.simulator import parse_scenario, simulate  # noqa: E402
 from scheduler.simulator.clock import percentile  # noqa: E402
 
-TEAMS = 4
+TEAMS = 4  # of the proportional traces
+SKEWED_TEAMS = 5
 SEEDS = 15  # traces replayed: seeds 1 .. SEEDS
 LOAD = 1.0  # demand about equal to the cluster, so how it is shared matters
 REPLAYS = ("RESERVE", "LEND_AND_BORROW", "bound")
+GRACE_SECONDS = 120  # every share's, in both trace families
 TITLES = {
     "RESERVE": "every share RESERVE",
     "LEND_AND_BORROW": "every share LEND_AND_BORROW",
@@ -155,20 +165,91 @@ def replay(data: dict, trace_rows: list[dict]) -> Replay:
     )
 
 
-def replay_seed(seed: int, jobs: int, cluster_gpus: int, tmp: Path) -> dict[str, Replay]:
-    rows = generate(jobs, TEAMS, seed, cluster_gpus=cluster_gpus, load=LOAD)
+def replay_seed(
+    seed: int, jobs: int, cluster_gpus: int, tmp: Path, traces: str
+) -> dict[str, Replay]:
+    """The seed's replays: RESERVE, LEND_AND_BORROW, the bound, and ("lend:<share>") each share
+    alone LEND with the others LEND_AND_BORROW."""
+    if traces == "skewed":
+        rows = generate_skewed(jobs, SKEWED_TEAMS, seed, cluster_gpus=cluster_gpus)
+
+        def scenario(trace: Path, strategy: str) -> dict:
+            return skewed_scenario(
+                trace, SKEWED_TEAMS, seed=seed, cluster_gpus=cluster_gpus, strategy=strategy
+            )
+    else:
+        rows = generate(jobs, TEAMS, seed, cluster_gpus=cluster_gpus, load=LOAD)
+
+        def scenario(trace: Path, strategy: str) -> dict:
+            return synthetic_scenario(
+                trace, TEAMS, cluster_gpus=cluster_gpus, seed=seed, strategy=strategy
+            )
+
     trace = tmp / f"trace-{seed}.csv"
     write_csv(rows, trace)
     single = tmp / f"single-{seed}.csv"
     write_csv([row | {"share": "everyone"} for row in rows], single)
-    base = dict(cluster_gpus=cluster_gpus, seed=seed)
-    return {
-        "RESERVE": replay(synthetic_scenario(trace, TEAMS, strategy="RESERVE", **base), rows),
-        "LEND_AND_BORROW": replay(
-            synthetic_scenario(trace, TEAMS, strategy="LEND_AND_BORROW", **base), rows
-        ),
-        "bound": replay(one_share(synthetic_scenario(trace, TEAMS, **base), single), rows),
+    lend_and_borrow = scenario(trace, "LEND_AND_BORROW")
+    runs = {
+        "RESERVE": replay(scenario(trace, "RESERVE"), rows),
+        "LEND_AND_BORROW": replay(lend_and_borrow, rows),
+        "bound": replay(one_share(lend_and_borrow, single), rows),
     }
+    for index, share in enumerate(lend_and_borrow["shares"]):
+        shares = [dict(other) for other in lend_and_borrow["shares"]]
+        shares[index]["strategy"] = "LEND"
+        runs[f"lend:{share['name']}"] = replay(lend_and_borrow | {"shares": shares}, rows)
+    return runs
+
+
+@dataclass
+class WorseOff:
+    seed: int
+    share: str
+    p95: float  # seconds longer than under RESERVE (negative: shorter)
+    mean: float
+
+
+def worse_off(runs: list[dict[str, Replay]], seeds: range, lender_view: bool) -> list[WorseOff]:
+    """Every (trace, share) with its p95 and mean wait against RESERVE's: under LEND_AND_BORROW,
+    or (`lender_view`) with that share alone LEND."""
+    pairs = []
+    for seed, run in zip(seeds, runs, strict=True):
+        for share, reserve in sorted(run["RESERVE"].waits.items()):
+            other = run[f"lend:{share}" if lender_view else "LEND_AND_BORROW"].waits[share]
+            reserve, other = sorted(reserve), sorted(other)
+            pairs.append(
+                WorseOff(
+                    seed,
+                    share,
+                    percentile(other, 95) - percentile(reserve, 95),
+                    sum(other) / len(other) - sum(reserve) / len(reserve),
+                )
+            )
+    return pairs
+
+
+def print_worse_off(pairs: list[WorseOff], title: str, grace: float) -> None:
+    worse = [pair for pair in pairs if pair.p95 > 0 or pair.mean > 0]
+    by_p95 = sorted((pair for pair in worse if pair.p95 > 0), key=lambda pair: -pair.p95)
+    by_mean = sorted((pair for pair in worse if pair.mean > 0), key=lambda pair: -pair.mean)
+    print(f"\n{title}: {len(worse)} of {len(pairs)} (trace, share) pairs made worse off")
+    for label, chosen, value in (("p95", by_p95, "p95"), ("mean", by_mean, "mean")):
+        if not chosen:
+            print(f"  {label} wait: none longer")
+            continue
+        excess = sorted(getattr(pair, value) for pair in chosen)
+        within = sum(1 for seconds in excess if seconds <= grace)
+        print(
+            f"  {label} wait longer in {len(chosen)}: by {median(excess):.0f} s median, "
+            f"{excess[-1] / 3600:.2f} h at most; {within} of them by at most one grace period "
+            f"({grace:.0f} s)"
+        )
+        worst = ", ".join(
+            f"seed {pair.seed} {pair.share} +{getattr(pair, value) / 3600:.2f} h"
+            for pair in chosen[:5]
+        )
+        print(f"    the worst: {worst}")
 
 
 def main() -> None:
@@ -176,13 +257,20 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1500)
     parser.add_argument("--cluster-gpus", type=int, default=256)
     parser.add_argument("--seeds", type=int, default=SEEDS, help="traces: seeds 1 .. SEEDS")
+    parser.add_argument("--traces", choices=("skewed", "proportional"), default="skewed")
     args = parser.parse_args()
     seeds = range(1, args.seeds + 1)
-    print(
-        f"{args.jobs} jobs of {TEAMS} teams on {args.cluster_gpus} GPUs "
-        f"(teams on a100: {[i for i in range(TEAMS) if team_gpu_type(i) == 'a100']}), "
-        f"one trace per seed {seeds.start}..{seeds.stop - 1}"
-    )
+    if args.traces == "skewed":
+        print(
+            f"{args.jobs} jobs of {SKEWED_TEAMS} bursty, skewed teams on {args.cluster_gpus} "
+            f"h100, one trace per seed {seeds.start}..{seeds.stop - 1}"
+        )
+    else:
+        print(
+            f"{args.jobs} jobs of {TEAMS} teams on {args.cluster_gpus} GPUs "
+            f"(teams on a100: {[i for i in range(TEAMS) if team_gpu_type(i) == 'a100']}), "
+            f"one trace per seed {seeds.start}..{seeds.stop - 1}"
+        )
     print("\nutilization over the makespan | while work waits | makespan h  (L&B: LEND_AND_BORROW)")
     print(
         f"{'seed':>4} {'RESERVE':>8} {'L&B':>6} {'bound':>6} {'L&B/bd':>7} |"
@@ -192,7 +280,7 @@ def main() -> None:
     runs: list[dict[str, Replay]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in seeds:
-            run = replay_seed(seed, args.jobs, args.cluster_gpus, Path(tmp))
+            run = replay_seed(seed, args.jobs, args.cluster_gpus, Path(tmp), args.traces)
             runs.append(run)
             over = [run[name].utilization for name in REPLAYS]
             waiting = [run[name].while_waiting for name in REPLAYS]
@@ -208,7 +296,7 @@ def main() -> None:
         print(
             f"\n{TITLES[name]}: utilization {median([r[name].utilization for r in runs]):.1%}"
             f" over the makespan, {median([r[name].while_waiting for r in runs]):.1%} while work"
-            f" waits; {median([r[name].lost for r in runs]):.1%} of the GPU-hours held lost to"
+            f" waits; {median([r[name].lost for r in runs]):.2%} of the GPU-hours held lost to"
             " preemption (grace periods, work done again, failed jobs); medians over seeds"
         )
         print(f"  {'team':<10} {'jobs':>6} {'p50 wait h':>11} {'p95 wait h':>11}")
@@ -231,9 +319,26 @@ def main() -> None:
     ):
         values = ratios(field)
         print(
-            f"\nLEND_AND_BORROW utilization / bound, {label}: median {median(values):.2f}"
-            f" over {len(values)} seeds (from {values[0]:.2f} to {values[-1]:.2f})"
+            f"\nLEND_AND_BORROW utilization / bound, {label}: median {median(values):.3f}"
+            f" over {len(values)} seeds (from {values[0]:.3f} to {values[-1]:.3f})"
         )
+    lost = sorted(r["LEND_AND_BORROW"].lost for r in runs)
+    print(
+        f"LEND_AND_BORROW GPU-hours lost to preemption: median {median(lost):.3%} of those held"
+        f" (from {lost[0]:.3%} to {lost[-1]:.3%})"
+    )
+    grace = float(GRACE_SECONDS)
+    print_worse_off(
+        worse_off(runs, seeds, lender_view=False),
+        "every share LEND_AND_BORROW against every share RESERVE",
+        grace,
+    )
+    print_worse_off(
+        worse_off(runs, seeds, lender_view=True),
+        "the share alone LEND (it lends, never borrows), the others LEND_AND_BORROW, against "
+        "every share RESERVE",
+        grace,
+    )
 
 
 if __name__ == "__main__":

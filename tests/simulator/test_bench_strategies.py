@@ -55,3 +55,22 @@ def test_a_preempted_job_holds_its_gpus_for_the_grace_period_then_waits_again():
         (630, "o1", "finish"),
     ]
     assert utilization_while_waiting(data) == pytest.approx((16 * 30 + 12 * 500) / (16 * 530))
+
+
+def test_skewed_traces_have_a_mostly_idle_team_and_one_always_over_its_quota():
+    """bench/strategies.py's traces: each team asks for what its profile says, as a multiple of
+    its quota over the trace, and no job is larger than its team's quota (under RESERVE it could
+    never run); the same seed gives the same trace."""
+    from gen_trace import SKEWED_PROFILES, generate_skewed, skewed_quotas, team_names
+
+    horizon = 7 * 86400
+    rows = generate_skewed(1500, 5, seed=3, horizon=horizon)
+    assert rows == generate_skewed(1500, 5, seed=3, horizon=horizon)
+    quotas = dict(zip(team_names(5), skewed_quotas(5, 3, 256), strict=True))
+    asked = {name: 0.0 for name in quotas}
+    for row in rows:
+        assert row["gpus"] <= quotas[row["share"]]
+        asked[row["share"]] += row["gpus"] * row["duration"]
+    for (name, quota), (_, low, high) in zip(quotas.items(), SKEWED_PROFILES, strict=True):
+        # Durations are whole seconds of at least a minute: a little above what was drawn.
+        assert low * 0.95 <= asked[name] / (quota * horizon) <= high * 1.1, name
