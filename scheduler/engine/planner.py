@@ -24,6 +24,8 @@ import gc
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from functools import cached_property
+from operator import attrgetter
 
 from scheduler.engine import churn, order, reasons
 from scheduler.engine.ledger import Ledger
@@ -78,8 +80,7 @@ def plan(snapshot: Snapshot, *, exhaustive: bool = False) -> Plan:
 
 def _plan(snapshot: Snapshot, exhaustive: bool) -> Plan:
     shares = {share.name: share for share in snapshot.shares}
-    now = snapshot.now if snapshot.now is not None else latest_time(snapshot)
-    rules = _TimeRules(now, snapshot.churn_preemptions, snapshot.churn_window_seconds)
+    rules = _TimeRules(snapshot)
     nodes = _nodes_of(snapshot.nodes)
     sizes = nodes.sizes
     rejections: list[Rejection] = []
@@ -138,27 +139,38 @@ def _plan(snapshot: Snapshot, exhaustive: bool) -> Plan:
 
 def latest_time(snapshot: Snapshot) -> float:
     """The latest time a snapshot holds: its `now` when it gives none."""
-    latest = 0.0
-    for placed in snapshot.placed:
-        latest = max(latest, placed.started, placed.checkpointed or 0.0)
-    for job in snapshot.runnable:
-        latest = max(latest, job.submitted, *job.preempted_at)
-    return latest
+    placed, runnable = snapshot.placed, snapshot.runnable
+    times = [
+        max(map(attrgetter("started"), placed), default=0.0),
+        max(map(attrgetter("submitted"), runnable), default=0.0),
+    ]
+    times += [job.checkpointed for job in placed if job.checkpointed is not None]
+    for preempted_at in map(attrgetter("preempted_at"), runnable):
+        if preempted_at:
+            times.append(max(preempted_at))
+    return max(times)
 
 
 class _TimeRules:
-    """The rules that depend on the time (minimum runtime, the churn breaker), and the times
-    after `now` at which they would let the plan decide otherwise (`Plan.wake_at`)."""
+    """The rules that depend on the time (victims by work lost, minimum runtime, the churn
+    breaker), and the times after `now` at which they would let the plan decide otherwise
+    (`Plan.wake_at`). A snapshot without its time is read for it only if a rule asks."""
 
-    def __init__(self, now: float, churn_preemptions: int, churn_window: float) -> None:
-        self.now = now
-        self.churn_preemptions = churn_preemptions
-        self.churn_window = churn_window
+    def __init__(self, snapshot: Snapshot) -> None:
+        self._snapshot = snapshot
+        self.churn_preemptions = snapshot.churn_preemptions
+        self.churn_window = snapshot.churn_window_seconds
         self.wakes: list[float] = []
 
+    @cached_property
+    def now(self) -> float:
+        snapshot = self._snapshot
+        return snapshot.now if snapshot.now is not None else latest_time(snapshot)
+
+    def clock(self) -> float:
+        return self.now
+
     def held_off_until(self, job: RunnableJob) -> float | None:
-        if not job.preempted_at:
-            return None
         return churn.held_off_until(
             job.preempted_at, self.now, self.churn_preemptions, self.churn_window
         )
@@ -279,7 +291,6 @@ class _TypePlan:
     ) -> None:
         self.gpu_type = gpu_type
         self.rules = rules
-        now = rules.now
         self.exhaustive = exhaustive
         self.shares = shares
         self.borrow_order = borrow_order
@@ -299,11 +310,11 @@ class _TypePlan:
             elif job.share in shares and job.preemptible:
                 # A job that is not preemptible is never a candidate victim.
                 minimum = shares[job.share].min_runtime_seconds
-                if minimum and victim_from(job, minimum) > now:
+                if minimum and victim_from(job, minimum) > rules.now:
                     self.young.append((victim_from(job, minimum), job))
                 else:
                     by_share[job.share].append(job)
-        self.candidates = Candidates(by_share, now)
+        self.candidates = Candidates(by_share, rules.clock)
         # Jobs promised GPUs: the runnable jobs of this type that victims were preempted for,
         # stopping or already stopped and back in the queue (the GPUs they released stay
         # promised until the job starts). By id, with their places in the snapshot (the queue
@@ -380,13 +391,14 @@ class _TypePlan:
         share_changes = repeats.share_changes
         strict_blocked = self._strict_blocked
         shares = self.shares
+        rules = self.rules
         for job in jobs:
             name = job.share
             blocked = strict_blocked.get(name)
             if blocked is not None:
                 waiting[job.id] = blocked
                 continue
-            held_off = self.rules.held_off_until(job)
+            held_off = rules.held_off_until(job) if job.preempted_at else None
             shape = (name, job.gpus, job.nodes, job.priority, job.preemptible, held_off)
             last = last_share_wait.get(shape)
             if last is None or last[0] != share_changes[name] or job.id in promised:
@@ -522,7 +534,7 @@ class _TypePlan:
             for at, young in self.young:
                 if at <= times[index] and young.id not in taken:
                     by_share.setdefault(young.share, []).append(young)
-            candidates = Candidates(by_share, self.rules.now)
+            candidates = Candidates(by_share, self.rules.clock)
             candidates.taken = taken
             for attempt in tries(job, self.ledger, in_share_preemption):
                 victims = find_victims(

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import cached_property
 from itertools import accumulate
 
@@ -82,9 +82,9 @@ class Candidates:
     """The running jobs of one GPU type that a victim search may choose, by share in victim
     order, and which of them this plan has already taken as victims."""
 
-    def __init__(self, by_share: Mapping[str, list[PlacedJob]], now: float) -> None:
+    def __init__(self, by_share: Mapping[str, list[PlacedJob]], now: Callable[[], float]) -> None:
         self._unsorted = by_share
-        self.now = now
+        self._now = now  # asked only when victims are searched for
         self.taken: set[str] = set()  # ids of this plan's victims
         # Victim keys of each share's jobs, as another share's (filled when sorting) and as the
         # job's own share's (filled on first use).
@@ -97,12 +97,16 @@ class Candidates:
         self._taken_gpus: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
 
     @cached_property
+    def now(self) -> float:
+        return self._now()
+
+    @cached_property
     def of(self) -> dict[str, list[PlacedJob]]:
         """Each share's running jobs in victim order, victims included; sorted on the first
         victim search only, as most plans of a busy queue search for none."""
         by_share = {}
+        now = self.now
         for name, share_jobs in self._unsorted.items():
-            now = self.now
             keyed = sorted([(victim_key(job, False, now), job) for job in share_jobs])  # ids differ
             queue = by_share[name] = [job for _, job in keyed]
             self._keys[name, False] = [key for key, _ in keyed]
