@@ -212,10 +212,14 @@ class Simulation:
 
     # ---- the clock -------------------------------------------------------------------------
 
-    def run(self) -> SimulationResult:
+    def run(self, *, until: float | None = None) -> SimulationResult:
+        """Replay everything, or (`until`) only the instants up to that time: then the jobs
+        still waiting keep the reasons of their last cycle."""
         heap = self._heap
         while heap:
             now = heap[0][0]
+            if until is not None and now > until:
+                return self._result()
             self._integrate_to(now)
             dirty: set[str] = set(self.unsettled)
             while heap and heap[0][0] == now:
@@ -241,6 +245,33 @@ class Simulation:
         if not self.full_snapshots:
             self._final_reasons()
         return self._result()
+
+    def seed_placed(self, view: PlacedJob, spec: JobSpec, remaining: float) -> None:
+        """Before `run`: the job `spec` (not among the scenario's jobs) already holds its GPUs
+        when the clock starts, as `view` says (times on the simulated clock, so its start may
+        be before 0): a running job finishes after `remaining` seconds, a stopping one (its
+        preemption ordered) releases its GPUs then and returns to the queue with `spec`'s
+        duration as its work."""
+        job = self.jobs[spec.id] = SimJob(spec, started=view.started)
+        job.node_names = tuple(a.node for a in view.allocations)
+        job.borrowed = view.borrowed
+        self.placed[spec.id] = self.placed_by_type[spec.gpu_type][spec.id] = view
+        for allocation in view.allocations:
+            for index in allocation.gpu_indices:
+                self.used_gpus[allocation.node] |= 1 << index
+        key = (spec.share, spec.gpu_type)
+        self.usage[key] = self.usage.get(key, 0) + spec.gpus
+        if view.stopping:
+            job.state = PREEMPTING
+            self.stopping[spec.gpu_type][spec.id] = view
+            if view.preempted_for is not None:
+                self.promised[view.preempted_for] = self.promised.get(view.preempted_for, 0) + 1
+        else:
+            job.state = RUNNING
+            job.work_done = max(0.0, spec.duration - remaining)
+            self._count_running(view, +1)
+        self._rates_stale = True
+        self._push(remaining, _RELEASE, (spec.id, job.attempt))
 
     def _push(self, t: float, kind: int, payload: Any) -> None:
         self._seq += 1

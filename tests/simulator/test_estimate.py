@@ -1,0 +1,104 @@
+"""Estimated starts: the engine replayed forward from the cycle's snapshot, on hand-computed
+clusters (times in seconds from now)."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.engine import Snapshot
+from scheduler.engine.snapshot import LEND, LEND_AND_BORROW, RESERVE
+from scheduler.engine.tests.helpers import job, nodes, running, share
+from scheduler.simulator.estimate import Estimate, estimate_starts
+
+NOW = 1_000_000.0
+
+
+def test_an_owner_job_starts_once_its_reclaimed_borrower_has_stopped():
+    """vision's 8 h100 are lent to research's second job; vision submits: the reclaim stops
+    that borrower (grace 120 s), so vision's job starts in 120 s on the borrower's node."""
+    snapshot = Snapshot(
+        nodes(2),
+        (share("vision", 8, LEND), share("research", 8, LEND_AND_BORROW, grace_seconds=120)),
+        placed=(
+            running("own", "research", "n0", range(8), started=NOW - 50),
+            running("borrower", "research", "n1", range(8), started=NOW - 40, borrowed=8),
+        ),
+        runnable=(job("owner", "vision", 8, submitted=NOW - 1),),
+        now=NOW,
+    )
+    estimates = estimate_starts(
+        snapshot, expected={"owner": 600}, remaining={"own": 1000, "borrower": 5000}, horizon=1e6
+    )
+    assert estimates == {"owner": Estimate(start=120.0, nodes=("n1",))}
+
+
+def test_a_gang_job_starts_when_whole_nodes_are_free():
+    """Two 4-GPU jobs end in 300 and 600 s on one node each: a job for two whole nodes starts
+    at 600, and a 4-GPU job submitted after it fits beside them at once."""
+    snapshot = Snapshot(
+        nodes(2),
+        (share("team", 16, RESERVE),),
+        placed=(
+            running("a", "team", "n0", range(4), started=NOW - 10),
+            running("b", "team", "n1", range(4), started=NOW - 10),
+        ),
+        runnable=(
+            job("gang", "team", 16, nodes=2, submitted=NOW - 5),
+            job("small", "team", 4, submitted=NOW - 2),
+        ),
+        now=NOW,
+    )
+    estimates = estimate_starts(
+        snapshot, expected={"gang": 100, "small": 200}, remaining={"a": 300, "b": 600}, horizon=1e6
+    )
+    assert estimates["small"].start == 0.0
+    assert estimates["gang"] == Estimate(start=600.0, nodes=("n0", "n1"))
+
+
+def test_a_strict_fifo_share_s_first_job_holds_back_the_next():
+    """In a strict-FIFO share the 16-GPU job waits for both nodes (600 s) and the 4-GPU job
+    behind it waits for it, though it would fit now: it starts with it."""
+    snapshot = Snapshot(
+        nodes(2),
+        (share("team", 24, RESERVE, strict_fifo=True),),
+        placed=(
+            running("a", "team", "n0", range(4), started=NOW - 10),
+            running("b", "team", "n1", range(4), started=NOW - 10),
+        ),
+        runnable=(
+            job("big", "team", 16, nodes=2, submitted=NOW - 5),
+            job("small", "team", 4, submitted=NOW - 2),
+        ),
+        now=NOW,
+    )
+    estimates = estimate_starts(
+        snapshot, expected={"big": 100, "small": 200}, remaining={"a": 300, "b": 600}, horizon=1e6
+    )
+    assert estimates["big"].start == 600.0
+    assert estimates["small"].start == 700.0  # after big ends: the nodes are big's till then
+
+
+def test_no_estimate_is_before_now_nor_past_the_horizon():
+    """Jobs queued behind a long one: every estimate is at or after now; those that would
+    start after the horizon have none."""
+    snapshot = Snapshot(
+        nodes(1),
+        (share("team", 8, RESERVE),),
+        placed=(running("long", "team", "n0", range(8), started=NOW - 3600),),
+        runnable=tuple(job(f"j{i}", "team", 8, submitted=NOW - 100 + i) for i in range(5)),
+        now=NOW,
+    )
+    estimates = estimate_starts(
+        snapshot,
+        expected={f"j{i}": 1000 for i in range(5)},
+        remaining={"long": -30},  # overdue: assumed to end within a minute
+        horizon=2500,
+    )
+    assert [estimates[f"j{i}"].start for i in range(3)] == [60.0, 1060.0, 2060.0]
+    assert "j3" not in estimates and "j4" not in estimates
+    assert all(estimate.start >= 0 for estimate in estimates.values())
+
+
+def test_an_estimate_needs_the_snapshot_s_time():
+    with pytest.raises(ValueError, match="Snapshot.now"):
+        estimate_starts(Snapshot(nodes(1), ()), expected={}, remaining={}, horizon=1)
