@@ -230,6 +230,11 @@ AGENT_POLL_MAX_WAIT_SECONDS = min(
 )
 # A full cycle runs at least this often even when nothing changed (idle cycles are skipped).
 CYCLE_FULL_EVERY_SECONDS = env.float("CYCLE_FULL_EVERY_SECONDS", default=60.0)
+# Estimated starts (docs/estimates.md): refreshed at most this often after cycles, replaying
+# the queue this far ahead.
+ESTIMATES_ENABLED = env.bool("ESTIMATES_ENABLED", default=True)
+ESTIMATE_EVERY_SECONDS = env.float("ESTIMATE_EVERY_SECONDS", default=10.0)
+ESTIMATE_HORIZON_SECONDS = env.float("ESTIMATE_HORIZON_SECONDS", default=7 * 86400.0)
 
 # Utilization history, retention and /metrics access (docs/dashboards.md).
 from dashboards.conf import *  # noqa: E402, F403

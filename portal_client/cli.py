@@ -1,5 +1,5 @@
-"""`gpu-portal COMMAND` (or `python -m portal_client`): submit, ls, show, cancel, logs, queue,
-shares, wait.
+"""`gpu-portal COMMAND` (or `python -m portal_client`): submit, estimate, ls, show, cancel, logs,
+queue, shares, wait.
 
 export PORTAL_URL=http://127.0.0.1:8000 PORTAL_TOKEN=...
 gpu-portal submit --share research --gpus 8 --gpu-type h100 -- python train.py
@@ -33,25 +33,15 @@ def parser() -> argparse.ArgumentParser:
     commands = main.add_subparsers(dest="command", required=True)
 
     submit = commands.add_parser("submit", help="submit a job; the command goes after --")
-    submit.add_argument("--share", required=True)
-    submit.add_argument("--gpus", type=int, required=True)
-    submit.add_argument("--gpu-type", required=True)
-    submit.add_argument("--nodes", type=int, default=1)
-    submit.add_argument("--priority", type=int, default=0)
-    submit.add_argument("--name", default="")
-    submit.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
-    submit.add_argument("--client-token")
-    submit.add_argument("--timeout", type=int, dest="timeout_seconds")
-    submit.add_argument("--max-preemptions", type=int)
-    submit.add_argument("--retry-attempts", type=int, default=0)
-    submit.add_argument(
-        "--not-preemptible", dest="preemptible", action="store_false",
-        help="run only within the share's limit, never preempted",
-    )  # fmt: skip
+    estimate = commands.add_parser(
+        "estimate", help="when would this job start? (the arguments of submit; nothing stored)"
+    )
+    for command in (submit, estimate):
+        job_arguments(command)
     submit.add_argument("--wait", action="store_true", help="wait until the job ends")
-    submit.add_argument("job_command", nargs=argparse.REMAINDER)
 
     ls = commands.add_parser("ls", help="list jobs, newest first")
+
     ls.add_argument("--share")
     ls.add_argument("--state", action="append", help="repeatable")
     ls.add_argument("--user", dest="submitted_by")
@@ -71,10 +61,74 @@ def parser() -> argparse.ArgumentParser:
     return main
 
 
+def job_arguments(command: argparse.ArgumentParser) -> None:
+    """What a job request takes (submit, estimate); the job's command goes after --."""
+    command.add_argument("--share", required=True)
+    command.add_argument("--gpus", type=int, required=True)
+    command.add_argument("--gpu-type", required=True)
+    command.add_argument("--nodes", type=int, default=1)
+    command.add_argument("--priority", type=int, default=0)
+    command.add_argument("--name", default="")
+    command.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
+    command.add_argument("--client-token")
+    command.add_argument("--timeout", type=int, dest="timeout_seconds")
+    command.add_argument(
+        "--expected-seconds", type=int, help="how long it should run: estimates count on it"
+    )
+    command.add_argument("--max-preemptions", type=int)
+    command.add_argument("--retry-attempts", type=int, default=0)
+    command.add_argument(
+        "--not-preemptible", dest="preemptible", action="store_false",
+        help="run only within the share's limit, never preempted",
+    )  # fmt: skip
+    command.add_argument("job_command", nargs=argparse.REMAINDER)
+
+
+def job_request(args: argparse.Namespace) -> dict:
+    """The request `job_arguments` read, as `Client.submit` and `Client.estimate` take it."""
+    command = args.job_command[1:] if args.job_command[:1] == ["--"] else args.job_command
+    if not command:
+        raise SystemExit(NO_COMMAND)
+    env = {}
+    for item in args.env:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(BAD_ENV.format(value=item))
+        env[name] = value
+    return {
+        "share": args.share,
+        "gpus": args.gpus,
+        "gpu_type": args.gpu_type,
+        "command": command if len(command) > 1 else command[0],
+        "nodes": args.nodes,
+        "priority": args.priority,
+        "name": args.name,
+        "env": env,
+        "client_token": args.client_token,
+        "timeout_seconds": args.timeout_seconds,
+        "expected_seconds": args.expected_seconds,
+        "max_preemptions": args.max_preemptions,
+        "preemptible": args.preemptible,
+        "retry_attempts": args.retry_attempts,
+    }
+
+
+def estimate_line(job: dict) -> str:
+    """When a waiting job is estimated to start (or an empty string)."""
+    if job.get("estimated_start"):
+        nodes = ", ".join(job.get("estimated_nodes") or [])
+        return f"estimated start {job['estimated_start']} on {nodes or '?'}"
+    if job.get("estimate_basis"):
+        return "estimated start: not within the estimate's horizon"
+    return ""
+
+
 def job_row(job: dict) -> str:
+    estimate = f" ({estimate_line(job)})" if job.get("estimated_start") else ""
     return (
         f"{job['id']:>6}  {job['share']:<14} {job['state']:<10} {job['gpus']:>3} × "
         f"{job['gpu_type']:<8} p{job['priority']:<5} {job['name'] or '-':<16} {job['reason']}"
+        f"{estimate}"
     )
 
 
@@ -91,6 +145,8 @@ def print_job(job: dict, out=sys.stdout) -> None:
         f"priority {job['priority']}, submitted by {job['submitted_by']} at {job['submitted_at']}"
     )
     say(f"  command: {job['command']}")
+    if estimate_line(job):
+        say(f"  {estimate_line(job)} ({job['estimate_basis']})")
     if "allocations" in job:
         for allocation in job["allocations"]:
             indices = ",".join(str(i) for i in allocation["gpu_indices"])
@@ -120,31 +176,19 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
     client = Client(args.url, args.token)
     emit = (lambda data: print(json.dumps(data, indent=2), file=out)) if args.json else None
 
+    if args.command == "estimate":
+        answer = client.estimate(**job_request(args))
+        if emit:
+            emit(answer)
+            return 0
+        when = answer["estimated_start"] or "not within the estimate's horizon"
+        nodes = ", ".join(answer["estimated_nodes"])
+        print(f"would start: {when}" + (f" on {nodes}" if nodes else ""), file=out)
+        print(f"  {answer['reason'] or 'at once, at the next cycle'}", file=out)
+        print(f"  ({answer['estimate_basis']})", file=out)
+        return 0
     if args.command == "submit":
-        command = args.job_command[1:] if args.job_command[:1] == ["--"] else args.job_command
-        if not command:
-            raise SystemExit(NO_COMMAND)
-        env = {}
-        for item in args.env:
-            name, sep, value = item.partition("=")
-            if not sep:
-                raise SystemExit(BAD_ENV.format(value=item))
-            env[name] = value
-        job = client.submit(
-            share=args.share,
-            gpus=args.gpus,
-            gpu_type=args.gpu_type,
-            command=command if len(command) > 1 else command[0],
-            nodes=args.nodes,
-            priority=args.priority,
-            name=args.name,
-            env=env,
-            client_token=args.client_token,
-            timeout_seconds=args.timeout_seconds,
-            max_preemptions=args.max_preemptions,
-            preemptible=args.preemptible,
-            retry_attempts=args.retry_attempts,
-        )
+        job = client.submit(**job_request(args))
         if args.wait:
             job = client.wait(job["id"])
         if emit:

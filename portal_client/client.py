@@ -97,12 +97,39 @@ class Client:
         env: dict[str, str] | None = None,
         client_token: str | None = None,
         timeout_seconds: int | None = None,
+        expected_seconds: int | None = None,
         max_preemptions: int | None = None,
         retry_attempts: int = 0,
         preemptible: bool = True,
     ) -> dict:
         """Submit a job; returns it. With a `client_token` already used for the same request,
         returns the first job instead of creating a second."""
+        return self._request("POST", "jobs/", json=self._job_body(**_arguments(locals())))
+
+    def estimate(self, **request: Any) -> dict:
+        """What-if: when a job of this request (the arguments of `submit`) would start if it
+        were submitted now, and why it would wait: {estimated_start, estimated_nodes,
+        estimate_basis, reason}. Nothing is stored."""
+        return self._request("POST", "jobs/estimate/", json=self._job_body(**request))
+
+    @staticmethod
+    def _job_body(
+        *,
+        share: str,
+        gpus: int,
+        gpu_type: str,
+        command: str | Sequence[str],
+        nodes: int = 1,
+        priority: int = 0,
+        name: str = "",
+        env: dict[str, str] | None = None,
+        client_token: str | None = None,
+        timeout_seconds: int | None = None,
+        expected_seconds: int | None = None,
+        max_preemptions: int | None = None,
+        retry_attempts: int = 0,
+        preemptible: bool = True,
+    ) -> dict:
         if not isinstance(command, str):
             command = shlex.join(command)
         body: dict[str, Any] = {
@@ -120,11 +147,12 @@ class Client:
         for key, value in (
             ("client_token", client_token),
             ("timeout_seconds", timeout_seconds),
+            ("expected_seconds", expected_seconds),
             ("max_preemptions", max_preemptions),
         ):
             if value is not None:
                 body[key] = value
-        return self._request("POST", "jobs/", json=body)
+        return body
 
     def jobs(
         self,
@@ -218,3 +246,8 @@ class Client:
 
     def undrain(self, node: str) -> dict:
         return self._request("POST", f"nodes/{node}/undrain/")
+
+
+def _arguments(frame_locals: dict[str, Any]) -> dict[str, Any]:
+    """A method's keyword arguments, from its locals() taken first thing."""
+    return {key: value for key, value in frame_locals.items() if key != "self"}

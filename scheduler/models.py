@@ -24,6 +24,9 @@ GPUS_DIVISIBLE_BY_NODES = (
 )
 PRIORITY_RANGE = f"priority: must be between 0 and {MAX_PRIORITY}."
 TIMEOUT_RANGE = f"timeout_seconds: must be between 1 and {MAX_TIMEOUT_SECONDS} seconds (90 days)."
+EXPECTED_RANGE = (
+    f"expected_seconds: must be between 1 and {MAX_TIMEOUT_SECONDS} seconds (90 days)."
+)
 NODE_GPUS_RANGE = f"gpus: a node has between 1 and {MAX_GPUS_PER_NODE} GPUs."
 
 
@@ -146,6 +149,13 @@ class Job(models.Model):
         validators=[MinValueValidator(1), MaxValueValidator(MAX_TIMEOUT_SECONDS)],
     )
     max_preemptions = models.PositiveIntegerField(null=True, blank=True)
+    expected_seconds = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_TIMEOUT_SECONDS)],
+        help_text="How long the submitter expects the job to run: what estimated starts count "
+        "on (else its timeout, else its share's history).",
+    )
     preemptible = models.BooleanField(
         default=True,
         help_text="False: runs only within its share's limit (it never borrows) and is never "
@@ -163,6 +173,12 @@ class Job(models.Model):
     cancel_requested = models.BooleanField(
         default=False, help_text="A cancel arrived while the job held GPUs: it is being stopped."
     )
+
+    # When a RUNNABLE job is estimated to start (scheduler/cycle/estimates.py), on which nodes,
+    # and what the estimate counted on; null: none (not waiting, or not within the horizon).
+    estimated_start = models.DateTimeField(null=True, blank=True)
+    estimated_nodes = models.JSONField(default=list, blank=True)
+    estimate_basis = models.CharField(max_length=300, blank=True)
 
     submitted_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True, help_text="First start.")
@@ -184,6 +200,11 @@ class Job(models.Model):
                 condition=Q(timeout_seconds__isnull=True)
                 | (Q(timeout_seconds__gte=1) & Q(timeout_seconds__lte=MAX_TIMEOUT_SECONDS)),
                 name="job_timeout_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(expected_seconds__isnull=True)
+                | (Q(expected_seconds__gte=1) & Q(expected_seconds__lte=MAX_TIMEOUT_SECONDS)),
+                name="job_expected_seconds_range",
             ),
             # Submitting the same client_token twice returns the first job (idempotent submit).
             models.UniqueConstraint(

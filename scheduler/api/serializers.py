@@ -15,6 +15,7 @@ from rest_framework.utils.serializer_helpers import BindingDict
 
 from scheduler.engine import order
 from scheduler.models import (
+    EXPECTED_RANGE,
     MAX_PRIORITY,
     MAX_RETRY_ATTEMPTS,
     MAX_TIMEOUT_SECONDS,
@@ -179,6 +180,18 @@ class JobSerializer(PlainValuesMixin, serializers.ModelSerializer):
 
     share = serializers.SlugRelatedField(slug_field="name", read_only=True)
     submitted_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    estimated_start = serializers.DateTimeField(
+        read_only=True,
+        allow_null=True,
+        help_text="When the waiting job is estimated to start, assuming nothing new is "
+        "submitted (null: not waiting, or not within the estimate's horizon).",
+    )
+    estimated_nodes = serializers.ListField(
+        child=serializers.CharField(), read_only=True, help_text="The nodes it would start on."
+    )
+    estimate_basis = serializers.CharField(
+        read_only=True, help_text="What the estimate counts on (docs/estimates.md)."
+    )
 
     class Meta:
         model = Job
@@ -201,9 +214,13 @@ class JobSerializer(PlainValuesMixin, serializers.ModelSerializer):
             "env",
             "client_token",
             "timeout_seconds",
+            "expected_seconds",
             "max_preemptions",
             "retry_attempts",
             "preemptible",
+            "estimated_start",
+            "estimated_nodes",
+            "estimate_basis",
             "submitted_at",
             "started_at",
             "finished_at",
@@ -491,6 +508,16 @@ class JobSubmitSerializer(SharedFieldsMixin, serializers.Serializer):
         max_value=MAX_TIMEOUT_SECONDS,
         error_messages=_range(TIMEOUT_RANGE),
     )
+    expected_seconds = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        default=None,
+        min_value=1,
+        max_value=MAX_TIMEOUT_SECONDS,
+        error_messages=_range(EXPECTED_RANGE),
+        help_text="How long you expect the job to run: estimated starts count on it (else on "
+        "its timeout, else on its share's history).",
+    )
     max_preemptions = serializers.IntegerField(
         required=False,
         allow_null=True,
@@ -509,6 +536,19 @@ class JobSubmitSerializer(SharedFieldsMixin, serializers.Serializer):
         default=True,
         help_text="false: the job runs only within its share's limit (it never borrows) and is "
         "never preempted, by a reclaim or in its share (docs/semantics.md).",
+    )
+
+
+class JobEstimateSerializer(serializers.Serializer):
+    """What-if: when a job would start if it were submitted now (nothing is stored)."""
+
+    estimated_start = serializers.DateTimeField(
+        allow_null=True, help_text="null: not within the estimate's horizon."
+    )
+    estimated_nodes = serializers.ListField(child=serializers.CharField())
+    estimate_basis = serializers.CharField()
+    reason = serializers.CharField(
+        allow_null=True, help_text="Why it would wait at the next cycle; null: it would start."
     )
 
 

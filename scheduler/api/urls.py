@@ -22,6 +22,7 @@ register_converter(NodeNameConverter, "node")
 app_name = "api"
 urlpatterns = [
     path("jobs/", views.JobListCreateView.as_view(), name="jobs"),
+    path("jobs/estimate/", views.JobEstimateView.as_view(), name="jobs-estimate"),
     path("jobs/<int:job_id>/", views.JobDetailView.as_view(), name="job"),
     path("jobs/<int:job_id>/cancel/", views.JobCancelView.as_view(), name="job-cancel"),
     path("shares/", views.ShareListCreateView.as_view(), name="shares"),

@@ -159,6 +159,34 @@ class JobListCreateView(generics.GenericAPIView):
         )
 
 
+class JobEstimateView(APIView):
+    @extend_schema(
+        operation_id="jobs_estimate",
+        summary="When would this job start? (what-if: nothing is stored)",
+        description="The same body as a submit, checked by the same rules; the answer is when "
+        "the job would start if it were submitted now, behind the queue as it is and assuming "
+        "no other new job, and why it would wait (docs/estimates.md).",
+        request=s.JobSubmitSerializer,
+        responses={200: s.JobEstimateSerializer, **errors(400, 404)},
+    )
+    def post(self, request):
+        serializer = s.JobSubmitSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
+        share_name = data.pop("share")
+        try:
+            answer = job_services.job_estimate(
+                user=request.user, share_name=share_name, members_only=True,
+                fields_validated=True, **data,
+            )  # fmt: skip
+        except job_services.ShareNotVisible:
+            message = (SHARE_NOT_FOUND if is_admin(request.user) else SHARE_NOT_YOURS).format(
+                name=share_name
+            )
+            return Response({"share": [message]}, status=status.HTTP_404_NOT_FOUND)
+        return Response(s.JobEstimateSerializer(answer).data)
+
+
 class JobDetailView(APIView):
     @extend_schema(
         operation_id="jobs_describe",

@@ -1,11 +1,16 @@
 """The cycle's Celery task: thin, it calls the cycle and records its metrics."""
 
+import logging
 import time
 
 from celery import shared_task
+from django.conf import settings
 
 from dashboards.services import cycle_record, history_sample
+from scheduler.cycle.estimates import estimates_refresh, estimates_started, estimates_wanted
 from scheduler.cycle.run import cycle_run
+
+logger = logging.getLogger(__name__)
 
 
 # The name it has always had, so messages queued by an older portal still run.
@@ -24,3 +29,15 @@ def cycle(after_change: int | None = None) -> None:
         return
     cycle_record(time.perf_counter() - start, True)
     history_sample()
+    if not result.skipped and estimates_wanted():
+        try:
+            estimates.apply_async(countdown=settings.ESTIMATE_EVERY_SECONDS)
+        except Exception:  # noqa: BLE001 — the broker being down must not fail a cycle
+            logger.warning("could not queue an estimate refresh", exc_info=True)
+
+
+@shared_task(name="scheduler.tasks.estimates", ignore_result=True)
+def estimates() -> None:
+    """Refresh the waiting jobs' estimated starts (queued after cycles, coalesced)."""
+    estimates_started()
+    estimates_refresh()

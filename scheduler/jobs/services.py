@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
+from scheduler.cycle.estimates import what_if
 from scheduler.cycle.trigger import request_cycle
 from scheduler.jobs.selectors import submit_target
 from scheduler.models import GPUS_DIVISIBLE_BY_NODES, Job, JobEvent
@@ -117,6 +118,7 @@ IDEMPOTENT_FIELDS = (
     "command",
     "env",
     "timeout_seconds",
+    "expected_seconds",
     "max_preemptions",
     "retry_attempts",
     "preemptible",
@@ -166,6 +168,7 @@ def job_submit(
     env: dict | None = None,
     client_token: str = "",
     timeout_seconds: int | None = None,
+    expected_seconds: int | None = None,
     max_preemptions: int | None = None,
     retry_attempts: int = 0,
     preemptible: bool = True,
@@ -190,6 +193,7 @@ def job_submit(
         "command": command,
         "env": env or {},
         "timeout_seconds": timeout_seconds,
+        "expected_seconds": expected_seconds,
         "max_preemptions": max_preemptions,
         "retry_attempts": retry_attempts,
         "preemptible": preemptible,
@@ -208,36 +212,8 @@ def job_submit(
         existing = _job_for_token(user, client_token)
         if existing is not None:
             return _same_request_or_conflict(existing, share_name, request, client_token), False
-    share = target.share
-    if share is None:
-        raise ValidationError({"share": SHARE_UNKNOWN.format(name=share_name)})
-    if share.state == QuotaShare.State.DISABLED:
-        raise ValidationError({"share": SHARE_DISABLED.format(name=share_name)})
-    limits = target.limits
-    if gpu_type not in limits:
-        raise ValidationError(
-            {
-                "gpu_type": GPU_TYPE_NOT_IN_SHARE.format(
-                    share=share_name, gpu_type=gpu_type, allowed=", ".join(sorted(limits))
-                )
-            }
-        )
-    if not (command or "").strip():
-        raise ValidationError({"command": COMMAND_EMPTY})
-    job = Job(share=share, submitted_by=user, client_token=client_token, **request)
-    if not fields_validated:
-        # Field validators and Job.clean() check every rule the check constraints hold, with
-        # the messages users read; validating the constraints again would cost one query each
-        # (five per submit), and the database enforces them anyway (the client_token race
-        # included).
-        job.full_clean(exclude=["share", "submitted_by"], validate_constraints=False)
-    validate_fits_nodes(
-        gpu_type=gpu_type,
-        gpus=gpus,
-        nodes=nodes,
-        largest_node=target.largest_node,
-        nodes_that_fit=target.nodes_that_fit,
-    )
+    job = _checked_job(user, share_name, target, request, client_token, fields_validated)
+    share = job.share
     job.state = Job.State.RUNNABLE
     job.reason = QUEUED_REASON
     events = [
@@ -283,3 +259,71 @@ def _same_request_or_conflict(
     if not same:
         raise ClientTokenConflict(existing, client_token)
     return existing
+
+
+def _checked_job(user, share_name: str, target, request: dict, client_token: str,
+                 fields_validated: bool) -> Job:  # fmt: skip
+    """The job `request` asks for, not saved, once every rule of a submission holds (else
+    ValidationError naming the field and the rule)."""
+    gpu_type, gpus, nodes = request["gpu_type"], request["gpus"], request["nodes"]
+    command = request["command"]
+    share = target.share
+    if share is None:
+        raise ValidationError({"share": SHARE_UNKNOWN.format(name=share_name)})
+    if share.state == QuotaShare.State.DISABLED:
+        raise ValidationError({"share": SHARE_DISABLED.format(name=share_name)})
+    limits = target.limits
+    if gpu_type not in limits:
+        raise ValidationError(
+            {
+                "gpu_type": GPU_TYPE_NOT_IN_SHARE.format(
+                    share=share_name, gpu_type=gpu_type, allowed=", ".join(sorted(limits))
+                )
+            }
+        )
+    if not (command or "").strip():
+        raise ValidationError({"command": COMMAND_EMPTY})
+    job = Job(share=share, submitted_by=user, client_token=client_token, **request)
+    if not fields_validated:
+        # Field validators and Job.clean() check every rule the check constraints hold, with
+        # the messages users read; validating the constraints again would cost one query each
+        # (five per submit), and the database enforces them anyway (the client_token race
+        # included).
+        job.full_clean(exclude=["share", "submitted_by"], validate_constraints=False)
+    validate_fits_nodes(
+        gpu_type=gpu_type,
+        gpus=gpus,
+        nodes=nodes,
+        largest_node=target.largest_node,
+        nodes_that_fit=target.nodes_that_fit,
+    )
+    return job
+
+
+def job_estimate(*, user, share_name: str, gpu_type: str, gpus: int, command: str, **fields):
+    """What-if: when a job of this request would start if it were submitted now (nothing is
+    stored), and why it would wait; the same checks as `job_submit` (ValidationError,
+    ShareNotVisible). Returns `scheduler.cycle.estimates.WhatIf`."""
+    fields.pop("client_token", None)
+    request = {
+        "name": fields.get("name", ""),
+        "gpu_type": gpu_type,
+        "gpus": gpus,
+        "nodes": fields.get("nodes", 1),
+        "priority": fields.get("priority", 0),
+        "command": command,
+        "env": fields.get("env") or {},
+        "timeout_seconds": fields.get("timeout_seconds"),
+        "expected_seconds": fields.get("expected_seconds"),
+        "max_preemptions": fields.get("max_preemptions"),
+        "retry_attempts": fields.get("retry_attempts", 0),
+        "preemptible": fields.get("preemptible", True),
+    }
+    target = submit_target(
+        user=user, share_name=share_name, gpu_type=gpu_type,
+        per_node=gpus // max(request["nodes"], 1), client_token="",
+    )  # fmt: skip
+    if fields.get("members_only") and not target.visible:
+        raise ShareNotVisible(share_name)
+    job = _checked_job(user, share_name, target, request, "", fields.get("fields_validated", False))
+    return what_if(job)

@@ -1,0 +1,250 @@
+"""Estimated starts of the waiting jobs (docs/estimates.md): the cycle's snapshot, the jobs'
+expected run times, and the engine replayed forward by `scheduler.simulator.estimate`; stored on
+the jobs. Run by a Celery task after cycles, coalesced (`request_estimates`), never on the
+request path; `jobs_estimate` answers a what-if for a job not submitted."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from functools import cache
+
+from django.conf import settings
+from django.db import connection
+
+from portal.db.bulk import rows_update
+from portal.db.sql import prepared_cursor
+from portal.redis import redis_client
+from scheduler import engine
+from scheduler.cycle.snapshot import cycle_snapshot
+from scheduler.models import Job, JobAttempt
+from scheduler.simulator.estimate import Estimate, estimate_starts
+
+logger = logging.getLogger(__name__)
+
+QUEUED_KEY = "portal:estimates:queued:{db}"
+# Of a share's history: the latest this many successful runs of a size count.
+HISTORY_RUNS = 20
+# Without anything to go on: a job is assumed to run this long.
+DEFAULT_EXPECTED_SECONDS = 3600.0
+
+BASIS_EXPECTED = "its expected_seconds"
+BASIS_TIMEOUT = "its timeout"
+BASIS_HISTORY = "the median of the last {runs} runs of share {share} at {gpus} GPUs"
+BASIS_SHARE_HISTORY = "the median of the last {runs} runs of share {share}"
+BASIS_DEFAULT = "no history: {hours:g} h assumed"
+# Every estimate says what it counts on: its own run time's basis, and that new jobs are not.
+BASIS = "simulated from the queue now, assuming no new job is submitted; its run time: {own}"
+
+
+@dataclass(frozen=True)
+class ExpectedTime:
+    seconds: float
+    basis: str
+
+
+@dataclass
+class EstimateRun:
+    """What one refresh did, for logs, tests and the benchmark."""
+
+    runnable: int = 0
+    estimated: int = 0
+    seconds: float = 0.0
+
+
+class History:
+    """Recent successful run times by share and size, and by share, read in one query."""
+
+    def __init__(self) -> None:
+        self.by_size: dict[tuple[str, int], list[float]] = defaultdict(list)
+        self.by_share: dict[str, list[float]] = defaultdict(list)
+        with prepared_cursor() as cursor:
+            cursor.execute(_history_sql(), [JobAttempt.Outcome.SUCCEEDED, 50 * HISTORY_RUNS])
+            for share, gpus, seconds in cursor.fetchall():
+                if seconds is None or seconds <= 0:
+                    continue
+                if len(self.by_size[share, gpus]) < HISTORY_RUNS:
+                    self.by_size[share, gpus].append(float(seconds))
+                if len(self.by_share[share]) < HISTORY_RUNS:
+                    self.by_share[share].append(float(seconds))
+
+    def expected(self, share: str, gpus: int) -> ExpectedTime:
+        runs = self.by_size.get((share, gpus))
+        if runs:
+            basis = BASIS_HISTORY.format(runs=len(runs), share=share, gpus=gpus)
+            return ExpectedTime(statistics.median(runs), basis)
+        runs = self.by_share.get(share)
+        if runs:
+            return ExpectedTime(
+                statistics.median(runs), BASIS_SHARE_HISTORY.format(runs=len(runs), share=share)
+            )
+        return ExpectedTime(
+            DEFAULT_EXPECTED_SECONDS, BASIS_DEFAULT.format(hours=DEFAULT_EXPECTED_SECONDS / 3600)
+        )
+
+
+def expected_time(
+    *, expected_seconds: int | None, timeout_seconds: int | None, share: str, gpus: int,
+    history: History,
+) -> ExpectedTime:  # fmt: skip
+    """How long a job is expected to run: its own `expected_seconds`, else its timeout, else
+    its share's history."""
+    if expected_seconds:
+        return ExpectedTime(float(expected_seconds), BASIS_EXPECTED)
+    if timeout_seconds:
+        return ExpectedTime(float(timeout_seconds), BASIS_TIMEOUT)
+    return history.expected(share, gpus)
+
+
+def estimates_refresh(*, horizon: float | None = None) -> EstimateRun:
+    """Estimate when every RUNNABLE job starts and store it on the job (none: not within the
+    horizon); clear the estimates of jobs no longer waiting."""
+    started = time.perf_counter()
+    snapshot, _context = cycle_snapshot()
+    estimates, times = _estimate(snapshot, horizon)
+    now = datetime.fromtimestamp(snapshot.now, tz=UTC)
+    rows = []
+    for job in snapshot.runnable:
+        estimate = estimates.get(job.id)
+        basis = BASIS.format(own=times[job.id].basis)
+        if estimate is None:
+            rows.append((int(job.id), None, [], basis))
+        else:
+            start = now + timedelta(seconds=estimate.start)
+            rows.append((int(job.id), start, list(estimate.nodes), basis))
+    fields = ("estimated_start", "estimated_nodes", "estimate_basis")
+    rows_update(Job, fields, rows, where=("state", Job.State.RUNNABLE))
+    Job.objects.exclude(state=Job.State.RUNNABLE).exclude(estimate_basis="").update(
+        estimated_start=None, estimated_nodes=[], estimate_basis=""
+    )
+    run = EstimateRun(len(snapshot.runnable), len(estimates), time.perf_counter() - started)
+    logger.info("estimates: %d of %d waiting jobs within the horizon, in %.2f s",
+                run.estimated, run.runnable, run.seconds)  # fmt: skip
+    return run
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """When a job not submitted would start if it were submitted now, and why it would wait."""
+
+    estimated_start: datetime | None  # None: not within the horizon
+    estimated_nodes: tuple[str, ...]
+    estimate_basis: str
+    reason: str | None  # why it would wait at the next cycle; None: it would start at once
+
+
+WHAT_IF_ID = "what-if"  # no job's id (those are numbers)
+
+
+def what_if(job: Job) -> WhatIf:
+    """What-if for `job`, checked as a submission but not saved: behind the queue as it is."""
+    snapshot, _context = cycle_snapshot()
+    view = engine.RunnableJob(
+        WHAT_IF_ID, job.share.name, job.gpu_type, job.gpus, job.nodes, job.priority,
+        snapshot.now, preemptible=job.preemptible,
+    )  # fmt: skip
+    snapshot = replace(snapshot, runnable=(*snapshot.runnable, view))
+    own = expected_time(
+        expected_seconds=job.expected_seconds, timeout_seconds=job.timeout_seconds,
+        share=job.share.name, gpus=job.gpus, history=History(),
+    )  # fmt: skip
+    reason = engine.plan(snapshot).waiting.get(WHAT_IF_ID)
+    estimates, _times = _estimate(snapshot, None, extra={WHAT_IF_ID: own})
+    estimate = estimates.get(WHAT_IF_ID)
+    now = datetime.fromtimestamp(snapshot.now, tz=UTC)
+    return WhatIf(
+        estimated_start=None if estimate is None else now + timedelta(seconds=estimate.start),
+        estimated_nodes=() if estimate is None else estimate.nodes,
+        estimate_basis=BASIS.format(own=own.basis),
+        reason=reason,
+    )
+
+
+def _estimate(
+    snapshot: engine.Snapshot,
+    horizon: float | None,
+    extra: Mapping[str, ExpectedTime] | None = None,
+) -> tuple[dict[str, Estimate], dict[str, ExpectedTime]]:
+    extra = extra or {}
+    times = _expected_times(
+        [job.id for job in snapshot.runnable if job.id not in extra]
+        + [job.id for job in snapshot.placed]
+    )
+    times.update(extra)
+    grace = {share.name: share.grace_seconds for share in snapshot.shares}
+    remaining = {}
+    for placed in snapshot.placed:
+        if placed.stopping:
+            remaining[placed.id] = float(grace.get(placed.share, 0))  # at most its grace
+        else:
+            remaining[placed.id] = times[placed.id].seconds - (snapshot.now - placed.started)
+    estimates = estimate_starts(
+        snapshot,
+        expected={job_id: time_.seconds for job_id, time_ in times.items()},
+        remaining=remaining,
+        horizon=settings.ESTIMATE_HORIZON_SECONDS if horizon is None else horizon,
+    )
+    return estimates, times
+
+
+def _expected_times(job_ids: Iterable[str]) -> dict[str, ExpectedTime]:
+    ids = sorted({int(job_id) for job_id in job_ids})
+    history = History()
+    times = {}
+    rows = Job.objects.filter(pk__in=ids).values_list(
+        "pk", "expected_seconds", "timeout_seconds", "share__name", "gpus"
+    )
+    for pk, expected_seconds, timeout_seconds, share, gpus in rows.iterator(chunk_size=5000):
+        times[str(pk)] = expected_time(
+            expected_seconds=expected_seconds, timeout_seconds=timeout_seconds, share=share,
+            gpus=gpus, history=history,
+        )  # fmt: skip
+    return times
+
+
+def estimates_wanted() -> bool:
+    """After a cycle that planned: whether to queue a refresh of the estimates (True), or one
+    is queued already (the mark expires on its own, so a worker that died with the message
+    holds nothing up for long)."""
+    if not settings.ESTIMATES_ENABLED:
+        return False
+    key = QUEUED_KEY.format(db=connection.settings_dict["NAME"])
+    try:
+        return bool(
+            redis_client().set(key, "1", nx=True, ex=max(1, int(settings.ESTIMATE_EVERY_SECONDS)))
+        )
+    except Exception:  # noqa: BLE001 — estimates are a convenience: the cycle goes on
+        logger.warning("could not queue an estimate refresh", exc_info=True)
+        return False
+
+
+def estimates_started() -> None:
+    """The queued refresh runs: a cycle from now on queues the next one."""
+    try:
+        redis_client().delete(QUEUED_KEY.format(db=connection.settings_dict["NAME"]))
+    except Exception:  # noqa: BLE001 — the mark expires by itself
+        logger.warning("could not clear the queued estimate's mark", exc_info=True)
+
+
+@cache
+def _history_sql() -> str:
+    """(share name, GPUs, seconds) of the latest successful attempts, newest first.
+    Parameters: SUCCEEDED, how many."""
+    attempt = connection.ops.quote_name(JobAttempt._meta.db_table)
+    job = connection.ops.quote_name(Job._meta.db_table)
+    share = connection.ops.quote_name(Job._meta.get_field("share").related_model._meta.db_table)
+    if connection.vendor == "postgresql":
+        seconds = "EXTRACT(EPOCH FROM (a.ended_at - a.started_at))"
+    else:
+        seconds = "(julianday(a.ended_at) - julianday(a.started_at)) * 86400.0"
+    return (
+        f"SELECT s.name, j.gpus, {seconds} FROM {attempt} a "
+        f"JOIN {job} j ON j.id = a.job_id JOIN {share} s ON s.id = j.share_id "
+        "WHERE a.outcome = %s AND a.started_at IS NOT NULL AND a.ended_at IS NOT NULL "
+        "ORDER BY a.ended_at DESC LIMIT %s"
+    )

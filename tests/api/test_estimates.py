@@ -1,0 +1,86 @@
+"""Estimated starts over the API, the Python client and the CLI, against a live server: the
+what-if before a submit (nothing stored), the estimate on a waiting job, and the bad requests
+that get a 400 naming the field. The cluster of the API tests: two 8-GPU h100 nodes."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+
+from portal_client import Client, PortalError
+from scheduler.cycle.estimates import estimates_refresh
+from scheduler.cycle.run import cycle_run
+from scheduler.models import Job
+from tests.api.helpers import job_request
+from tests.api.test_client import cli
+
+ESTIMATE = "/api/v1/jobs/estimate/"
+
+
+@pytest.fixture
+def bob_client(world, live_server) -> Client:
+    return Client(live_server.url, world.tokens["bob"])
+
+
+def busy(client: Client, seconds: int = 3600) -> None:
+    """research fills both h100 nodes (its own 8 and vision's lent 8), each for `seconds`."""
+    for _ in range(2):
+        client.submit(share="research", gpus=8, gpu_type="h100", command="x",
+                      expected_seconds=seconds)  # fmt: skip
+    cycle_run(force=True)
+
+
+def test_what_if_says_when_a_job_would_start_and_stores_nothing(world, bob_client):
+    """Both nodes busy for an hour: a research job would wait (research at its limit) and start
+    in about an hour; vision's would reclaim its lent GPUs and start after research's grace
+    period (2 s). No job is created."""
+    busy(bob_client)
+    before = Job.objects.count()
+    answer = bob_client.estimate(share="research", gpus=8, gpu_type="h100", command="x",
+                                 expected_seconds=60)  # fmt: skip
+    start = datetime.fromisoformat(answer["estimated_start"])
+    assert timedelta(minutes=55) < start - datetime.now(start.tzinfo) <= timedelta(hours=1)
+    assert answer["reason"] and "no new job" in answer["estimate_basis"]
+    carol = world.client("carol")
+    owner = carol.post(ESTIMATE, job_request(share="vision"), format="json").json()
+    soon = datetime.fromisoformat(owner["estimated_start"]) - datetime.now(start.tzinfo)
+    assert soon <= timedelta(seconds=3) and owner["reason"].startswith("reclaiming 8 h100")
+    assert Job.objects.count() == before
+
+
+def test_what_if_checks_the_request_as_a_submit_does(world, bob_client):
+    bob = world.client("bob")
+    for body, field in (
+        (job_request(gpus=0), "gpus"),
+        (job_request(expected_seconds=0), "expected_seconds"),
+        (job_request(gpu_type="l4", gpus=8), "gpus"),  # no l4 node holds 8
+    ):
+        response = bob.post(ESTIMATE, body, format="json")
+        assert response.status_code == 400 and field in response.json(), body
+    hidden = world.client("oscar").post(ESTIMATE, job_request(), format="json")
+    assert hidden.status_code == 404 and "share" in hidden.json()
+    with pytest.raises(PortalError) as error:
+        bob_client.estimate(share="research", gpus=8, gpu_type="h100", command="x",
+                            expected_seconds=-3)  # fmt: skip
+    assert error.value.status == 400
+
+
+def test_a_waiting_job_shows_its_estimate_in_the_api_and_the_cli(world, bob_client, live_server):
+    busy(bob_client, seconds=1800)
+    waiting = bob_client.submit(share="research", gpus=8, gpu_type="h100", command="x",
+                                expected_seconds=600)  # fmt: skip
+    estimates_refresh()
+    shown = bob_client.job(waiting["id"])
+    start = datetime.fromisoformat(shown["estimated_start"])
+    assert timedelta(minutes=25) < start - datetime.now(start.tzinfo) <= timedelta(minutes=30)
+    assert shown["estimated_nodes"] and "its expected_seconds" in shown["estimate_basis"]
+    token = world.tokens["bob"]
+    listing = cli(live_server, token, "ls", "--state", "RUNNABLE")
+    assert "estimated start" in listing.stdout
+    described = cli(live_server, token, "show", str(waiting["id"]))
+    assert "estimated start" in described.stdout and "no new job" in described.stdout
+    what_if = cli(live_server, token, "estimate", "--share", "research", "--gpus", "8",
+                  "--gpu-type", "h100", "--expected-seconds", "60", "--", "true")  # fmt: skip
+    assert what_if.returncode == 0, what_if.stderr
+    assert what_if.stdout.startswith("would start: ") and "no new job" in what_if.stdout

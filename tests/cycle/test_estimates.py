@@ -1,0 +1,111 @@
+"""Estimated starts stored on the waiting jobs by the refresh the worker runs after cycles
+(docs/estimates.md); the real database, one cycle per `cycle_run()`, agents played through the
+node services."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from scheduler.cycle.estimates import (
+    BASIS_DEFAULT,
+    BASIS_EXPECTED,
+    BASIS_HISTORY,
+    BASIS_TIMEOUT,
+    History,
+    estimates_refresh,
+    expected_time,
+)
+from scheduler.cycle.run import cycle_run
+from scheduler.jobs.services import job_submit
+from scheduler.models import Job, JobAttempt, Node
+from scheduler.nodes.attempts import attempt_started
+from scheduler.nodes.services import node_orders
+from tests.conftest import make_node
+
+pytestmark = pytest.mark.django_db
+
+
+def submit(user, share: str, gpus: int = 8, **fields) -> Job:
+    job, _ = job_submit(
+        user=user, share_name=share, gpu_type="h100", gpus=gpus, command="true", **fields
+    )
+    return job
+
+
+def run(job: Job) -> None:
+    attempt = JobAttempt.objects.filter(job=job).order_by("-number").first()
+    node = Node.objects.get(name=attempt.allocations[0]["node"])
+    node_orders(node=node)
+    attempt_started(node=node, attempt_id=attempt.pk)
+
+
+def test_each_waiting_job_gets_when_and_where_it_would_start(world):
+    """One node of 8 h100, research's job runs (expected 600 s); two more wait behind it, one
+    expecting 300 s, the other giving only a timeout: they start in 600 and 900 s, on the node,
+    each saying what its estimate counts on. A job that starts loses its estimate."""
+    make_node("node-0")
+    first = submit(world.alice, "research", expected_seconds=600)
+    cycle_run(force=True)
+    run(first)
+    second = submit(world.alice, "research", expected_seconds=300)
+    third = submit(world.alice, "research", timeout_seconds=7200)
+    cycle_run(force=True)
+    before = timezone.now()
+    refresh = estimates_refresh()
+    assert (refresh.runnable, refresh.estimated) == (2, 2)
+    second, third = Job.objects.get(pk=second.pk), Job.objects.get(pk=third.pk)
+    assert abs((second.estimated_start - before).total_seconds() - 600) < 5
+    assert abs((third.estimated_start - before).total_seconds() - 900) < 5
+    assert second.estimated_nodes == ["node-0"] == third.estimated_nodes
+    assert BASIS_EXPECTED in second.estimate_basis and "no new job" in second.estimate_basis
+    assert BASIS_TIMEOUT in third.estimate_basis
+    shown = world.client("alice").get(f"/api/v1/jobs/{third.pk}/").json()
+    assert shown["estimated_start"] and shown["estimated_nodes"] == ["node-0"]
+    assert shown["estimate_basis"] == third.estimate_basis
+    Job.objects.filter(pk=first.pk).update(state=Job.State.SUCCEEDED)
+    Job.objects.filter(pk=second.pk).update(state=Job.State.RUNNING)
+    estimates_refresh()
+    second = Job.objects.get(pk=second.pk)
+    assert second.estimated_start is None and second.estimate_basis == ""
+
+
+def test_a_job_beyond_the_horizon_has_no_estimate(world):
+    make_node("node-0")
+    first = submit(world.alice, "research", expected_seconds=86400)
+    cycle_run(force=True)
+    run(first)
+    waiting = submit(world.alice, "research", expected_seconds=60)
+    estimates_refresh(horizon=3600)
+    waiting = Job.objects.get(pk=waiting.pk)
+    assert waiting.estimated_start is None and "no new job" in waiting.estimate_basis
+
+
+def succeeded(job: Job, seconds: float) -> None:
+    ended = timezone.now()
+    JobAttempt.objects.create(
+        job=job, number=1, allocations=[], outcome=JobAttempt.Outcome.SUCCEEDED,
+        started_at=ended - timedelta(seconds=seconds), ended_at=ended,
+    )  # fmt: skip
+    Job.objects.filter(pk=job.pk).update(state=Job.State.SUCCEEDED)
+
+
+def test_without_its_own_time_a_job_counts_on_its_share_s_recent_runs(world):
+    """The median of the share's recent runs of that size, else of any size, else an hour."""
+    make_node("node-0")
+    for seconds in (100, 200, 900):
+        succeeded(submit(world.alice, "research", gpus=8), seconds)
+    succeeded(submit(world.alice, "research", gpus=2), 5000)
+    history = History()
+
+    def expected(gpus: int, share: str = "research"):
+        return expected_time(
+            expected_seconds=None, timeout_seconds=None, share=share, gpus=gpus, history=history
+        )
+
+    assert expected(8).seconds == 200
+    assert expected(8).basis == BASIS_HISTORY.format(runs=3, share="research", gpus=8)
+    assert expected(4).seconds == 550  # the share's four runs
+    assert expected(8, share="vision").basis == BASIS_DEFAULT.format(hours=1)
