@@ -104,54 +104,22 @@ class Client:
     ) -> dict:
         """Submit a job; returns it. With a `client_token` already used for the same request,
         returns the first job instead of creating a second."""
-        return self._request("POST", "jobs/", json=self._job_body(**_arguments(locals())))
+        return self._request("POST", "jobs/", json=self._job_body(_arguments(locals())))
 
     def estimate(self, **request: Any) -> dict:
         """What-if: when a job of this request (the arguments of `submit`) would start if it
         were submitted now, and why it would wait: {estimated_start, estimated_nodes,
         estimate_basis, reason}. Nothing is stored."""
-        return self._request("POST", "jobs/estimate/", json=self._job_body(**request))
+        return self._request("POST", "jobs/estimate/", json=self._job_body(request))
 
     @staticmethod
-    def _job_body(
-        *,
-        share: str,
-        gpus: int,
-        gpu_type: str,
-        command: str | Sequence[str],
-        nodes: int = 1,
-        priority: int = 0,
-        name: str = "",
-        env: dict[str, str] | None = None,
-        client_token: str | None = None,
-        timeout_seconds: int | None = None,
-        expected_seconds: int | None = None,
-        max_preemptions: int | None = None,
-        retry_attempts: int = 0,
-        preemptible: bool = True,
-    ) -> dict:
-        if not isinstance(command, str):
-            command = shlex.join(command)
-        body: dict[str, Any] = {
-            "share": share,
-            "gpus": gpus,
-            "gpu_type": gpu_type,
-            "command": command,
-            "nodes": nodes,
-            "priority": priority,
-            "name": name,
-            "env": env or {},
-            "retry_attempts": retry_attempts,
-            "preemptible": preemptible,
-        }
-        for key, value in (
-            ("client_token", client_token),
-            ("timeout_seconds", timeout_seconds),
-            ("expected_seconds", expected_seconds),
-            ("max_preemptions", max_preemptions),
-        ):
-            if value is not None:
-                body[key] = value
+    def _job_body(request: dict[str, Any]) -> dict[str, Any]:
+        """The API's body for a job request: the command as one string, unset options left
+        out (the API's defaults)."""
+        body = {key: value for key, value in request.items() if value is not None}
+        command = body.get("command")
+        if command is not None and not isinstance(command, str):
+            body["command"] = shlex.join(command)
         return body
 
     def jobs(

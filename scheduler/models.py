@@ -24,9 +24,7 @@ GPUS_DIVISIBLE_BY_NODES = (
 )
 PRIORITY_RANGE = f"priority: must be between 0 and {MAX_PRIORITY}."
 TIMEOUT_RANGE = f"timeout_seconds: must be between 1 and {MAX_TIMEOUT_SECONDS} seconds (90 days)."
-EXPECTED_RANGE = (
-    f"expected_seconds: must be between 1 and {MAX_TIMEOUT_SECONDS} seconds (90 days)."
-)
+EXPECTED_RANGE = f"expected_seconds: must be between 1 and {MAX_TIMEOUT_SECONDS} seconds (90 days)."
 NODE_GPUS_RANGE = f"gpus: a node has between 1 and {MAX_GPUS_PER_NODE} GPUs."
 
 

@@ -148,15 +148,20 @@ class JobListCreateView(generics.GenericAPIView):
                 **data,
             )
         except job_services.ShareNotVisible:
-            message = (SHARE_NOT_FOUND if is_admin(request.user) else SHARE_NOT_YOURS).format(
-                name=share_name
-            )
-            return Response({"share": [message]}, status=status.HTTP_404_NOT_FOUND)
+            return share_not_visible(request, share_name)
         return Response(
             s.job_data(job),
             status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
             headers={"Location": f"/api/v1/jobs/{job.pk}/"},
         )
+
+
+def share_not_visible(request, share_name: str) -> Response:
+    """404 for a share the caller may not see, worded for an admin or a member."""
+    message = (SHARE_NOT_FOUND if is_admin(request.user) else SHARE_NOT_YOURS).format(
+        name=share_name
+    )
+    return Response({"share": [message]}, status=status.HTTP_404_NOT_FOUND)
 
 
 class JobEstimateView(APIView):
@@ -180,10 +185,7 @@ class JobEstimateView(APIView):
                 fields_validated=True, **data,
             )  # fmt: skip
         except job_services.ShareNotVisible:
-            message = (SHARE_NOT_FOUND if is_admin(request.user) else SHARE_NOT_YOURS).format(
-                name=share_name
-            )
-            return Response({"share": [message]}, status=status.HTTP_404_NOT_FOUND)
+            return share_not_visible(request, share_name)
         return Response(s.JobEstimateSerializer(answer).data)
 
 
