@@ -160,6 +160,22 @@ def print_job(job: dict, out=sys.stdout) -> None:
             )
 
 
+def print_ahead(where: dict, out=sys.stdout) -> None:
+    """Where a waiting job stands, and whose jobs hold what it waits for."""
+    if where["position"] is None:
+        return
+    print(f"  {where['count']} job(s) ahead of it ({where['gpus']} GPUs):", file=out)
+    for entry in where["ahead"][:10]:
+        job = f"job {entry['job']}" if entry["job"] is not None else "a job"
+        print(f"    {entry['position']:>3}. {job} of share {entry['share']}, "
+              f"{entry['gpus']} GPUs, priority {entry['priority']}", file=out)  # fmt: skip
+    for holder in where["holders"]:
+        job = f"job {holder['job']}" if holder["job"] is not None else "a job"
+        what = "stopping for it" if holder["stopping"] else "borrowing"
+        print(f"  held: {job} of share {holder['share']}, {holder['gpus']} GPUs, {what}",
+              file=out)  # fmt: skip
+
+
 def usage_lines(name: str, usage: dict) -> list[str]:
     return [
         f"{name:<14} {gpu_type:<8} limit {row['limit']:>4}  used {row['used']:>4}  "
@@ -214,6 +230,10 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
     if args.command in ("show", "cancel", "wait"):
         if args.command == "show":
             job = client.job(args.job_id)
+            if job["state"] == "RUNNABLE" and not emit:
+                print_job(job, out)
+                print_ahead(client.ahead(args.job_id), out)
+                return 0
         elif args.command == "cancel":
             job = client.cancel(args.job_id)
         else:

@@ -143,6 +143,11 @@ class Client:
             params["since"] = since
         return self._pages("jobs/", params, limit)
 
+    def ahead(self, job_id: int) -> dict:
+        """Where a waiting job stands in its GPU type's queue: {position, count, gpus, ahead,
+        holders} (the jobs ahead of it, and whose jobs hold what it waits for)."""
+        return self._request("GET", f"jobs/{job_id}/ahead/")
+
     def job(self, job_id: int) -> dict:
         """Describe a job: attempts, preemptions, nodes and GPU indices, log tail."""
         return self._request("GET", f"jobs/{int(job_id)}/")

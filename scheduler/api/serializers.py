@@ -769,6 +769,35 @@ class QueueEntrySerializer(serializers.Serializer):
     job = JobSerializer()
 
 
+class AheadEntrySerializer(serializers.Serializer):
+    position = serializers.IntegerField(help_text="Place among the waiting jobs of the GPU type.")
+    considered_as = serializers.ChoiceField(choices=order.PASSES)
+    job = serializers.IntegerField(allow_null=True, help_text="null for another team's job.")
+    share = serializers.CharField()
+    gpus = serializers.IntegerField()
+    priority = serializers.IntegerField()
+
+
+class HolderSerializer(serializers.Serializer):
+    job = serializers.IntegerField(allow_null=True, help_text="null for another team's job.")
+    share = serializers.CharField()
+    gpus = serializers.IntegerField()
+    stopping = serializers.BooleanField(help_text="true: a victim stopping for this job.")
+
+
+class AheadSerializer(serializers.Serializer):
+    """Where a waiting job stands in its GPU type's queue, and whose jobs hold what it waits
+    for: the victims stopping for it, and the other shares' jobs above their limits."""
+
+    position = serializers.IntegerField(
+        allow_null=True, help_text="1 = next among its GPU type; null: the job is not waiting."
+    )
+    count = serializers.IntegerField(help_text="Jobs ahead of it.")
+    gpus = serializers.IntegerField(help_text="GPUs those jobs ask for.")
+    ahead = AheadEntrySerializer(many=True, help_text="The first 100 of them, in order.")
+    holders = HolderSerializer(many=True)
+
+
 class QueueSnapshotSerializer(serializers.Serializer):
     """AWS GetJobQueueSnapshot: the front of the queue and each share's usage."""
 

@@ -25,6 +25,7 @@ urlpatterns = [
     path("jobs/estimate/", views.JobEstimateView.as_view(), name="jobs-estimate"),
     path("jobs/<int:job_id>/", views.JobDetailView.as_view(), name="job"),
     path("jobs/<int:job_id>/cancel/", views.JobCancelView.as_view(), name="job-cancel"),
+    path("jobs/<int:job_id>/ahead/", views.JobAheadView.as_view(), name="job-ahead"),
     path("shares/", views.ShareListCreateView.as_view(), name="shares"),
     path("shares/<slug:name>/", views.ShareDetailView.as_view(), name="share"),
     path("shares/<slug:name>/disable/", views.ShareDisableView.as_view(), name="share-disable"),

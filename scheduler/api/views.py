@@ -21,7 +21,7 @@ from scheduler.api.permissions import (
     require_can_update_job,
 )
 from scheduler.jobs import services as job_services
-from scheduler.jobs.selectors import job_detail, job_list, queue_snapshot
+from scheduler.jobs.selectors import job_detail, job_list, jobs_ahead, queue_snapshot
 from scheduler.models import Job, Node
 from scheduler.nodes import services as node_services
 from scheduler.nodes.selectors import node_list
@@ -211,6 +211,48 @@ class JobDetailView(APIView):
         serializer.is_valid(raise_exception=True)
         job_services.job_set_priority(job=job, priority=serializer.validated_data["priority"])
         return Response(s.JobDetailSerializer(visible_job(request, job_id)).data)
+
+
+class JobAheadView(APIView):
+    @extend_schema(
+        operation_id="jobs_ahead",
+        summary="Who is ahead of a waiting job, and whose jobs hold what it waits for",
+        responses={200: s.AheadSerializer, **errors(404)},
+    )
+    def get(self, request, job_id: int):
+        job = visible_job(request, job_id)
+        where = jobs_ahead(job)
+        visible = None if is_admin(request.user) else _visible_share_names(request.user)
+
+        def shown(share: str, job_id: int) -> int | None:
+            return job_id if visible is None or share in visible else None
+
+        data = {
+            "position": where.position,
+            "count": where.count,
+            "gpus": where.gpus,
+            "ahead": [
+                {
+                    "position": entry.position,
+                    "considered_as": entry.pass_,
+                    "job": shown(entry.job.share.name, entry.job.pk),
+                    "share": entry.job.share.name,
+                    "gpus": entry.job.gpus,
+                    "priority": entry.job.priority,
+                }
+                for entry in where.ahead
+            ],
+            "holders": [
+                {
+                    "job": shown(h.share, h.job_id),
+                    "share": h.share,
+                    "gpus": h.gpus,
+                    "stopping": h.stopping,
+                }
+                for h in where.holders
+            ],  # fmt: skip
+        }
+        return Response(s.AheadSerializer(data).data)
 
 
 class JobCancelView(APIView):

@@ -321,3 +321,76 @@ def held_off(jobs: QuerySet[Job] | None = None, now: datetime | None = None) -> 
         if until is not None:
             held[job_id] = datetime.fromtimestamp(until, tz=UTC)
     return held
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Placed jobs a waiting job waits for: its victims stopping for it (`stopping`), or the
+    jobs of a share that hold its GPU type above the share's limit (borrowers)."""
+
+    share: str
+    job_id: int
+    gpus: int
+    stopping: bool
+
+
+@dataclass(frozen=True)
+class Ahead:
+    """Where a waiting job stands in its GPU type's queue (`position`, 1 is next; None: not
+    waiting), the jobs ahead of it (up to a limit; `count` and `gpus` count them all), and whose
+    jobs hold what it waits for."""
+
+    position: int | None
+    ahead: list[QueueEntry]
+    count: int
+    gpus: int
+    holders: list[Holder]
+
+
+def jobs_ahead(job: Job, *, limit: int = QUEUE_FRONT_SIZE) -> Ahead:
+    """The jobs ahead of `job` in its GPU type, in the order the engine considers them (the one
+    queue order, `engine.order.queue_order`), and, when it waits for a reclaim or for borrowed
+    GPUs, the jobs that hold them."""
+    if job.state != Job.State.RUNNABLE:
+        return Ahead(None, [], 0, 0, [])
+    snapshot, _context = cycle_snapshot()
+    same_type = [
+        entry for entry in order.queue_order(snapshot) if entry.job.gpu_type == job.gpu_type
+    ]
+    index = next((i for i, entry in enumerate(same_type) if entry.job.id == str(job.pk)), None)
+    if index is None:  # it left the queue since
+        return Ahead(None, [], 0, 0, [])
+    before = same_type[:index]
+    shown = Job.objects.select_related("share", "submitted_by").in_bulk(
+        [int(entry.job.id) for entry in before[:limit]]
+    )
+    ahead = [
+        QueueEntry(position=n, job=shown[int(entry.job.id)], pass_=entry.pass_)
+        for n, entry in enumerate(before[:limit], start=1)
+        if int(entry.job.id) in shown
+    ]
+    limits = {share.name: share.capacity_limits.get(job.gpu_type, 0) for share in snapshot.shares}
+    usage: dict[str, int] = {}
+    for placed in snapshot.placed:
+        if placed.gpu_type == job.gpu_type:
+            usage[placed.share] = usage.get(placed.share, 0) + placed.gpus
+    same = [placed for placed in snapshot.placed if placed.gpu_type == job.gpu_type]
+    # Reclaiming (or preempting in its share): its victims hold what it waits for. Otherwise,
+    # the other shares' jobs above their limits: what it could borrow or reclaim is theirs.
+    holders = [
+        Holder(placed.share, int(placed.id), placed.gpus, True)
+        for placed in same
+        if placed.stopping and placed.preempted_for == str(job.pk)
+    ] or [
+        Holder(placed.share, int(placed.id), placed.gpus, placed.stopping)
+        for placed in same
+        if placed.share != job.share.name and usage[placed.share] > limits.get(placed.share, 0)
+    ]
+    holders.sort(key=lambda holder: (holder.share, holder.job_id))
+    return Ahead(
+        position=index + 1,
+        ahead=ahead,
+        count=len(before),
+        gpus=sum(entry.job.gpus for entry in before),
+        holders=holders,
+    )

@@ -84,3 +84,27 @@ def test_a_waiting_job_shows_its_estimate_in_the_api_and_the_cli(world, bob_clie
                   "--gpu-type", "h100", "--expected-seconds", "60", "--", "true")  # fmt: skip
     assert what_if.returncode == 0, what_if.stderr
     assert what_if.stdout.startswith("would start: ") and "no new job" in what_if.stdout
+
+
+def test_who_is_ahead_of_a_waiting_job_and_whose_jobs_hold_its_gpus(world, bob_client):
+    """Three research jobs wait: the last one sees the other two ahead of it in the engine's
+    order (the higher priority first). vision's owner job, reclaiming, sees research's
+    borrower stopping for it, without its id (another team's job)."""
+    busy(bob_client)
+    first = bob_client.submit(share="research", gpus=8, gpu_type="h100", command="x")
+    urgent = bob_client.submit(share="research", gpus=8, gpu_type="h100", command="x",
+                               priority=5)  # fmt: skip
+    last = bob_client.submit(share="research", gpus=8, gpu_type="h100", command="x")
+    where = bob_client.ahead(last["id"])
+    assert (where["position"], where["count"], where["gpus"]) == (3, 2, 16)
+    assert [entry["job"] for entry in where["ahead"]] == [urgent["id"], first["id"]]
+    assert where["holders"] == []
+    carol = world.client("carol")
+    owner = carol.post("/api/v1/jobs/", job_request(share="vision"), format="json").json()
+    cycle_run(force=True)
+    seen = carol.get(f"/api/v1/jobs/{owner['id']}/ahead/").json()
+    assert seen["position"] == 1 and seen["count"] == 0
+    assert seen["holders"] == [{"job": None, "share": "research", "gpus": 8, "stopping": True}]
+    running = bob_client.jobs(state="SCHEDULED")[0]
+    assert bob_client.ahead(running["id"])["position"] is None
+    assert world.client("oscar").get(f"/api/v1/jobs/{last['id']}/ahead/").status_code == 404
