@@ -23,7 +23,7 @@ from portal.redis import redis_client
 from scheduler import engine
 from scheduler.cycle.snapshot import cycle_snapshot
 from scheduler.models import Job, JobAttempt
-from scheduler.simulator.estimate import Estimate, estimate_starts
+from scheduler.simulator.estimate import Estimates, estimate_starts
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +40,9 @@ BASIS_SHARE_HISTORY = "the median of the last {runs} runs of share {share}"
 BASIS_DEFAULT = "no history: {hours:g} h assumed"
 # Every estimate says what it counts on: its own run time's basis, and that new jobs are not.
 BASIS = "simulated from the queue now, assuming no new job is submitted; its run time: {own}"
+# A job the replay did not see start: it starts later than this (the horizon, or as far as the
+# replay got in its time budget).
+LATER_THAN = "starts after {when:%Y-%m-%d %H:%M} UTC, beyond what the estimate replayed; "
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class EstimateRun:
     runnable: int = 0
     estimated: int = 0
     seconds: float = 0.0
+    replayed: float = 0.0  # seconds ahead the replay got
 
 
 class History:
@@ -106,14 +110,16 @@ def estimates_refresh(*, horizon: float | None = None) -> EstimateRun:
     horizon); clear the estimates of jobs no longer waiting."""
     started = time.perf_counter()
     snapshot, _context = cycle_snapshot()
-    estimates, times = _estimate(snapshot, horizon)
+    result, times = _estimate(snapshot, horizon)
+    estimates = result.starts
     now = datetime.fromtimestamp(snapshot.now, tz=UTC)
+    later = LATER_THAN.format(when=now + timedelta(seconds=result.replayed))
     rows = []
     for job in snapshot.runnable:
         estimate = estimates.get(job.id)
         basis = BASIS.format(own=times[job.id].basis)
         if estimate is None:
-            rows.append((int(job.id), None, [], basis))
+            rows.append((int(job.id), None, [], later + basis))
         else:
             start = now + timedelta(seconds=estimate.start)
             rows.append((int(job.id), start, list(estimate.nodes), basis))
@@ -122,7 +128,8 @@ def estimates_refresh(*, horizon: float | None = None) -> EstimateRun:
     Job.objects.exclude(state=Job.State.RUNNABLE).exclude(estimate_basis="").update(
         estimated_start=None, estimated_nodes=[], estimate_basis=""
     )
-    run = EstimateRun(len(snapshot.runnable), len(estimates), time.perf_counter() - started)
+    run = EstimateRun(len(snapshot.runnable), len(estimates), time.perf_counter() - started,
+                      result.replayed)  # fmt: skip
     logger.info("estimates: %d of %d waiting jobs within the horizon, in %.2f s",
                 run.estimated, run.runnable, run.seconds)  # fmt: skip
     return run
@@ -154,13 +161,16 @@ def what_if(job: Job) -> WhatIf:
         share=job.share.name, gpus=job.gpus, history=History(),
     )  # fmt: skip
     reason = engine.plan(snapshot).waiting.get(WHAT_IF_ID)
-    estimates, _times = _estimate(snapshot, None, extra={WHAT_IF_ID: own})
-    estimate = estimates.get(WHAT_IF_ID)
+    result, _times = _estimate(snapshot, None, extra={WHAT_IF_ID: own})
+    estimate = result.starts.get(WHAT_IF_ID)
     now = datetime.fromtimestamp(snapshot.now, tz=UTC)
+    basis = BASIS.format(own=own.basis)
+    if estimate is None:
+        basis = LATER_THAN.format(when=now + timedelta(seconds=result.replayed)) + basis
     return WhatIf(
         estimated_start=None if estimate is None else now + timedelta(seconds=estimate.start),
         estimated_nodes=() if estimate is None else estimate.nodes,
-        estimate_basis=BASIS.format(own=own.basis),
+        estimate_basis=basis,
         reason=reason,
     )
 
@@ -169,7 +179,7 @@ def _estimate(
     snapshot: engine.Snapshot,
     horizon: float | None,
     extra: Mapping[str, ExpectedTime] | None = None,
-) -> tuple[dict[str, Estimate], dict[str, ExpectedTime]]:
+) -> tuple[Estimates, dict[str, ExpectedTime]]:
     extra = extra or {}
     times = _expected_times(
         [job.id for job in snapshot.runnable if job.id not in extra]
@@ -188,6 +198,7 @@ def _estimate(
         expected={job_id: time_.seconds for job_id, time_ in times.items()},
         remaining=remaining,
         horizon=settings.ESTIMATE_HORIZON_SECONDS if horizon is None else horizon,
+        budget=settings.ESTIMATE_BUDGET_SECONDS,
     )
     return estimates, times
 

@@ -23,6 +23,8 @@ them (`full_snapshots` sends neither: the engine works everything out, as in pro
 from __future__ import annotations
 
 import heapq
+import math
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -186,6 +188,7 @@ class Simulation:
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = 0
         self._now = 0.0
+        self.replayed = math.inf  # how far `run` took the clock, when it stopped early
         self._wakes: set[float] = set()  # the times of the _WAKE events in the heap
         # (time, job id, attempt) of each running job's next checkpoint, for the work a
         # preemption loses (PlacedJob.checkpointed), brought up to date as snapshots are made.
@@ -212,13 +215,17 @@ class Simulation:
 
     # ---- the clock -------------------------------------------------------------------------
 
-    def run(self, *, until: float | None = None) -> SimulationResult:
-        """Replay everything, or (`until`) only the instants up to that time: then the jobs
-        still waiting keep the reasons of their last cycle."""
+    def run(self, *, until: float | None = None, deadline: float | None = None) -> SimulationResult:
+        """Replay everything, or only the instants up to `until`, or those replayed before
+        `deadline` (a `time.perf_counter()` value): then the jobs still waiting keep the
+        reasons of their last cycle, and `replayed` says how far the clock got."""
         heap = self._heap
         while heap:
             now = heap[0][0]
-            if until is not None and now > until:
+            if (until is not None and now > until) or (
+                deadline is not None and time.perf_counter() > deadline
+            ):
+                self.replayed = self._now
                 return self._result()
             self._integrate_to(now)
             dirty: set[str] = set(self.unsettled)

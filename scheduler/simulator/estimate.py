@@ -13,6 +13,7 @@ has no estimate (it starts later than that, if at all).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -22,6 +23,16 @@ from scheduler.simulator.scenario import JobSpec, Scenario
 
 # A placed job past its expected time is assumed to end this soon.
 OVERDUE_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class Estimates:
+    """The estimated starts by job id, and how far ahead the replay got (seconds from now; the
+    horizon, or less when its time budget ran out): a job without an estimate starts later
+    than that."""
+
+    starts: dict[str, Estimate]
+    replayed: float
 
 
 @dataclass(frozen=True)
@@ -39,15 +50,18 @@ def estimate_starts(
     expected: Mapping[str, float],
     remaining: Mapping[str, float],
     horizon: float,
-) -> dict[str, Estimate]:
+    budget: float | None = None,
+) -> Estimates:
     """The estimated start of every runnable job of `snapshot` that would start within
-    `horizon` seconds. `expected`: each runnable job's expected run time (seconds), and each
-    stopping job's, for when it runs again; `remaining`: each placed job's expected time left
-    (a stopping job: what is left of its grace period)."""
+    `horizon` seconds, replayed within `budget` seconds of this process's time (None: no
+    limit). `expected`: each runnable job's expected run time (seconds), and each stopping
+    job's, for when it runs again; `remaining`: each placed job's expected time left (a
+    stopping job: what is left of its grace period)."""
+    deadline = None if budget is None else time.perf_counter() + budget
     if snapshot.now is None:
         raise ValueError("an estimate needs the snapshot's time (Snapshot.now)")
     if not snapshot.runnable:
-        return {}
+        return Estimates({}, horizon)
     now = snapshot.now
     # The queue in its order of submission: on the simulated clock every job is submitted at 0,
     # so among equal priorities the engine keeps this order (its last tie break, the place in
@@ -87,14 +101,14 @@ def estimate_starts(
             left = work = max(OVERDUE_SECONDS, remaining[placed.id])
         view = _shifted(placed, now)
         simulation.seed_placed(view, _spec(view, work), left)
-    simulation.run(until=horizon)
+    simulation.run(until=horizon, deadline=deadline)
     waiting = {spec.id for spec in specs}
     estimates = {}
     for event in simulation.events:
         job_id = event["job"]
         if event["type"] == "start" and job_id in waiting and job_id not in estimates:
             estimates[job_id] = Estimate(start=event["t"], nodes=tuple(event["nodes"]))
-    return estimates
+    return Estimates(estimates, min(horizon, simulation.replayed))
 
 
 def _shifted(placed: PlacedJob, now: float) -> PlacedJob:

@@ -81,6 +81,7 @@ def test_a_job_beyond_the_horizon_has_no_estimate(world):
     estimates_refresh(horizon=3600)
     waiting = Job.objects.get(pk=waiting.pk)
     assert waiting.estimated_start is None and "no new job" in waiting.estimate_basis
+    assert waiting.estimate_basis.startswith("starts after ")
 
 
 def succeeded(job: Job, seconds: float) -> None:

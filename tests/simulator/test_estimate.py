@@ -28,7 +28,7 @@ def test_an_owner_job_starts_once_its_reclaimed_borrower_has_stopped():
     )
     estimates = estimate_starts(
         snapshot, expected={"owner": 600}, remaining={"own": 1000, "borrower": 5000}, horizon=1e6
-    )
+    ).starts
     assert estimates == {"owner": Estimate(start=120.0, nodes=("n1",))}
 
 
@@ -50,7 +50,7 @@ def test_a_gang_job_starts_when_whole_nodes_are_free():
     )
     estimates = estimate_starts(
         snapshot, expected={"gang": 100, "small": 200}, remaining={"a": 300, "b": 600}, horizon=1e6
-    )
+    ).starts
     assert estimates["small"].start == 0.0
     assert estimates["gang"] == Estimate(start=600.0, nodes=("n0", "n1"))
 
@@ -73,7 +73,7 @@ def test_a_strict_fifo_share_s_first_job_holds_back_the_next():
     )
     estimates = estimate_starts(
         snapshot, expected={"big": 100, "small": 200}, remaining={"a": 300, "b": 600}, horizon=1e6
-    )
+    ).starts
     assert estimates["big"].start == 600.0
     assert estimates["small"].start == 700.0  # after big ends: the nodes are big's till then
 
@@ -93,7 +93,7 @@ def test_no_estimate_is_before_now_nor_past_the_horizon():
         expected={f"j{i}": 1000 for i in range(5)},
         remaining={"long": -30},  # overdue: assumed to end within a minute
         horizon=2500,
-    )
+    ).starts
     assert [estimates[f"j{i}"].start for i in range(3)] == [60.0, 1060.0, 2060.0]
     assert "j3" not in estimates and "j4" not in estimates
     assert all(estimate.start >= 0 for estimate in estimates.values())
@@ -102,3 +102,18 @@ def test_no_estimate_is_before_now_nor_past_the_horizon():
 def test_an_estimate_needs_the_snapshot_s_time():
     with pytest.raises(ValueError, match="Snapshot.now"):
         estimate_starts(Snapshot(nodes(1), ()), expected={}, remaining={}, horizon=1)
+
+
+def test_a_replay_out_of_time_stops_and_says_how_far_it_got():
+    """With no time budget left the replay stops before its first instant: nothing is
+    estimated, and it says it replayed nothing, so no job is shown a start."""
+    snapshot = Snapshot(
+        nodes(1),
+        (share("team", 8, RESERVE),),
+        runnable=(job("j", "team", 8, submitted=NOW - 1),),
+        now=NOW,
+    )
+    result = estimate_starts(snapshot, expected={"j": 60}, remaining={}, horizon=3600, budget=0)
+    assert (result.starts, result.replayed) == ({}, 0.0)
+    full = estimate_starts(snapshot, expected={"j": 60}, remaining={}, horizon=3600)
+    assert full.starts == {"j": Estimate(0.0, ("n0",))} and full.replayed == 3600

@@ -1,0 +1,147 @@
+"""How right are estimated starts? Replays generated traces through the simulator and, for a
+sample of the jobs, takes the estimate the portal would have shown at the job's submission
+(`scheduler.simulator.estimate`, from the very snapshot the engine planned from at that
+instant), then compares it with when the job actually started in the replay.
+
+Two kinds of knowledge of the run times: perfect (each job's own duration, each placed job's
+true time left), and noisy (each job's expected time off by a factor drawn between ×0.5 and
+×2, as submitters guess). The error of an estimate is |estimated − actual start| as a fraction
+of the job's actual wait (at least a minute); printed: the median and the p90 over the sampled
+jobs, and how many had no estimate within the horizon. New arrivals after the submission are
+not predicted, by design: that is most of the error under load.
+
+    python bench/eta.py [--seeds 3] [--jobs 400] [--sample 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from gen_trace import generate_skewed, skewed_scenario, write_csv  # noqa: E402
+
+from scheduler.engine import plan  # noqa: E402
+from scheduler.simulator import parse_scenario  # noqa: E402
+from scheduler.simulator.clock import Simulation, percentile  # noqa: E402
+from scheduler.simulator.estimate import estimate_starts  # noqa: E402
+
+GOAL = 0.25  # median error, perfect knowledge, as a fraction of the wait
+HORIZON = 14 * 86400.0
+MIN_WAIT = 60.0
+
+
+def replay(seed: int, jobs: int, cluster_gpus: int, sample: int, tmp: Path) -> dict[str, list]:
+    """The errors of the sampled jobs' estimates, perfect and noisy, and the jobs missed."""
+    rows = generate_skewed(jobs, 5, seed, cluster_gpus=cluster_gpus, horizon=2 * 86400)
+    trace = tmp / f"eta-{seed}.csv"
+    write_csv(rows, trace)
+    data = skewed_scenario(trace, 5, seed=seed, cluster_gpus=cluster_gpus,
+                           strategy="LEND_AND_BORROW")  # fmt: skip
+    rng = random.Random(f"noise {seed}")
+    noise = {row["id"]: math.exp(rng.uniform(math.log(0.5), math.log(2))) for row in rows}
+    sampled = {row["id"] for i, row in enumerate(rows) if i % sample == 0}
+    simulation = Simulation(parse_scenario(data), full_snapshots=True)
+    estimated: dict[str, dict[str, float | None]] = {"perfect": {}, "noisy": {}}
+
+    def engine(snapshot):
+        asked = [job for job in snapshot.runnable
+                 if job.id in sampled and job.id not in estimated["perfect"]
+                 and simulation.jobs[job.id].spec.submit == snapshot.now]  # fmt: skip
+        if asked:
+            for knowledge in ("perfect", "noisy"):
+                expected, remaining = times(simulation, snapshot, noise if knowledge == "noisy"
+                                            else None)  # fmt: skip
+                result = estimate_starts(snapshot, expected=expected, remaining=remaining,
+                                         horizon=HORIZON)  # fmt: skip
+                for job in asked:
+                    start = result.starts.get(job.id)
+                    estimated[knowledge][job.id] = None if start is None else start.start
+        return plan(snapshot)
+
+    simulation.engine = engine
+    result = simulation.run()
+    actual = {job["id"]: job for job in result.data["jobs"]}
+    errors: dict[str, list] = {"perfect": [], "noisy": [], "missed": [0, 0]}
+    for n, knowledge in enumerate(("perfect", "noisy")):
+        for job_id, start in estimated[knowledge].items():
+            wait = actual[job_id]["wait_seconds"]
+            if wait is None:
+                continue
+            if start is None:
+                errors["missed"][n] += 1
+                continue
+            errors[knowledge].append((abs(start - wait) / max(wait, MIN_WAIT), wait))
+    return errors
+
+
+def times(simulation, snapshot, noise) -> tuple[dict[str, float], dict[str, float]]:
+    """Expected run times of the waiting jobs and time left of the placed ones, as the
+    simulation knows them (its jobs' durations), each multiplied by its noise factor."""
+
+    def factor(job_id: str) -> float:
+        return noise[job_id] if noise else 1.0
+
+    expected, remaining = {}, {}
+    for job in snapshot.runnable:
+        sim_job = simulation.jobs[job.id]
+        expected[job.id] = (sim_job.spec.duration - sim_job.work_done) * factor(job.id)
+    for job in snapshot.placed:
+        sim_job = simulation.jobs[job.id]
+        if job.stopping:
+            remaining[job.id] = 0.0
+            expected[job.id] = (sim_job.spec.duration - sim_job.work_done) * factor(job.id)
+        else:
+            left = sim_job.run_start + sim_job.spec.duration - sim_job.work_done - snapshot.now
+            remaining[job.id] = left * factor(job.id)
+    return expected, remaining
+
+
+def summary(errors: list[tuple[float, float]]) -> str:
+    """Median and p90 error, over every estimate and over the jobs that waited 10 minutes."""
+    every = sorted(error for error, _ in errors)
+    waited = sorted(error for error, wait in errors if wait >= 600)
+    text = (f"{len(every)} estimates, median error {percentile(every, 50):.0%} of the wait, "
+            f"p90 {percentile(every, 90):.0%}")  # fmt: skip
+    if waited:
+        text += (f"; of the {len(waited)} that waited 10 min or more: median "
+                 f"{percentile(waited, 50):.0%}, p90 {percentile(waited, 90):.0%}")  # fmt: skip
+    return text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--jobs", type=int, default=400)
+    parser.add_argument("--cluster-gpus", type=int, default=64)
+    parser.add_argument("--sample", type=int, default=5, help="every n-th job is estimated")
+    args = parser.parse_args()
+    print(f"{args.jobs} jobs of 5 bursty, skewed teams on {args.cluster_gpus} h100 over two days, "
+          f"every {args.sample}th job estimated at its submission")  # fmt: skip
+    totals: dict[str, list] = {"perfect": [], "noisy": [], "missed": [0, 0]}
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in range(1, args.seeds + 1):
+            errors = replay(seed, args.jobs, args.cluster_gpus, args.sample, Path(tmp))
+            for knowledge in ("perfect", "noisy"):
+                totals[knowledge] += errors[knowledge]
+                print(f"seed {seed} {knowledge:>7}: {summary(errors[knowledge])}")
+            totals["missed"] = [a + b for a, b in zip(totals["missed"], errors["missed"],
+                                                       strict=True)]  # fmt: skip
+    for n, knowledge in enumerate(("perfect", "noisy")):
+        median = statistics.median(error for error, _ in totals[knowledge])
+        goal = f" (goal ≤ {GOAL:.0%}: {'met' if median <= GOAL else 'missed'})" if n == 0 else ""
+        print(
+            f"\nall seeds, {knowledge} knowledge: {summary(totals[knowledge])}{goal}; "
+            f"{totals['missed'][n]} without an estimate within {HORIZON / 86400:g} days"
+        )
+
+
+if __name__ == "__main__":
+    main()
