@@ -732,6 +732,7 @@ class QueueEntry:
     pass_: str  # order.PROMISED, order.WITHIN_LIMIT or order.BORROWING
     reason: str
     held_off_until: datetime | None = None  # the churn breaker's, if it holds the job off
+    estimated_start: datetime | None = None  # docs/estimates.md
 
     @property
     def within_limit(self) -> bool:
@@ -759,6 +760,7 @@ def queue_front(*, limit: int = 200, now: datetime | None = None) -> list[QueueE
             pass_=entry.pass_,
             reason=entry.job.reason,
             held_off_until=held.get(entry.job.pk),
+            estimated_start=entry.job.estimated_start,
         )
         for entry in front
     ]

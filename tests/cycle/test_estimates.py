@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.test import Client
 from django.utils import timezone
 
 from scheduler.cycle.estimates import (
@@ -65,6 +66,11 @@ def test_each_waiting_job_gets_when_and_where_it_would_start(world):
     shown = world.client("alice").get(f"/api/v1/jobs/{third.pk}/").json()
     assert shown["estimated_start"] and shown["estimated_nodes"] == ["node-0"]
     assert shown["estimate_basis"] == third.estimate_basis
+    page = Client()
+    page.force_login(world.alice)
+    queue = page.get("/dash/queue/").content.decode()
+    assert "<th>estimated start</th>" in queue
+    assert f"<td>{third.estimated_start:%Y-%m-%d %H:%M}</td>" in queue
     Job.objects.filter(pk=first.pk).update(state=Job.State.SUCCEEDED)
     Job.objects.filter(pk=second.pk).update(state=Job.State.RUNNING)
     estimates_refresh()
