@@ -31,6 +31,7 @@ from dashboards.selectors import (
     GpuTypeNow,
     LendingFlows,
     PreemptionEvent,
+    QueueEntry,
     ShareTotalPoint,
     UsagePoint,
 )
@@ -339,4 +340,46 @@ def wait_histogram(team: str, waits: Mapping[str, list[float]], range_label: str
          "bingroup": "waits"}
         for share in sorted(waits)
     ]  # fmt: skip
+    return {"data": data, "layout": layout}
+
+
+def queue_gantt(
+    gpu_type: str, entries: Sequence[QueueEntry], now: datetime, hours: float
+) -> Figure:
+    """The next `hours` of one GPU type's queue: a bar per waiting job with an estimate, from
+    its estimated start for its expected run time, in the queue's order, coloured by share."""
+    until = now + timedelta(hours=hours)
+    shown = [
+        entry
+        for entry in entries
+        if entry.gpu_type == gpu_type and entry.estimated_start and entry.estimated_start < until
+    ]
+    layout = _layout(
+        f"{gpu_type}: the next {hours:g} hours of the queue (estimated, no new job assumed)",
+        "",
+        height=max(220, 60 + 22 * len(shown)),
+    )
+    layout["yaxis"] = {"autorange": "reversed", "automargin": True, "type": "category"}
+    layout["xaxis"] = {"type": "date", "range": [_time(now), _time(until)],
+                       "title": {"text": "time (UTC)"}}  # fmt: skip
+    layout["hovermode"] = "closest"
+    layout["showlegend"] = False
+    labels = [f"#{e.position} job {e.job_id} ({e.share}, {e.gpus} GPUs)" for e in shown]
+    data = [
+        {
+            "type": "bar",
+            "orientation": "h",
+            "name": "estimated run",
+            "y": labels,
+            "base": [_time(e.estimated_start) for e in shown],
+            "x": [1000 * (e.expected_seconds or 0) for e in shown],  # ms on a date axis
+            "marker": {"color": [share_colour(e.share) for e in shown]},
+            "hovertext": [
+                f"job {e.job_id} of share {e.share}: starts {_time(e.estimated_start)}, "
+                f"runs about {(e.expected_seconds or 0) / 60:.0f} min"
+                for e in shown
+            ],
+            "hoverinfo": "text",
+        }
+    ]
     return {"data": data, "layout": layout}

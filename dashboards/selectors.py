@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from dashboards.models import ClusterSample, Resolution, UsageSample
 from dashboards.services import STEP, retention
+from scheduler.cycle.estimates import expected_times_of
 from scheduler.engine import order
 from scheduler.jobs import selectors as job_selectors
 from scheduler.models import Job, JobAttempt, Node
@@ -733,6 +734,7 @@ class QueueEntry:
     reason: str
     held_off_until: datetime | None = None  # the churn breaker's, if it holds the job off
     estimated_start: datetime | None = None  # docs/estimates.md
+    expected_seconds: float | None = None  # what the estimate counts on for its run time
 
     @property
     def within_limit(self) -> bool:
@@ -746,6 +748,7 @@ def queue_front(*, limit: int = 200, now: datetime | None = None) -> list[QueueE
     now = now or timezone.now()
     _runnable, front = job_selectors.queue_front(limit=limit)
     held = job_selectors.held_off(Job.objects.filter(pk__in=[entry.job.pk for entry in front]), now)
+    expected = expected_times_of(entry.job for entry in front if entry.job.estimated_start)
     return [
         QueueEntry(
             position=entry.position,
@@ -761,6 +764,7 @@ def queue_front(*, limit: int = 200, now: datetime | None = None) -> list[QueueE
             reason=entry.job.reason,
             held_off_until=held.get(entry.job.pk),
             estimated_start=entry.job.estimated_start,
+            expected_seconds=expected[entry.job.pk].seconds if entry.job.pk in expected else None,
         )
         for entry in front
     ]

@@ -190,6 +190,9 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
     return render(request, "dashboards/team.html", context)
 
 
+QUEUE_CHART_HOURS = 12  # how far ahead the queue page's charts look
+
+
 @login_required
 @require_GET
 def queue(request: HttpRequest) -> HttpResponse:
@@ -197,8 +200,17 @@ def queue(request: HttpRequest) -> HttpResponse:
     _require_dashboard_user(request)
     now = timezone.now()
     context = _nav(request)
+    entries = selectors.queue_front(now=now)
+    gpu_types = sorted({entry.gpu_type for entry in entries if entry.estimated_start})
+    charts = [
+        figures.to_html(
+            figures.queue_gantt(gpu_type, entries, now, QUEUE_CHART_HOURS), f"fig-queue-{gpu_type}"
+        )
+        for gpu_type in gpu_types
+    ]
     context.update(
-        entries=selectors.queue_front(now=now),
+        entries=entries,
+        charts=charts,
         queue=selectors.queue_summary(now),
         borrow_order=settings.BORROW_ORDER,
         visible_shares=set(selectors.visible_shares(request.user).values_list("name", flat=True)),

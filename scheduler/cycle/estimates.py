@@ -105,6 +105,21 @@ def expected_time(
     return history.expected(share, gpus)
 
 
+def expected_times_of(jobs: Iterable[Job]) -> dict[int, ExpectedTime]:
+    """The expected run time of each of `jobs` (as an estimate counts on it), by id."""
+    history = History()
+    return {
+        job.pk: expected_time(
+            expected_seconds=job.expected_seconds,
+            timeout_seconds=job.timeout_seconds,
+            share=job.share.name,
+            gpus=job.gpus,
+            history=history,
+        )  # fmt: skip
+        for job in jobs
+    }
+
+
 def estimates_refresh(*, horizon: float | None = None) -> EstimateRun:
     """Estimate when every RUNNABLE job starts and store it on the job (none: not within the
     horizon); clear the estimates of jobs no longer waiting."""

@@ -292,3 +292,25 @@ def test_a_young_systems_charts_start_at_its_first_sample_and_hold_each_step(
             assert trace["y"][-1] == trace["y"][-2], name  # the newest step holds its value
             # On screen the line goes only across and up or down: steps, no slopes.
             assert trace["paths"] and all(STEP_PATH.fullmatch(d) for d in trace["paths"]), name
+
+
+def test_the_queue_page_draws_the_next_hours_of_each_gpu_type(live_server, browser_page, scenario):
+    """With estimates stored on the waiting h100 jobs, the queue page draws a bar for the job
+    that starts within the chart's hours, from its estimated start for its expected run time;
+    the job estimated a day later is left out."""
+    now = timezone.now()
+    soon, later = Job.objects.filter(state=Job.State.RUNNABLE, gpu_type="h100").order_by("pk")
+    for job, hours in ((soon, 1), (later, 30)):
+        Job.objects.filter(pk=job.pk).update(
+            estimated_start=now + timedelta(hours=hours), expected_seconds=1800,
+            estimate_basis="simulated from the queue now, assuming no new job is submitted",
+        )  # fmt: skip
+    page = browser_page
+    log_in(page, live_server, *scenario["root"])
+    page.goto(f"{live_server.url}/dash/queue/")
+    page.wait_for_selector(f"#fig-queue-h100{PLOT}")
+    bars = page.evaluate("document.getElementById('fig-queue-h100').data[0]")
+    assert len(bars["y"]) == 1 and f"job {soon.pk} (research, " in bars["y"][0]
+    assert bars["x"] == [1_800_000]
+    assert page.locator("#fig-queue-h100 .bars path").count() == 1
+    page.screenshot(path=str(SCREENSHOTS / "queue-chart.png"), full_page=True)
