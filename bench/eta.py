@@ -135,8 +135,13 @@ def main() -> None:
             totals["missed"] = [a + b for a, b in zip(totals["missed"], errors["missed"],
                                                        strict=True)]  # fmt: skip
     for n, knowledge in enumerate(("perfect", "noisy")):
-        median = statistics.median(error for error, _ in totals[knowledge])
-        goal = f" (goal ≤ {GOAL:.0%}: {'met' if median <= GOAL else 'missed'})" if n == 0 else ""
+        # Judged on the jobs that waited: one that starts at once is estimated right trivially.
+        waited = [error for error, wait in totals[knowledge] if wait >= 600]
+        median = statistics.median(waited) if waited else 0.0
+        goal = ""
+        if n == 0:
+            verdict = "met" if median <= GOAL else "missed"
+            goal = f" (goal ≤ {GOAL:.0%} of the wait, on the jobs that waited: {verdict})"
         print(
             f"\nall seeds, {knowledge} knowledge: {summary(totals[knowledge])}{goal}; "
             f"{totals['missed'][n]} without an estimate within {HORIZON / 86400:g} days"
