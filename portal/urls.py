@@ -34,6 +34,7 @@ urlpatterns = [
         SpectacularSwaggerView.as_view(url_name="schema", permission_classes=[AllowAny]),
         name="api-docs",
     ),
-    re_path(r"^api/(?P<rest>.*)$", api_not_found),
+    # [\s\S], not ".": a path with a newline in it is no endpoint either.
+    re_path(r"^api/(?P<rest>[\s\S]*)$", api_not_found),
     path("", include("dashboards.urls")),
 ]

@@ -27,7 +27,8 @@ from scheduler.simulator.estimate import Estimates, estimate_starts
 
 logger = logging.getLogger(__name__)
 
-QUEUED_KEY = "portal:estimates:queued:{db}"
+QUEUED_KEY = "portal:estimates:queued:{db}"  # a refresh was queued less than N s ago
+PENDING_KEY = "portal:estimates:pending:{db}"  # a cycle planned since the last one queued
 # Of a share's history: the latest this many successful runs of a size count.
 HISTORY_RUNS = 20
 # Without anything to go on: a job is assumed to run this long.
@@ -233,28 +234,28 @@ def _expected_times(job_ids: Iterable[str]) -> dict[str, ExpectedTime]:
     return times
 
 
-def estimates_wanted() -> bool:
-    """After a cycle that planned: whether to queue a refresh of the estimates (True), or one
-    is queued already (the mark expires on its own, so a worker that died with the message
-    holds nothing up for long)."""
+def estimates_wanted(*, planned: bool) -> bool:
+    """After each cycle (`planned`: it ran the engine): whether to queue a refresh of the
+    estimates now. A cycle that planned marks one pending; a pending refresh is queued unless
+    one was queued less than ESTIMATE_EVERY_SECONDS ago, so the beat's next cycle queues it
+    once that time has passed, planning or not: refreshes are coalesced, and none is lost."""
     if not settings.ESTIMATES_ENABLED:
         return False
-    key = QUEUED_KEY.format(db=connection.settings_dict["NAME"])
+    db = connection.settings_dict["NAME"]
     try:
-        return bool(
-            redis_client().set(key, "1", nx=True, ex=max(1, int(settings.ESTIMATE_EVERY_SECONDS)))
-        )
+        client = redis_client()
+        if planned:
+            client.set(PENDING_KEY.format(db=db), "1", ex=3600)
+        elif not client.exists(PENDING_KEY.format(db=db)):
+            return False
+        every = max(1, int(settings.ESTIMATE_EVERY_SECONDS))
+        if not client.set(QUEUED_KEY.format(db=db), "1", nx=True, ex=every):
+            return False
+        client.delete(PENDING_KEY.format(db=db))
+        return True
     except Exception:  # noqa: BLE001 — estimates are a convenience: the cycle goes on
         logger.warning("could not queue an estimate refresh", exc_info=True)
         return False
-
-
-def estimates_started() -> None:
-    """The queued refresh runs: a cycle from now on queues the next one."""
-    try:
-        redis_client().delete(QUEUED_KEY.format(db=connection.settings_dict["NAME"]))
-    except Exception:  # noqa: BLE001 — the mark expires by itself
-        logger.warning("could not clear the queued estimate's mark", exc_info=True)
 
 
 @cache

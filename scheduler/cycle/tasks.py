@@ -4,10 +4,9 @@ import logging
 import time
 
 from celery import shared_task
-from django.conf import settings
 
 from dashboards.services import cycle_record, history_sample
-from scheduler.cycle.estimates import estimates_refresh, estimates_started, estimates_wanted
+from scheduler.cycle.estimates import estimates_refresh, estimates_wanted
 from scheduler.cycle.run import cycle_run
 
 logger = logging.getLogger(__name__)
@@ -29,9 +28,11 @@ def cycle(after_change: int | None = None) -> None:
         return
     cycle_record(time.perf_counter() - start, True)
     history_sample()
-    if not result.skipped and estimates_wanted():
+    if estimates_wanted(planned=not result.skipped):
         try:
-            estimates.apply_async(countdown=settings.ESTIMATE_EVERY_SECONDS)
+            # Not a countdown: a worker holds a task with an ETA unacknowledged until it is due,
+            # and a broker restart meanwhile must not leave it with a message to restore.
+            estimates.delay()
         except Exception:  # noqa: BLE001 — the broker being down must not fail a cycle
             logger.warning("could not queue an estimate refresh", exc_info=True)
 
@@ -39,5 +40,4 @@ def cycle(after_change: int | None = None) -> None:
 @shared_task(name="scheduler.tasks.estimates", ignore_result=True)
 def estimates() -> None:
     """Refresh the waiting jobs' estimated starts (queued after cycles, coalesced)."""
-    estimates_started()
     estimates_refresh()

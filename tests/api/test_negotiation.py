@@ -42,3 +42,14 @@ def test_a_browser_gets_json_not_an_error(world):
         response = client.get(path, HTTP_ACCEPT=browser)
         assert (response.status_code, response["Content-Type"]) == (200, "application/json")
     assert client.get(JOBS, HTTP_ACCEPT="text/html").status_code == 406
+
+
+def test_a_path_no_endpoint_matches_gets_json_even_with_a_newline_in_it(world):
+    """An API path no endpoint matches is a JSON 404 naming the path, whatever characters it
+    holds (Schemathesis found a share name with a newline getting Django's HTML page)."""
+    client = world.client("root")
+    for path in ("/api/v1/nothing/", "/api/v1/shares/%0A%169/", "/api/v1/jobs/%0A/"):
+        response = client.patch(path, {}, format="json")
+        assert response.status_code == 404, path
+        assert response["Content-Type"] == "application/json"
+        assert "no API endpoint at" in response.json()["detail"]

@@ -116,3 +116,25 @@ def test_without_its_own_time_a_job_counts_on_its_share_s_recent_runs(world):
     assert expected(8).basis == BASIS_HISTORY.format(runs=3, share="research", gpus=8)
     assert expected(4).seconds == 550  # the share's four runs
     assert expected(8, share="vision").basis == BASIS_DEFAULT.format(hours=1)
+
+
+def test_refreshes_are_coalesced_and_none_is_lost(settings):
+    """A cycle that planned queues a refresh; those after it within ESTIMATE_EVERY_SECONDS
+    queue none but leave one pending, which the next cycle (planning or not) queues once that
+    time has passed; with nothing pending, a cycle that did not plan queues nothing."""
+    from django.db import connection
+
+    from portal.redis import redis_client
+    from scheduler.cycle.estimates import PENDING_KEY, QUEUED_KEY, estimates_wanted
+
+    db = connection.settings_dict["NAME"]
+    redis_client().delete(QUEUED_KEY.format(db=db), PENDING_KEY.format(db=db))
+    assert estimates_wanted(planned=True)
+    assert not estimates_wanted(planned=True)
+    assert not estimates_wanted(planned=False)
+    redis_client().delete(QUEUED_KEY.format(db=db))  # ESTIMATE_EVERY_SECONDS have passed
+    assert estimates_wanted(planned=False)
+    redis_client().delete(QUEUED_KEY.format(db=db))
+    assert not estimates_wanted(planned=False)
+    settings.ESTIMATES_ENABLED = False
+    assert not estimates_wanted(planned=True)
