@@ -111,6 +111,11 @@ def generate(
                 rows.append(_row(rng, names[team], team_gpu_type(team), gpus, int(t), duration))
                 t += rng.expovariate(1 / 30)
             i += size
+    return _numbered(rows)
+
+
+def _numbered(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    """The rows sorted by submission time (then share), their ids j0, j1, ... in that order."""
     rows.sort(key=lambda r: (r["submit"], r["share"]))
     for number, row in enumerate(rows):
         row["id"] = f"j{number}"
@@ -195,10 +200,7 @@ def generate_skewed(
                 rows.append(_row(rng, names[team], "h100", gpus, int(min(t, horizon)), duration))
                 t += rng.expovariate(1 / 30)
             i += size
-    rows.sort(key=lambda r: (r["submit"], r["share"]))
-    for number, row in enumerate(rows):
-        row["id"] = f"j{number}"
-    return rows
+    return _numbered(rows)
 
 
 def skewed_scenario(
