@@ -75,9 +75,20 @@ class NodePool:
         self._releasing = [0] * len(counts)
         for name, count in releasing.items():
             self._releasing[self._ordinal[name]] = count
-        self._room_buckets: list[list[int]] = [[] for _ in range(self.largest + 1)]
-        for ordinal, (count, more) in enumerate(zip(counts, self._releasing, strict=True)):
-            self._room_buckets[count + more].append(ordinal)
+        # Nodes by base room: built by the first plan step that asks (most plans only place
+        # jobs on free GPUs), then kept current.
+        self._room_buckets_built: list[list[int]] | None = None
+
+    @property
+    def _room_buckets(self) -> list[list[int]]:
+        buckets = self._room_buckets_built
+        if buckets is None:
+            buckets = self._room_buckets_built = [[] for _ in range(self.largest + 1)]
+            for ordinal, (count, more) in enumerate(
+                zip(self._counts, self._releasing, strict=True)
+            ):
+                buckets[count + more].append(ordinal)
+        return buckets
 
     @property
     def names(self) -> list[str]:
@@ -163,7 +174,8 @@ class NodePool:
         ordinal = self._ordinal[name]
         room = self._counts[ordinal] + self._releasing[ordinal]
         self._releasing[ordinal] -= count
-        _move(self._room_buckets, ordinal, room, room - count)
+        if self._room_buckets_built is not None:
+            _move(self._room_buckets_built, ordinal, room, room - count)
 
     def _set_free(self, ordinal: int, free: list[int]) -> None:
         old = self._counts[ordinal]
@@ -171,8 +183,9 @@ class NodePool:
         self._counts[ordinal] = len(free)
         if old != len(free):
             _move(self._buckets, ordinal, old, len(free))
-            more = self._releasing[ordinal]
-            _move(self._room_buckets, ordinal, old + more, len(free) + more)
+            if self._room_buckets_built is not None:
+                more = self._releasing[ordinal]
+                _move(self._room_buckets_built, ordinal, old + more, len(free) + more)
 
 
 def _move(buckets: list[list[int]], ordinal: int, old: int, new: int) -> None:

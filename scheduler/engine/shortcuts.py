@@ -70,6 +70,8 @@ class Shortcuts:
             and not self.room().may_fit(job, attempt == TRY_BOTH)
         ):
             return None  # no victim set can give the job its nodes
+        if attempt == TRY_OWN_SHARE and not self.own_victims_may_fit(job, promised):
+            return None
         if attempt == TRY_BOTH and not promised and job.nodes == 1:
             quick = _NodeFirstSearch(self, job).victims()
             if quick is not _UNDECIDED:
@@ -87,9 +89,22 @@ class Shortcuts:
         needed = own_victims_needed(self.ledger, job, within_limit, delta)
         if needed <= 0:
             return True
-        if job.share not in self.candidates.of:
+        if not self.candidates.has(job.share):
             return False
         return self.candidates.own_gpus_below(job) >= needed
+
+    def own_victims_may_fit(self, job: RunnableJob, promised: Sequence[PlacedJob]) -> bool:
+        """False when the job's nodes have no room even with every lower-priority job of its
+        own share as a victim: try 2 takes those candidates only, so its walk would take them
+        all and fail (`find_victims` returns None). True: undecided."""
+        room = NodeRoom(self.pool, job.gpus // job.nodes, promised)
+        if room.nodes >= job.nodes:
+            return True
+        for candidate in self.candidates.own_unordered(job):
+            room.add_job(candidate, 1)
+            if room.nodes >= job.nodes:
+                return True
+        return False
 
     def close(self) -> None:
         """Drop the indexes that refer back to this object (see `_TypePlan.run`)."""

@@ -25,6 +25,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import cached_property
 from itertools import accumulate
+from operator import attrgetter
 
 from scheduler.engine.ledger import Ledger, Trial
 from scheduler.engine.pool import NodePool
@@ -90,8 +91,8 @@ class Candidates:
         # job's own share's (filled on first use).
         self._keys: dict[tuple[str, bool], list[tuple]] = {}
         self._first_untaken: dict[str, int] = {}
-        # Of each share's jobs in victim order: their priorities, their GPUs so far, and the
-        # GPUs taken as victims by priority.
+        # Of each share's jobs by priority: their priorities, their GPUs so far (filled on
+        # first use); and the GPUs taken as victims by priority.
         self._priorities: dict[str, list[int]] = {}
         self._gpus_so_far: dict[str, list[int]] = {}
         self._taken_gpus: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
@@ -108,11 +109,13 @@ class Candidates:
         now = self.now
         for name, share_jobs in self._unsorted.items():
             keyed = sorted([(victim_key(job, False, now), job) for job in share_jobs])  # ids differ
-            queue = by_share[name] = [job for _, job in keyed]
+            by_share[name] = [job for _, job in keyed]
             self._keys[name, False] = [key for key, _ in keyed]
-            self._priorities[name] = [job.priority for job in queue]
-            self._gpus_so_far[name] = list(accumulate(job.gpus for job in queue))
         return by_share
+
+    def has(self, share: str) -> bool:
+        """Whether the share has candidates (`share in of`, without sorting them)."""
+        return share in self._unsorted
 
     def keys(self, share: str, own: bool) -> list[tuple]:
         """The victim keys of `of[share]`, as the job's own share's jobs (`own`) or not."""
@@ -143,10 +146,24 @@ class Candidates:
             if candidate.id not in self.taken:
                 yield candidate
 
+    def own_unordered(self, job: RunnableJob) -> Iterator[PlacedJob]:
+        """The jobs of `own(job)`, in no particular order: for what does not depend on it,
+        without sorting the candidates."""
+        taken = self.taken
+        for candidate in self._unsorted.get(job.share, ()):
+            if candidate.priority < job.priority and candidate.id not in taken:
+                yield candidate
+
     def own_gpus_below(self, job: RunnableJob) -> int:
         """The GPUs of `own(job)`, counted without walking them."""
         share = job.share
-        lower = bisect_left(self._priorities[share], job.priority)  # lowest priority first
+        priorities = self._priorities.get(share)
+        if priorities is None:
+            # By priority alone (victim order's first key), without sorting by victim order.
+            by_priority = sorted(self._unsorted.get(share, ()), key=attrgetter("priority"))
+            priorities = self._priorities[share] = [job.priority for job in by_priority]
+            self._gpus_so_far[share] = list(accumulate(job.gpus for job in by_priority))
+        lower = bisect_left(priorities, job.priority)  # lowest priority first
         gpus = self._gpus_so_far[share][lower - 1] if lower else 0
         for priority, taken in self._taken_gpus.get(share, {}).items():
             if priority < job.priority:

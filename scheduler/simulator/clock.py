@@ -28,6 +28,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from itertools import compress
 from typing import Any
 
 from scheduler.engine import accounting, outcomes
@@ -97,6 +98,39 @@ class SimJob:
     node_names: tuple[str, ...] = ()
     fail_on_release: bool = False
     preempted_at: tuple[float, ...] = ()  # when it was preempted, for the churn breaker
+
+
+class _Kinds:
+    """The waiting jobs of one GPU type by kind, (share, GPUs, nodes, priority): what
+    `Simulation._hopeless` judges. Each job's kind number sits in `of`, in the queue's order,
+    so a filter by kind costs no Python step per job. Kind ALWAYS: sent to every cycle (jobs
+    promised GPUs, victims back in the queue)."""
+
+    ALWAYS = 0
+
+    def __init__(self) -> None:
+        self.of: dict[str, int] = {}  # job id -> kind, in queue order
+        self.queued: Counter[int] = Counter()  # kind -> jobs of that kind waiting
+
+    def add(self, job_id: str, kind: int) -> None:
+        self.of[job_id] = kind
+        self.queued[kind] += 1
+
+    def remove(self, job_id: str) -> None:
+        kind = self.of.pop(job_id)
+        self.queued[kind] -= 1
+        if not self.queued[kind]:
+            del self.queued[kind]
+
+    def change(self, job_id: str, kind: int) -> None:
+        """The job's kind changes; it keeps its place in the queue."""
+        old = self.of[job_id]
+        if old != kind:
+            self.queued[old] -= 1
+            if not self.queued[old]:
+                del self.queued[old]
+            self.of[job_id] = kind
+            self.queued[kind] += 1
 
 
 @dataclass
@@ -170,6 +204,10 @@ class Simulation:
         # in-share preemption could take for a job of higher priority.
         self.running_gpus: dict[tuple[str, str], dict[int, int]] = {}
         self.runnable: dict[str, dict[str, RunnableJob]] = {}  # by GPU type
+        self.kinds: dict[str, _Kinds] = {t: _Kinds() for t in self.gpu_types}
+        # (GPU type, share, GPUs, nodes, priority) -> kind number, and a job of each kind.
+        self._kind_numbers: dict[tuple[str, str, int, int, int], int] = {}
+        self._kind_examples: list[RunnableJob | None] = [None]
         self.used_gpus: dict[str, int] = {n.name: 0 for n in scenario.nodes}  # bit mask per node
         self.usage: dict[tuple[str, str], int] = {}  # (share, GPU type) -> GPUs held
         self.promised: dict[str, int] = {}  # reclaiming job -> victims still stopping
@@ -318,11 +356,24 @@ class Simulation:
             else (),
         )
         self.runnable.setdefault(spec.gpu_type, {})[spec.id] = view
+        kinds = self.kinds.setdefault(spec.gpu_type, _Kinds())
         if preempted_for is not None:
             self.claims.setdefault(preempted_for, set()).add(spec.id)
+            kinds.add(spec.id, _Kinds.ALWAYS)
+        else:
+            kinds.add(spec.id, self._kind(view))
+
+    def _kind(self, view: RunnableJob) -> int:
+        key = (view.gpu_type, view.share, view.gpus, view.nodes, view.priority)
+        kind = self._kind_numbers.get(key)
+        if kind is None:
+            kind = self._kind_numbers[key] = len(self._kind_examples)
+            self._kind_examples.append(view)
+        return kind
 
     def _dequeue(self, job: SimJob) -> None:
         view = self.runnable[job.spec.gpu_type].pop(job.spec.id)
+        self.kinds[job.spec.gpu_type].remove(job.spec.id)
         if view.preempted_for is not None:
             victims = self.claims[view.preempted_for]
             victims.discard(view.id)
@@ -334,7 +385,9 @@ class Simulation:
         for victim_id in self.claims.pop(job_id, ()):
             victim = self.jobs[victim_id]
             queue = self.runnable[victim.spec.gpu_type]
-            queue[victim_id] = replace(queue[victim_id], preempted_for=None)
+            view = queue[victim_id] = replace(queue[victim_id], preempted_for=None)
+            if victim_id not in self.promised:
+                self.kinds[victim.spec.gpu_type].change(victim_id, self._kind(view))
 
     def _reject(self, now: float, job: SimJob, reason: str) -> None:
         job.state = FAILED
@@ -559,19 +612,26 @@ class Simulation:
         if verdicts is None or verdicts.moves != self.moves[gpu_type]:
             verdicts = self._verdicts[gpu_type] = _Verdicts(self.moves[gpu_type])
         known = verdicts.hopeless
-        claimants = self.claims.keys() | self.promised.keys()
-        jobs = []
-        for view in queue.values():
-            if view.preempted_for is not None or view.id in claimants:
-                jobs.append(view)
+        kinds = self.kinds[gpu_type]
+        # A job promised GPUs is sent from now on (its place in the queue stays).
+        for job_id in self.claims.keys() | self.promised.keys():
+            if kinds.of.get(job_id, _Kinds.ALWAYS) != _Kinds.ALWAYS:
+                kinds.change(job_id, _Kinds.ALWAYS)
+        send = [True] * len(self._kind_examples)
+        everything = True
+        for kind in kinds.queued:
+            if kind == _Kinds.ALWAYS:
                 continue
-            key = (view.share, view.gpus, view.nodes, view.priority)
+            example = self._kind_examples[kind]
+            key = (example.share, example.gpus, example.nodes, example.priority)
             hopeless = known.get(key)
             if hopeless is None:
-                hopeless = known[key] = self._hopeless(view, verdicts)
-            if not hopeless:
-                jobs.append(view)
-        return jobs
+                hopeless = known[key] = self._hopeless(example, verdicts)
+            if hopeless:
+                send[kind] = everything = False
+        if everything:
+            return list(queue.values())
+        return list(compress(queue.values(), map(send.__getitem__, kinds.of.values())))
 
     def _hopeless(self, view: RunnableJob, verdicts: _Verdicts) -> bool:
         """Whether the job can only wait all cycle (see `_may_be_decided`)."""
