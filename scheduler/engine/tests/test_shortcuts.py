@@ -34,6 +34,9 @@ def _compare_every_search(original):
         if not reachable:
             assert reference is None, f"{job.id}: judged unreachable"
             undecided = False
+        if attempt == TRY_OWN_SHARE and not fast.own_victims_may_fit(job, promised):
+            assert reference is None, f"{job.id}: own victims judged without room"
+            undecided = False
         if undecided and attempt == TRY_BOTH and not promised and job.nodes == 1:
             quick = shortcuts._NodeFirstSearch(fast, job).victims()
             if quick is not shortcuts._UNDECIDED:
