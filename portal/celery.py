@@ -39,3 +39,11 @@ def schedule_history(sender: Celery, **kwargs) -> None:
     from dashboards.tasks import add_periodic_tasks
 
     add_periodic_tasks(sender)
+
+
+@app.on_after_finalize.connect
+def schedule_notifications(sender: Celery, **kwargs) -> None:
+    """Beat dispatches notifications (notifications/tasks.py)."""
+    from notifications.tasks import add_periodic_tasks
+
+    add_periodic_tasks(sender)

@@ -69,6 +69,8 @@ INSTALLED_APPS = [
     "scheduler",
     "dashboards",
     "awsbatch",
+    "notifications",
+    "sso",
 ]
 
 MIDDLEWARE = [
@@ -241,6 +243,13 @@ ESTIMATE_BUDGET_SECONDS = env.float("ESTIMATE_BUDGET_SECONDS", default=2.0)
 # Utilization history, retention and /metrics access (docs/dashboards.md).
 from dashboards.conf import *  # noqa: E402, F403
 
+# E-mail (SMTP) and notifications' delivery (docs/notifications.md).
+from notifications.conf import *  # noqa: E402, F403
+
+# Single sign-on with OpenID Connect, logins with local passwords, AUTHENTICATION_BACKENDS
+# (docs/sso.md).
+from sso.conf import *  # noqa: E402, F403
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "scheduler.api.authentication.ApiTokenAuthentication",
@@ -278,6 +287,8 @@ SPECTACULAR_SETTINGS = {
         "JobStateEnum": "scheduler.models.Job.State",
         "NodeStateEnum": "scheduler.models.Node.State",
         "ShareStateEnum": "shares.models.QuotaShare.State",
+        "DeliveryStateEnum": "notifications.models.Delivery.State",
+        "NotificationKindEnum": "notifications.models.Kind",
     },
     "COMPONENT_SPLIT_REQUEST": True,
 }

@@ -22,9 +22,12 @@ urlpatterns = [
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
     path("admin/", admin.site.urls),
     path("health/", health, name="health"),
+    # Single sign-on with the organisation's identity provider (docs/sso.md).
+    path("sso/", include("sso.urls")),
     path("api/v1/agent/", include("scheduler.nodes.urls")),
     # The AWS Batch API (docs/aws.md): boto3's endpoint_url is https://PORTAL/aws.
     path("aws/", include("awsbatch.urls")),
+    path("api/v1/notifications/", include("notifications.api_urls")),
     path("api/v1/", include("scheduler.api.urls")),
     # The schema and its Swagger UI are public (they describe, they hold no data); the UI's
     # assets come from drf-spectacular-sidecar through our static files, so it works offline.
@@ -36,5 +39,6 @@ urlpatterns = [
     ),
     # [\s\S], not ".": a path with a newline in it is no endpoint either.
     re_path(r"^api/(?P<rest>[\s\S]*)$", api_not_found),
+    path("dash/notifications/", include("notifications.urls")),
     path("", include("dashboards.urls")),
 ]

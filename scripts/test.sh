@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 bash scripts/install_browser.sh
+bash tests/sso/provider/install.sh
 if [ -z "${REDIS_URL:-}" ]; then
   .venv/bin/python scripts/embedded_redis.py start
   export REDIS_URL=$(.venv/bin/python scripts/embedded_redis.py url)

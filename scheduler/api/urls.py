@@ -2,7 +2,7 @@
 
 from django.urls import path, register_converter
 
-from scheduler.api import views
+from scheduler.api import chargeback, views
 
 
 class NodeNameConverter:
@@ -33,6 +33,7 @@ urlpatterns = [
     path("shares/<slug:name>/history/", views.ShareHistoryView.as_view(), name="share-history"),
     path("shares/<slug:name>/usage/", views.ShareUsageView.as_view(), name="share-usage"),
     path("queue/", views.QueueView.as_view(), name="queue"),
+    path("chargeback/", chargeback.ChargebackView.as_view(), name="chargeback"),
     path("nodes/", views.NodeListView.as_view(), name="nodes"),
     path("nodes/<node:name>/", views.NodeDetailView.as_view(), name="node"),
     path("nodes/<node:name>/drain/", views.NodeDrainView.as_view(), name="node-drain"),

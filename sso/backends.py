@@ -1,0 +1,145 @@
+"""The two ways to log in: a local password (as PASSWORD_LOGIN allows) and the identity
+provider (mozilla-django-oidc's backend, with the checks and the mapping of this portal)."""
+
+from __future__ import annotations
+
+import jwt
+from django.conf import settings
+from django.contrib.auth.backends import ModelBackend
+from django.core.exceptions import SuspiciousOperation
+from mozilla_django_oidc.auth import OIDCAuthenticationBackend
+
+from sso.services import (
+    ACCOUNT_DISABLED,
+    LoginRefused,
+    identity_create_user,
+    identity_user,
+    login_apply_groups,
+)
+
+# Messages that tests assert (shown on the login error page and kept in the LoginRecord).
+WRONG_ISSUER = (
+    "The ID token was issued by {issuer!r}, not by the identity provider the portal trusts "
+    "({expected!r})."
+)
+EXPIRED_TOKEN = "The ID token has expired: log in again (if it keeps happening, check the clocks)."
+BAD_SIGNATURE = "The ID token's signature is not the identity provider's: it was altered."
+INVALID_TOKEN = "The identity provider's ID token is not valid: {error}."
+NOT_FOR_US = "The ID token was issued for another application (audience {audience!r})."
+CLAIM_MISSING = (
+    "The identity provider sent no {claim!r} claim: see OIDC_USERNAME_CLAIM in docs/sso.md."
+)
+SUBJECT_MISMATCH = "The provider's userinfo describes another subject than its ID token."
+# A few seconds of clock difference between the provider and the portal are no error.
+CLOCK_LEEWAY_SECONDS = 30
+
+
+def password_login_allowed(user) -> bool:
+    """Whether `user` may log in with a local password, as PASSWORD_LOGIN says."""
+    return settings.PASSWORD_LOGIN == "all" or (
+        settings.PASSWORD_LOGIN == "admins" and user.is_superuser
+    )
+
+
+class PasswordBackend(ModelBackend):
+    """Django's username and password, for whom PASSWORD_LOGIN lets in; with single sign-on on
+    that is the break-glass admin. Permissions of everyone still come from here."""
+
+    def authenticate(self, request, username=None, password=None, **kwargs):
+        user = super().authenticate(request, username=username, password=password, **kwargs)
+        if user is not None and not password_login_allowed(user):
+            return None
+        return user
+
+
+class ProviderBackend(OIDCAuthenticationBackend):
+    """The identity provider's login (authorization code flow with PKCE): the ID token must
+    carry the provider's signature, the configured issuer, this client as audience and an
+    expiry still ahead; the person is matched on (issuer, subject) and their groups are
+    applied through the GroupMapping table. Anything wrong raises LoginRefused, which the
+    callback view shows."""
+
+    def authenticate(self, request, **kwargs):
+        # Only the callback view asks (with the nonce it kept), and only when single sign-on is on.
+        if not settings.OIDC_ENABLED or "nonce" not in kwargs:
+            return None
+        return super().authenticate(request, **kwargs)
+
+    def verify_token(self, token, **kwargs):
+        try:
+            return super().verify_token(token, **kwargs)
+        except (jwt.InvalidTokenError, KeyError) as error:  # not even a JWT, no key id
+            raise LoginRefused(INVALID_TOKEN.format(error=repr(error))) from None
+        except SuspiciousOperation as error:  # no key of the provider's JWKS, a wrong nonce
+            raise LoginRefused(INVALID_TOKEN.format(error=error)) from None
+
+    def _verify_jws(self, payload, key):
+        header = jwt.get_unverified_header(payload)
+        if header.get("alg") != self.OIDC_RP_SIGN_ALGO:
+            raise LoginRefused(INVALID_TOKEN.format(error=f"signed with {header.get('alg')!r}"))
+        try:
+            return jwt.decode(
+                payload,
+                key,
+                algorithms=[self.OIDC_RP_SIGN_ALGO],
+                audience=self.OIDC_RP_CLIENT_ID,
+                issuer=settings.OIDC_OP_ISSUER,
+                leeway=CLOCK_LEEWAY_SECONDS,
+                options={"require": ["iss", "aud", "exp", "iat", "sub"]},
+            )
+        except jwt.InvalidIssuerError:
+            issuer = jwt.decode(payload, options={"verify_signature": False}).get("iss")
+            raise LoginRefused(
+                WRONG_ISSUER.format(issuer=issuer, expected=settings.OIDC_OP_ISSUER)
+            ) from None
+        except jwt.ExpiredSignatureError:
+            raise LoginRefused(EXPIRED_TOKEN) from None
+        except jwt.InvalidSignatureError:
+            raise LoginRefused(BAD_SIGNATURE) from None
+        except jwt.InvalidAudienceError:
+            audience = jwt.decode(payload, options={"verify_signature": False}).get("aud")
+            raise LoginRefused(NOT_FOR_US.format(audience=audience)) from None
+        except jwt.InvalidTokenError as error:
+            raise LoginRefused(INVALID_TOKEN.format(error=error)) from None
+
+    def get_userinfo(self, access_token, id_token, payload):
+        """The ID token's claims, with the userinfo endpoint's on top when one is configured."""
+        claims = dict(payload)
+        if self.OIDC_OP_USER_ENDPOINT:
+            userinfo = super().get_userinfo(access_token, id_token, payload)
+            if userinfo.get("sub") != payload["sub"]:
+                raise LoginRefused(SUBJECT_MISMATCH)
+            claims.update(userinfo)
+        return claims
+
+    def get_or_create_user(self, access_token, id_token, payload):
+        claims = self.get_userinfo(access_token, id_token, payload)
+        username = claims.get(settings.OIDC_USERNAME_CLAIM)
+        if not username:
+            raise LoginRefused(
+                CLAIM_MISSING.format(claim=settings.OIDC_USERNAME_CLAIM), claims=claims
+            )
+        issuer, subject = payload["iss"], payload["sub"]
+        try:
+            user = identity_user(issuer=issuer, subject=subject) or identity_create_user(
+                issuer=issuer,
+                subject=subject,
+                username=str(username),
+                email=claims.get("email") or "",
+                name=claims.get("name") or "",
+            )
+        except LoginRefused as refused:
+            refused.claims = claims
+            raise
+        if not user.is_active:
+            raise LoginRefused(ACCOUNT_DISABLED.format(username=user.username), claims=claims)
+        login_apply_groups(user=user, groups=groups_of(claims), subject=subject)
+        return user
+
+
+def groups_of(claims) -> list[str]:
+    """The values of the groups claim (a list, or one string), as strings."""
+    groups = claims.get(settings.OIDC_GROUPS_CLAIM) or []
+    if isinstance(groups, str):
+        groups = [groups]
+    return [str(group) for group in groups]

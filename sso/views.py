@@ -1,0 +1,125 @@
+"""The login's two steps with the provider, and the page that says why a login failed: never a
+500, whatever the provider does."""
+
+from __future__ import annotations
+
+import logging
+
+import requests
+from django.conf import settings
+from django.core.exceptions import SuspiciousOperation
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+from mozilla_django_oidc.views import (
+    OIDCAuthenticationCallbackView,
+    OIDCAuthenticationRequestView,
+)
+
+from sso.backends import groups_of
+from sso.services import LoginRefused, login_record_refusal
+
+logger = logging.getLogger(__name__)
+
+# Messages that tests assert.
+PROVIDER_DOWN = (
+    "The identity provider ({provider}) is not answering, so nobody can log in through it "
+    "right now. Try again in a few minutes; if it lasts, tell the team that runs it."
+)
+PROVIDER_ERROR = "The identity provider refused the login: {error}."
+WRONG_PROVIDER = (
+    "The login came back from {issuer!r}, not from the identity provider the portal trusts "
+    "({expected!r})."
+)
+LOGIN_EXPIRED = "This login took too long or was started in another browser window: start it again."
+
+
+def login_failed(request: HttpRequest, reason: str, *, status: int) -> HttpResponse:
+    return render(
+        request,
+        "sso/login_failed.html",
+        {"reason": reason, "provider_name": settings.OIDC_PROVIDER_NAME},
+        status=status,
+    )
+
+
+def _provider_down(request: HttpRequest, error: Exception) -> HttpResponse:
+    logger.warning("identity provider not answering: %s", error)
+    reason = PROVIDER_DOWN.format(provider=settings.OIDC_PROVIDER_NAME)
+    login_record_refusal(reason=f"{reason} ({error.__class__.__name__})")
+    return login_failed(request, reason, status=503)
+
+
+def _oauth_error(response: requests.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return f"HTTP {response.status_code}"
+    return str(body.get("error_description") or body.get("error") or response.status_code)
+
+
+class LoginStart(OIDCAuthenticationRequestView):
+    """Sends the browser to the provider (code flow with PKCE), after checking that the provider
+    answers: otherwise the person would meet the browser's own error page on its host."""
+
+    def dispatch(self, request, *args, **kwargs):
+        if not settings.OIDC_ENABLED:
+            raise Http404("single sign-on is off")
+        return super().dispatch(request, *args, **kwargs)
+
+    def get(self, request):
+        try:
+            requests.get(
+                settings.OIDC_OP_JWKS_ENDPOINT, timeout=settings.OIDC_TIMEOUT
+            ).raise_for_status()
+        except requests.RequestException as error:
+            return _provider_down(request, error)
+        return super().get(request)
+
+
+class LoginCallback(OIDCAuthenticationCallbackView):
+    """Where the provider sends the browser back: the code is exchanged for the tokens, the ID
+    token checked, the groups applied; or a page says what went wrong."""
+
+    def dispatch(self, request, *args, **kwargs):
+        if not settings.OIDC_ENABLED:
+            raise Http404("single sign-on is off")
+        # RFC 9207: a provider that names itself in the redirect must be the one we sent the
+        # browser to (another provider's code must not reach our token endpoint).
+        issuer = request.GET.get("iss")
+        if issuer is not None and issuer != settings.OIDC_OP_ISSUER:
+            reason = WRONG_PROVIDER.format(issuer=issuer, expected=settings.OIDC_OP_ISSUER)
+            login_record_refusal(reason=reason)
+            return login_failed(request, reason, status=403)
+        try:
+            return super().dispatch(request, *args, **kwargs)
+        except LoginRefused as refused:
+            login_record_refusal(
+                reason=refused.reason,
+                username=str(refused.claims.get(settings.OIDC_USERNAME_CLAIM) or ""),
+                subject=str(refused.claims.get("sub") or ""),
+                groups=groups_of(refused.claims),
+            )
+            return login_failed(request, refused.reason, status=403)
+        except requests.HTTPError as error:
+            if error.response is None or error.response.status_code >= 500:
+                return _provider_down(request, error)
+            # The token endpoint said no (a code already used, a PKCE verifier that fails).
+            reason = PROVIDER_ERROR.format(error=_oauth_error(error.response))
+            login_record_refusal(reason=reason)
+            return login_failed(request, reason, status=403)
+        except requests.RequestException as error:
+            return _provider_down(request, error)
+        except SuspiciousOperation as error:  # state or nonce not this browser's
+            logger.warning("login callback refused: %s", error)
+            return login_failed(request, LOGIN_EXPIRED, status=400)
+
+    @property
+    def success_url(self) -> str:
+        return self.request.session.get("oidc_login_next") or "/"
+
+    def login_failure(self) -> HttpResponse:
+        error = self.request.GET.get("error_description") or self.request.GET.get("error")
+        if error:
+            login_record_refusal(reason=PROVIDER_ERROR.format(error=error))
+            return login_failed(self.request, PROVIDER_ERROR.format(error=error), status=403)
+        return login_failed(self.request, LOGIN_EXPIRED, status=400)
