@@ -2,6 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from dashboards import views
+from sso.views import provider_logout
 
 app_name = "dashboards"
 
@@ -12,7 +13,13 @@ urlpatterns = [
         auth_views.LoginView.as_view(template_name="dashboards/login.html"),
         name="login",
     ),
-    path("dash/logout/", auth_views.LogoutView.as_view(next_page="/dash/"), name="logout"),
+    path(
+        "dash/logout/",
+        provider_logout(
+            auth_views.LogoutView.as_view(next_page="/dash/"), login_page="dashboards:login"
+        ),
+        name="logout",
+    ),
     path("dash/queue/", views.queue, name="queue"),
     path("dash/shares/<slug:name>/", views.share_detail, name="share"),
     path("dash/teams/<slug:slug>/", views.team_detail, name="team"),

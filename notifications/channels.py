@@ -3,7 +3,8 @@ JSON signed with HMAC-SHA256, Slack's incoming webhook as {"text": ...}. Network
 database here, so the dispatch can run these on threads.
 
 Every call is bounded by NOTIFICATIONS_TIMEOUT_SECONDS (connect and answer), so an endpoint
-that does not answer holds up only its own messages."""
+that does not answer holds up only its own messages. Webhooks and Slack connect only to the
+addresses `notifications.targets` allows, and follow no redirect."""
 
 from __future__ import annotations
 
@@ -18,12 +19,15 @@ import requests
 from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
 
+from notifications.targets import GuardedAdapter, TargetRefused
+
 SIGNATURE_HEADER = "X-Portal-Signature-256"
 EVENT_HEADER = "X-Portal-Event"
 DELIVERY_HEADER = "X-Portal-Delivery"
 USER_AGENT = "gpu-quota-portal-notifications"
 # How much of an endpoint's answer a failure records.
 ANSWER_CHARS = 300
+REFUSED = "refused, not sent (a configuration error: not tried again): {reason}"
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,8 @@ class Outcome:
     # The endpoint itself is unreachable or refuses everything (not just this message): the
     # endpoint's other messages wait for this one's next try.
     endpoint_down: bool = False
+    # Trying again cannot help (the target is refused): the delivery is given up at once.
+    give_up: bool = False
 
 
 def signature(body: bytes, secret: str) -> str:
@@ -77,9 +83,13 @@ def post(message: Message, session: requests.Session) -> Outcome:
         response = session.post(
             message.target, data=body, headers=headers, timeout=timeout, allow_redirects=False
         )
+    except TargetRefused as error:
+        return Outcome(False, REFUSED.format(reason=error), give_up=True)
     except requests.RequestException as error:
         return Outcome(False, f"{type(error).__name__}: {error}"[:ANSWER_CHARS], True)
     answer = f"HTTP {response.status_code} {response.text[:ANSWER_CHARS]}".strip()
+    if response.is_redirect:
+        answer = f"{answer} (redirect to {response.headers['Location']!r} not followed)"
     if 200 <= response.status_code < 300:
         return Outcome(True, answer)
     # A server error or throttling says the endpoint is in trouble; a 4xx is about this message.
@@ -144,6 +154,9 @@ def send_group(messages: list[Message]) -> list[Outcome | None]:
         return send_emails(messages)
     results: list[Outcome | None] = []
     with requests.Session() as session:
+        session.trust_env = False  # no proxy from the environment: it would connect unchecked
+        session.mount("http://", GuardedAdapter())
+        session.mount("https://", GuardedAdapter())
         for message in messages:
             outcome = post(message, session)
             results.append(outcome)

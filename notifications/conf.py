@@ -43,5 +43,9 @@ NOTIFICATIONS_RETENTION_DAYS = _env.float("NOTIFICATIONS_RETENTION_DAYS", defaul
 # The Celery queue of the dispatch task: empty, the default queue (the worker that runs the
 # cycle); name one to run notifications on a worker of their own (`celery worker -Q NAME`).
 NOTIFICATIONS_QUEUE = _env.str("NOTIFICATIONS_QUEUE", default="")
+# Webhook and Slack targets that resolve to a loopback, private, link-local, multicast,
+# reserved or other non-public address are refused (at subscription and at each send), unless
+# the address is inside one of these networks: comma-separated CIDRs, e.g. "10.20.0.0/16".
+NOTIFICATIONS_WEBHOOK_ALLOWED_NETS = _env.str("NOTIFICATIONS_WEBHOOK_ALLOWED_NETS", default="")
 # The portal's address as people reach it, for links in messages (empty: no links).
 NOTIFICATIONS_PORTAL_URL = _env.str("NOTIFICATIONS_PORTAL_URL", default="").rstrip("/")

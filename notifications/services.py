@@ -18,7 +18,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from notifications import channels
+from notifications import channels, targets
 from notifications.models import JOB_KINDS, Delivery, Kind, OutboxCursor, Subscription
 from notifications.outbox import outbox_start, outbox_step
 from shares.selectors import shares_visible_to
@@ -72,7 +72,8 @@ def subscription_create(
     secret: str = "",
 ) -> Subscription:
     """A subscription of `user`, checked: a share of their teams (admins: any), known events
-    that fit the scope, a target that fits the channel. A webhook without a secret gets one."""
+    that fit the scope, a target that fits the channel (a URL whose host the network rule of
+    `notifications.targets` allows). A webhook without a secret gets one."""
     errors: dict[str, str] = {}
     share = None
     if scope == Subscription.Scope.SHARE:
@@ -106,6 +107,11 @@ def subscription_create(
         parts = urlsplit(target)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             errors["target"] = URL_INVALID.format(target=target)
+        else:
+            try:
+                targets.check_target(target)
+            except targets.TargetRefused as error:
+                errors["target"] = str(error)
     if channel == Subscription.Channel.WEBHOOK:
         if secret and not SECRET_LENGTHS[0] <= len(secret) <= SECRET_LENGTHS[1]:
             errors["secret"] = SECRET_LENGTH
@@ -245,7 +251,7 @@ def _record(deliveries: list[Delivery], outcomes: list[channels.Outcome | None])
             sent += 1
             continue
         delivery.last_error = outcome.detail
-        if delivery.attempts >= settings.NOTIFICATIONS_MAX_ATTEMPTS:
+        if outcome.give_up or delivery.attempts >= settings.NOTIFICATIONS_MAX_ATTEMPTS:
             delivery.state = Delivery.State.FAILED
             logger.warning("delivery %s given up: %s", delivery.pk, outcome.detail)
         else:

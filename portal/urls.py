@@ -6,6 +6,8 @@ from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.permissions import AllowAny
 
+from sso.views import provider_logout
+
 
 @csrf_exempt
 def api_not_found(request: HttpRequest, rest: str = "") -> JsonResponse:
@@ -20,6 +22,11 @@ def health(request: HttpRequest) -> JsonResponse:
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
+    # Before the admin's own: after a login through the provider, logging out ends it there too.
+    path(
+        "admin/logout/",
+        provider_logout(admin.site.admin_view(admin.site.logout), login_page="admin:login"),
+    ),
     path("admin/", admin.site.urls),
     path("health/", health, name="health"),
     # Single sign-on with the organisation's identity provider (docs/sso.md).

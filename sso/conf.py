@@ -20,6 +20,11 @@ OIDC_OP_TOKEN_ENDPOINT = _env.str("OIDC_OP_TOKEN_ENDPOINT", default="")
 OIDC_OP_JWKS_ENDPOINT = _env.str("OIDC_OP_JWKS_ENDPOINT", default="")
 # Optional: its claims are added to the ID token's (providers that send groups only there).
 OIDC_OP_USER_ENDPOINT = _env.str("OIDC_OP_USER_ENDPOINT", default="")
+# Optional: the provider's end_session_endpoint. Set, logging out of the portal after a login
+# through the provider ends the session there too (RP-initiated logout), so the next login asks
+# for the password again. The ID token is kept in the (server-side) session as its hint.
+OIDC_OP_LOGOUT_ENDPOINT = _env.str("OIDC_OP_LOGOUT_ENDPOINT", default="")
+OIDC_STORE_ID_TOKEN = True
 OIDC_RP_CLIENT_ID = _env.str("OIDC_RP_CLIENT_ID", default="")
 OIDC_RP_CLIENT_SECRET = _env.str("OIDC_RP_CLIENT_SECRET", default="")
 OIDC_RP_SIGN_ALGO = _env.str("OIDC_RP_SIGN_ALGO", default="RS256")

@@ -4,12 +4,17 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from functools import wraps
+from urllib.parse import urlencode
 
 import requests
 from django.conf import settings
+from django.contrib.auth import BACKEND_SESSION_KEY
 from django.core.exceptions import SuspiciousOperation
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
+from django.urls import reverse
 from mozilla_django_oidc.views import (
     OIDCAuthenticationCallbackView,
     OIDCAuthenticationRequestView,
@@ -123,3 +128,41 @@ class LoginCallback(OIDCAuthenticationCallbackView):
             login_record_refusal(reason=PROVIDER_ERROR.format(error=error))
             return login_failed(self.request, PROVIDER_ERROR.format(error=error), status=403)
         return login_failed(self.request, LOGIN_EXPIRED, status=400)
+
+
+PROVIDER_BACKEND = "sso.backends.ProviderBackend"
+
+
+def end_session_url(request: HttpRequest, *, login_page: str) -> str | None:
+    """The provider's end-session endpoint for this session (RP-initiated logout), back to the
+    portal's login page (a URL name) afterwards; None when OIDC_OP_LOGOUT_ENDPOINT is not set
+    or the session is not a login through the provider (a local password logs out locally)."""
+    id_token = request.session.get("oidc_id_token")
+    from_provider = request.session.get(BACKEND_SESSION_KEY) == PROVIDER_BACKEND
+    if not (settings.OIDC_ENABLED and settings.OIDC_OP_LOGOUT_ENDPOINT and from_provider):
+        return None
+    if not id_token:  # a session from before the ID token was kept
+        return None
+    query = urlencode(
+        {
+            "id_token_hint": id_token,
+            "post_logout_redirect_uri": request.build_absolute_uri(reverse(login_page)),
+            "client_id": settings.OIDC_RP_CLIENT_ID,
+        }
+    )
+    return f"{settings.OIDC_OP_LOGOUT_ENDPOINT}?{query}"
+
+
+def provider_logout(logout_view: Callable, *, login_page: str) -> Callable:
+    """`logout_view` (Django's logout, of the admin or the dashboards), then on to the
+    provider's end-session endpoint when end_session_url says so; otherwise its own response."""
+
+    @wraps(logout_view)
+    def view(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        end_session = end_session_url(request, login_page=login_page)  # before the session goes
+        response = logout_view(request, *args, **kwargs)
+        if end_session and request.method == "POST" and not request.user.is_authenticated:
+            return HttpResponseRedirect(end_session)
+        return response
+
+    return view

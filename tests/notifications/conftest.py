@@ -1,7 +1,9 @@
 """Real receivers for the notifications' tests, each on its own thread: an SMTP server
 (aiosmtpd) and an HTTP server (http.server) that records every request and answers as told,
 one path answering with a status, one never answering. Nothing is mocked: deliveries go out
-through Django's SMTP mail and `requests`, as in production."""
+through Django's SMTP mail and `requests`, as in production. The HTTP receivers listen on
+127.0.0.1, so their tests allow it (NOTIFICATIONS_WEBHOOK_ALLOWED_NETS); tests without one run
+with the default, which refuses loopback."""
 
 from __future__ import annotations
 
@@ -64,11 +66,12 @@ class Request:
 @dataclass
 class Receiver:
     """An HTTP server: `url(path)`; `requests` it got; `status[path]` the status it answers
-    with (200 unless told, a list: in turn)."""
+    with (200 unless told, a list: in turn); `location[path]` a Location header it sends."""
 
     server: ThreadingHTTPServer
     requests: list[Request] = field(default_factory=list)
     status: dict[str, int | list[int]] = field(default_factory=dict)
+    location: dict[str, str] = field(default_factory=dict)
 
     def url(self, path: str = "/hook") -> str:
         host, port = self.server.server_address[:2]
@@ -78,8 +81,17 @@ class Receiver:
         return [r for r in self.requests if r.path == path]
 
 
+LOOPBACK = "127.0.0.1/32"
+
+
 @pytest.fixture
-def receiver() -> Iterator[Receiver]:
+def loopback_allowed(settings) -> None:
+    """Webhooks may reach 127.0.0.1, where the test receivers listen."""
+    settings.NOTIFICATIONS_WEBHOOK_ALLOWED_NETS = LOOPBACK
+
+
+@pytest.fixture
+def receiver(loopback_allowed) -> Iterator[Receiver]:
     holder: dict[str, Receiver] = {}
 
     class Handler(BaseHTTPRequestHandler):
@@ -91,6 +103,8 @@ def receiver() -> Iterator[Receiver]:
             if isinstance(status, list):  # answers in turn, the last one from then on
                 status = status.pop(0) if len(status) > 1 else status[0]
             self.send_response(status)
+            if self.path in me.location:
+                self.send_header("Location", me.location[self.path])
             self.send_header("Content-Length", "2")
             self.end_headers()
             self.wfile.write(b"ok")
@@ -109,13 +123,13 @@ def receiver() -> Iterator[Receiver]:
 
 
 @pytest.fixture
-def dead_url() -> str:
+def dead_url(loopback_allowed) -> str:
     """An address where nothing listens: connections are refused."""
     return f"http://127.0.0.1:{free_port()}/hook"
 
 
 @pytest.fixture
-def hanging_url() -> Iterator[str]:
+def hanging_url(loopback_allowed) -> Iterator[str]:
     """An address that accepts connections and never answers (the kernel completes them
     into the backlog of a socket nobody reads)."""
     with socket.socket() as listener:

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db
 def test_an_admin_sees_the_records_and_tries_a_failed_delivery_again(world):
     subscription = subscription_create(
         user=world.alice, scope=Subscription.Scope.OWN_JOBS, kinds=[Kind.JOB_FAILED],
-        channel="webhook", target="https://example.com/h",
+        channel="webhook", target="https://93.184.215.14/h",
     )  # fmt: skip
     failed = Delivery.objects.create(
         subscription=subscription, kind=Kind.JOB_FAILED, source=Delivery.Source.JOB_EVENT,

@@ -20,6 +20,7 @@ def test_the_worker_sends_a_share_change_by_email_and_webhook(
     system = live(
         EMAIL_HOST="127.0.0.1", EMAIL_PORT=str(settings.EMAIL_PORT),
         DEFAULT_FROM_EMAIL="portal@example.com", NOTIFICATIONS_POLL_SECONDS="0.5",
+        NOTIFICATIONS_WEBHOOK_ALLOWED_NETS=settings.NOTIFICATIONS_WEBHOOK_ALLOWED_NETS,
     )  # fmt: skip
     for channel, target in (("email", "alice@example.com"), ("webhook", receiver.url("/a"))):
         subscription_create(

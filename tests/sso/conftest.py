@@ -19,7 +19,13 @@ def oidc_provider_process(live_server, tmp_path_factory):
         pytest.skip(why)
     folder = tmp_path_factory.mktemp("oidc-provider")
     provider = OidcProvider(
-        folder / "state.json", f"{live_server.url}/sso/callback/", folder / "provider.log"
+        folder / "state.json",
+        f"{live_server.url}/sso/callback/",
+        folder / "provider.log",
+        post_logout_redirect_uris=(
+            f"{live_server.url}/dash/login/",
+            f"{live_server.url}/admin/login/",
+        ),
     )
     provider.start()
     yield provider

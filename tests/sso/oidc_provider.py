@@ -36,9 +36,16 @@ def provider_missing() -> str | None:
 class OidcProvider:
     """One provider process; `users` and `break_id_tokens` rewrite what it reads next."""
 
-    def __init__(self, state_file: Path, redirect_uri: str, log_file: Path) -> None:
+    def __init__(
+        self,
+        state_file: Path,
+        redirect_uri: str,
+        log_file: Path,
+        post_logout_redirect_uris: tuple[str, ...] = (),
+    ) -> None:
         self.state_file = state_file
         self.redirect_uri = redirect_uri
+        self.post_logout_redirect_uris = post_logout_redirect_uris
         self.log_file = log_file
         self.issuer = f"http://127.0.0.1:{PORT}"
         self.process: subprocess.Popen | None = None
@@ -86,6 +93,7 @@ class OidcProvider:
             CLIENT_ID=CLIENT_ID,
             CLIENT_SECRET=CLIENT_SECRET,
             REDIRECT_URI=self.redirect_uri,
+            POST_LOGOUT_REDIRECT_URIS=" ".join(self.post_logout_redirect_uris),
             STATE_FILE=str(self.state_file),
         )
         log = self.log_file.open("ab")
@@ -111,6 +119,11 @@ class OidcProvider:
         # Nothing answers on the port any more: the portal must meet a provider that is down.
         with socket.socket() as probe:
             assert probe.connect_ex(("127.0.0.1", PORT)) != 0
+
+    @property
+    def end_session_endpoint(self) -> str:
+        """Its end_session_endpoint, for OIDC_OP_LOGOUT_ENDPOINT."""
+        return f"{self.issuer}/session/end"
 
     def portal_settings(self) -> dict:
         """The portal's OIDC_* settings for this provider, as docs/sso.md has them."""

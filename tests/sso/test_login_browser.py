@@ -5,15 +5,19 @@ a page that says what happened, never a 500."""
 
 from __future__ import annotations
 
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urljoin, urlsplit
 
+import jwt
 import pytest
+import requests
 from django.contrib.auth import get_user_model
+from django.contrib.sessions.backends.db import SessionStore
 
 from shares.models import Membership
 from sso.backends import BAD_SIGNATURE, EXPIRED_TOKEN, WRONG_ISSUER
 from sso.models import GroupMapping, LoginRecord, ProviderIdentity
 from sso.views import PROVIDER_DOWN
+from tests.sso.oidc_provider import CLIENT_ID, CLIENT_SECRET
 
 pytestmark = [pytest.mark.live, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -211,3 +215,109 @@ def test_a_wrong_password_at_the_provider_stays_at_the_provider(
     sign_in_at_provider(page, oidc_provider, "dana", password="not-it")
     assert page.locator(".error").inner_text() == "Wrong username or password."
     assert not get_user_model().objects.filter(username="dana").exists()
+
+
+def test_logging_out_ends_the_session_at_the_provider_so_the_next_login_asks_the_password(
+    live_server, browser, oidc_provider, settings, mappings
+):
+    """With OIDC_OP_LOGOUT_ENDPOINT set, the dashboards' "log out" sends dana to the provider's
+    end-session endpoint with her ID token as the hint and the dashboards' login page to come
+    back to; once she confirms there, she is back on that page, logged out of both: the next
+    login shows the provider's sign-in page again instead of coming straight back."""
+    settings.OIDC_OP_LOGOUT_ENDPOINT = oidc_provider.end_session_endpoint
+    page = browser
+    oidc_provider.set_user("dana", password=PASSWORD, groups=["gpu-vision-leads"])
+    end_session_urls = []
+    page.on(
+        "request",
+        lambda request: (
+            end_session_urls.append(request.url)
+            if request.url.startswith(f"{oidc_provider.end_session_endpoint}?")
+            else None
+        ),
+    )
+    start_login(page, live_server)
+    sign_in_at_provider(page, oidc_provider, "dana")
+    page.wait_for_url(f"{live_server.url}/dash/")
+    page.click("form.logout button")
+    page.click("button[name=logout][value=yes]")  # the provider's "Yes, sign me out"
+    page.wait_for_url(f"{live_server.url}/dash/login/")
+
+    query = parse_qs(urlsplit(end_session_urls[0]).query)
+    assert query["post_logout_redirect_uri"] == [f"{live_server.url}/dash/login/"]
+    assert query["client_id"] == [CLIENT_ID]
+    hint = jwt.decode(query["id_token_hint"][0], options={"verify_signature": False})
+    assert (hint["iss"], hint["sub"], hint["aud"]) == (oidc_provider.issuer, "dana", CLIENT_ID)
+
+    page.goto(f"{live_server.url}/dash/")
+    assert "/dash/login/" in page.url  # logged out of the portal
+    start_login(page, live_server)
+    page.wait_for_url(f"{oidc_provider.issuer}/interaction/**")  # and of the provider
+    sign_in_at_provider(page, oidc_provider, "dana")
+    page.wait_for_url(f"{live_server.url}/dash/")
+    assert LoginRecord.objects.filter(outcome=LoginRecord.Outcome.LOGGED_IN).count() == 2
+
+
+def test_the_provider_exchanges_the_code_only_with_the_pkce_verifier(
+    live_server, browser, oidc_provider, mappings, settings
+):
+    """Someone who steals the code on its way back (here the test, stopping the browser before
+    the portal's callback) cannot use it: the authorization request carried an S256 challenge,
+    so without the portal's verifier the provider's token endpoint refuses the code."""
+    page = browser
+    oidc_provider.set_user("dana", password=PASSWORD, groups=["gpu-vision-leads"])
+    authorize_urls, callback_urls = [], []
+    page.on(
+        "request",
+        lambda request: (
+            authorize_urls.append(request.url)
+            if request.url.startswith(f"{oidc_provider.issuer}/auth?")
+            else None
+        ),
+    )
+
+    def steal_the_code(route):
+        # Playwright routes no redirected request, so the test follows the provider's
+        # redirects itself (with the browser's cookies) up to the one back to the portal.
+        response = route.fetch(max_redirects=0)
+        while response.status in (302, 303) and not callback_urls:
+            location = urljoin(response.url, response.headers["location"])
+            if location.startswith(f"{live_server.url}/sso/callback/"):
+                callback_urls.append(location)
+            else:
+                response = page.request.get(location, max_redirects=0)
+        route.fulfill(status=200, body="stopped before the portal's callback")
+
+    page.route(f"{oidc_provider.issuer}/interaction/*/login", steal_the_code)
+    start_login(page, live_server)
+    sign_in_at_provider(page, oidc_provider, "dana")
+    page.wait_for_load_state()
+
+    challenge = parse_qs(urlsplit(authorize_urls[0]).query)
+    assert challenge["code_challenge_method"] == ["S256"] and challenge["code_challenge"]
+    callback = parse_qs(urlsplit(callback_urls[0]).query)
+    exchange = {
+        "grant_type": "authorization_code",
+        "code": callback["code"][0],
+        "redirect_uri": oidc_provider.redirect_uri,
+        "client_id": CLIENT_ID,
+        "client_secret": CLIENT_SECRET,
+    }
+    token_endpoint = f"{oidc_provider.issuer}/token"
+    response = requests.post(token_endpoint, data=exchange, timeout=5)
+    assert response.status_code == 400 and response.json()["error"] == "invalid_grant"
+    assert not get_user_model().objects.filter(username="dana").exists()
+
+    # The verifier is what was missing: the portal's, from its session, makes the same
+    # exchange good.
+    (session_id,) = [
+        c["value"]
+        for c in page.context.cookies(live_server.url)
+        if c["name"] == settings.SESSION_COOKIE_NAME
+    ]
+    states = SessionStore(session_key=session_id).load()["oidc_states"]
+    verifier = states[callback["state"][0]]["code_verifier"]
+    response = requests.post(
+        token_endpoint, data={**exchange, "code_verifier": verifier}, timeout=5
+    )
+    assert response.status_code == 200 and response.json()["id_token"]

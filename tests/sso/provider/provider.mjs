@@ -1,7 +1,8 @@
 // The OpenID provider that tests/sso/ start: panva's oidc-provider (OpenID Certified) with one
 // client, a login page of its own, and a groups claim.
 //
-//   node provider.mjs    with PORT, CLIENT_ID, CLIENT_SECRET, REDIRECT_URI and STATE_FILE set
+//   node provider.mjs    with PORT, CLIENT_ID, CLIENT_SECRET, REDIRECT_URI, STATE_FILE and
+//                        POST_LOGOUT_REDIRECT_URIS (space-separated) set
 //
 // STATE_FILE is JSON that the provider reads again at every request, so a test changes a user's
 // groups between two logins (or breaks the next ID token) by rewriting it:
@@ -36,6 +37,9 @@ const provider = new Provider(ISSUER, {
     client_id: process.env.CLIENT_ID,
     client_secret: process.env.CLIENT_SECRET,
     redirect_uris: [process.env.REDIRECT_URI],
+    // Where its end-session endpoint (/session/end) may send the browser back: the portal's
+    // login pages.
+    post_logout_redirect_uris: (process.env.POST_LOGOUT_REDIRECT_URIS || '').split(' ').filter(Boolean),
     token_endpoint_auth_method: 'client_secret_post',
   }],
   jwks: { keys: [signingKey] },
@@ -51,7 +55,10 @@ const provider = new Provider(ISSUER, {
   },
   scopes: ['openid', 'email', 'profile', 'groups'],
   pkce: { required: () => true },
-  features: { devInteractions: { enabled: false } },
+  features: {
+    devInteractions: { enabled: false },
+    rpInitiatedLogout: { enabled: true, logoutSource },
+  },
   interactions: { url: (ctx, interaction) => `/interaction/${interaction.uid}` },
   async findAccount(ctx, id) {
     const user = state().users[id];
@@ -86,6 +93,16 @@ const provider = new Provider(ISSUER, {
   },
 });
 provider.proxy = false;
+
+// The end-session endpoint's "sign out?" page, as the library's default without its web font.
+async function logoutSource(ctx, form) {
+  ctx.body = `<!doctype html><html><head><title>Sign out</title></head><body>
+<h1>Sign out of the test identity provider?</h1>
+${form}
+<button autofocus type="submit" form="op.logoutForm" value="yes" name="logout">Yes, sign me out</button>
+<button type="submit" form="op.logoutForm">No, stay signed in</button>
+</body></html>`;
+}
 
 function loginPage(uid, message) {
   return `<!doctype html><html><head><title>Test identity provider</title></head><body>
