@@ -33,7 +33,7 @@ from dashboards.selectors import (
     visible_shares,
     visible_teams,
 )
-from scheduler.models import JobAttempt
+from scheduler.models import JobAttempt, seconds_lost
 from shares.models import CapacityLimit, QuotaShare, Team
 from shares.selectors import is_admin
 
@@ -253,18 +253,6 @@ def _add_history(
         slot["lent"] += point.lent * hours
 
 
-def work_lost_hours(
-    gpus: int, started_at: datetime | None, checkpoint_at: datetime | None, ended_at: datetime
-) -> float:
-    """GPU-hours a preempted attempt threw away: its GPUs × the time from the later of its start
-    and its last checkpoint to its end (the grace period included: what it computed then is
-    lost too, unless it saved a checkpoint). An attempt that never started lost nothing."""
-    if started_at is None:
-        return 0.0
-    since = max(started_at, checkpoint_at) if checkpoint_at else started_at
-    return gpus * max(0.0, (ended_at - since).total_seconds()) / 3600
-
-
 def _add_preemptions(
     totals: Totals, *, start: datetime, end: datetime, shares: list[str] | None
 ) -> None:
@@ -286,7 +274,7 @@ def _add_preemptions(
         "last_checkpoint_at", "when", "preempted_for__share_id", "preempted_for__share__name",
     ).order_by()  # fmt: skip
     for share_id, share, gpu_type, gpus, started, checkpoint, when, for_id, for_share in rows:
-        lost = work_lost_hours(gpus, started, checkpoint, when)
+        lost = gpus * seconds_lost(started, checkpoint, when) / 3600
         reclaim = preemption_kind(share_id, for_id) == RECLAIM
         if visible is None or share in visible:
             victim = totals[(share, gpu_type)]

@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db.models import Q
 
 from notifications.models import Delivery, Kind
-from scheduler.models import Job, JobAttempt, JobEvent
+from scheduler.models import Job, JobAttempt, JobEvent, seconds_lost
 from shares.models import QuotaShare, ShareChange
 from shares.selectors import share_usage
 
@@ -210,8 +210,7 @@ def _preempted(told: _Event, attempt: JobAttempt) -> Notice:
     its start and its last checkpoint."""
     job, by = told.job, attempt.preempted_for
     start, saved = attempt.started_at, attempt.last_checkpoint_at
-    since = max(start, saved) if start and saved else start
-    seconds = max(0.0, (attempt.ended_at - since).total_seconds()) if since else 0.0
+    seconds = seconds_lost(start, saved, attempt.ended_at)
     order = (
         JobEvent.objects.filter(job=job, to_state=Job.State.PREEMPTING, id__lt=told.event.pk)
         .order_by("-id")

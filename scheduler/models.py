@@ -316,6 +316,17 @@ class JobAttempt(models.Model):
         return self.borrowed_gpus > 0
 
 
+def seconds_lost(started_at, last_checkpoint_at, ended_at) -> float:
+    """Seconds of work a preempted attempt threw away (times its GPUs: GPU-seconds): from the
+    later of its start and its last checkpoint to its end, the grace period included (what it
+    computed then is lost too, unless it saved a checkpoint). One that never started lost
+    nothing. The engine orders victims by the same measure (`victims.work_lost`)."""
+    if started_at is None:
+        return 0.0
+    since = max(started_at, last_checkpoint_at) if last_checkpoint_at else started_at
+    return max(0.0, (ended_at - since).total_seconds())
+
+
 class GpuAssignment(models.Model):
     """One GPU index of a node held by an attempt. The database itself refuses to give a GPU
     that is still held to a second attempt."""

@@ -33,6 +33,16 @@ def mappings(vision_team, research_team):
     GroupMapping.objects.create(group="gpu-admins", role="ADMIN")
 
 
+def requests_to(page, prefix: str) -> list[str]:
+    """The URLs of the page's requests from now on that start with `prefix`, as they are made."""
+    urls: list[str] = []
+    page.on(
+        "request",
+        lambda request: urls.append(request.url) if request.url.startswith(prefix) else None,
+    )
+    return urls
+
+
 def start_login(page, live_server, next_path: str = "/dash/"):
     """Opens the dashboards' login page and follows its single sign-on button."""
     page.goto(f"{live_server.url}/dash/login/?next={next_path}")
@@ -59,15 +69,7 @@ def test_the_code_flow_with_pkce_logs_a_lead_in_to_the_dashboards_admin_and_api(
     and in the API's session."""
     page = browser
     oidc_provider.set_user("dana", password=PASSWORD, groups=["gpu-vision-leads", "gpu-admins"])
-    authorize_urls = []
-    page.on(
-        "request",
-        lambda request: (
-            authorize_urls.append(request.url)
-            if request.url.startswith(f"{oidc_provider.issuer}/auth?")
-            else None
-        ),
-    )
+    authorize_urls = requests_to(page, f"{oidc_provider.issuer}/auth?")
     start_login(page, live_server)
     sign_in_at_provider(page, oidc_provider, "dana")
     page.wait_for_url(f"{live_server.url}/dash/")
@@ -227,15 +229,7 @@ def test_logging_out_ends_the_session_at_the_provider_so_the_next_login_asks_the
     settings.OIDC_OP_LOGOUT_ENDPOINT = oidc_provider.end_session_endpoint
     page = browser
     oidc_provider.set_user("dana", password=PASSWORD, groups=["gpu-vision-leads"])
-    end_session_urls = []
-    page.on(
-        "request",
-        lambda request: (
-            end_session_urls.append(request.url)
-            if request.url.startswith(f"{oidc_provider.end_session_endpoint}?")
-            else None
-        ),
-    )
+    end_session_urls = requests_to(page, f"{oidc_provider.end_session_endpoint}?")
     start_login(page, live_server)
     sign_in_at_provider(page, oidc_provider, "dana")
     page.wait_for_url(f"{live_server.url}/dash/")
@@ -266,15 +260,8 @@ def test_the_provider_exchanges_the_code_only_with_the_pkce_verifier(
     so without the portal's verifier the provider's token endpoint refuses the code."""
     page = browser
     oidc_provider.set_user("dana", password=PASSWORD, groups=["gpu-vision-leads"])
-    authorize_urls, callback_urls = [], []
-    page.on(
-        "request",
-        lambda request: (
-            authorize_urls.append(request.url)
-            if request.url.startswith(f"{oidc_provider.issuer}/auth?")
-            else None
-        ),
-    )
+    authorize_urls = requests_to(page, f"{oidc_provider.issuer}/auth?")
+    callback_urls = []
 
     def steal_the_code(route):
         # Playwright routes no redirected request, so the test follows the provider's
