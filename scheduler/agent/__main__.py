@@ -176,6 +176,7 @@ def main_slurm(argv: list[str]) -> int:
     log_format = f"%(asctime)s %(levelname)s connector[{name}]: %(message)s"
     logging.basicConfig(level=args.log_level, format=log_format)
     work_dir = Path(args.work_dir or Path.home() / ".gpu-agent" / f"slurm-{name}")
+    cluster.script_dir = work_dir / "scripts"
     connector = Connector(
         portal=args.portal, join_token=args.join_token, name=name, cluster=cluster,
         work_dir=work_dir, checkpoint_root=Path(args.checkpoint_root or work_dir / "checkpoints"),

@@ -1,10 +1,11 @@
-"""The connector's work (`gpu-agent slurm`): the portal decides, the cluster manager runs.
+"""The connector's work (`gpu-agent slurm`, `gpu-agent kubernetes`): the portal decides, the
+cluster manager runs. The cluster manager is driven through `scheduler.agent.cluster.Cluster`.
 
-One process for a whole cluster. It registers every GPU node of its partitions as a portal
+One process for a whole cluster. It registers every GPU node of its cluster as a portal
 node, long-polls for the orders of all of them at once, and carries them out through the
 cluster manager: each attempt is one job there (a gang's nodes together), submitted only once
 the portal grants its start (as an agent's), signalled with SIGTERM on a stop order and
-cancelled after the share's grace period. It watches the cluster's jobs and reports each
+ended after the share's grace period. It watches the cluster's jobs and reports each
 start (with the GPU indices the cluster gave), each end (with its exit code), and what the
 cluster says of its nodes: their state, and the GPUs jobs the portal did not submit hold.
 
@@ -26,7 +27,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scheduler.agent.core import CHECKPOINT_EVERY_SECONDS, checkpoint_saved_at, log_tail
+from scheduler.agent.cluster import (
+    Cluster,
+    ClusterJob,
+    ClusterNode,
+    ClusterRefused,
+    ClusterUnreachable,
+)
+from scheduler.agent.core import CHECKPOINT_EVERY_SECONDS, checkpoint_saved_at
 from scheduler.agent.outbox import Backoff, Outbox
 from scheduler.agent.protocol import (
     CHECKPOINT_MARKER,
@@ -43,14 +51,6 @@ from scheduler.agent.protocol import (
     EVENT_EXITED,
     EVENT_LOG,
     EVENT_STARTED,
-)
-from scheduler.agent.slurm import (
-    SlurmCluster,
-    SlurmJob,
-    SlurmNode,
-    SlurmRefused,
-    SlurmUnreachable,
-    batch_script,
 )
 from scheduler.agent.transport import PortalClient, PortalUnreachable
 
@@ -99,7 +99,7 @@ class Connector:
         portal: str,
         join_token: str,
         name: str,
-        cluster: SlurmCluster,
+        cluster: Cluster,
         work_dir: Path,
         checkpoint_root: Path,
         poll_wait: float = 10.0,
@@ -128,13 +128,12 @@ class Connector:
         # Set while the cluster manager answers: the poller polls (a heartbeat) only then.
         self.cluster_ok = threading.Event()
         self.full_orders = True  # the next poll asks for every order (after a (re)start)
-        self.nodes: dict[str, SlurmNode] = {}  # as last read
+        self.nodes: dict[str, ClusterNode] = {}  # as last read
         self.inventory_sent: dict[str, dict] = {}  # node name → as the portal last took it
         self.inventory_due = True  # send every node with the next poll
         self.last_observe = 0.0
         self.last_inventory = 0.0
-        for sub in ("logs", "scripts"):
-            (work_dir / sub).mkdir(parents=True, exist_ok=True)
+        (work_dir / "logs").mkdir(parents=True, exist_ok=True)
         checkpoint_root.mkdir(parents=True, exist_ok=True)
 
     # --- The portal --------------------------------------------------------------------------
@@ -152,8 +151,8 @@ class Connector:
                 body = {"join_token": self.join_token, "name": self.name,
                         "kind": self.cluster.kind, "nodes": self._inventory()}  # fmt: skip
                 response = self.http.post(CONNECTOR_REGISTER_PATH, json=body, timeout=30)
-            except SlurmUnreachable as error:
-                logger.warning("Slurm does not answer (%s); retrying", error)
+            except ClusterUnreachable as error:
+                logger.warning("%s does not answer (%s); retrying", self.cluster.manager, error)
             except PortalUnreachable as error:
                 logger.warning("portal unreachable (%s); retrying", error)
             else:
@@ -174,9 +173,12 @@ class Connector:
         """Every node as the portal takes it, with the GPUs held outside the portal: those the
         cluster's jobs hold but for the portal's attempts that it still holds GPUs for."""
         ours: dict[str, int] = {}
+        pending_holds = self.cluster.holds_while_pending
         with self.lock:
             for attempt in self.attempts.values():
-                if attempt.orphan or attempt.running_since is None:
+                if attempt.orphan or attempt.job_id is None:
+                    continue
+                if attempt.running_since is None and not pending_holds:
                     continue
                 for node in attempt.nodes:
                     ours[node] = ours.get(node, 0) + attempt.gpus_per_node
@@ -328,16 +330,16 @@ class Connector:
         self.claim()
 
     def _gone(self, attempt_id: int, order: dict) -> None:
-        """An attempt the portal says started that Slurm no longer lists (it ended, and Slurm
-        purged it, while the connector was away): its end as sacct or the job-completion log
-        has it, else lost (the portal runs it again)."""
+        """An attempt the portal says started that the cluster no longer lists (it ended, and
+        was purged, while the connector was away): its end as the cluster's records have it
+        (Slurm's sacct or job-completion log), else lost (the portal runs it again)."""
         job_id = order.get("cluster_job_id")
         ended = None
         if job_id:
-            with contextlib.suppress(SlurmUnreachable, SlurmRefused):
+            with contextlib.suppress(ClusterUnreachable, ClusterRefused):
                 ended = self.cluster.ended_job(str(job_id))
         if ended is None or ended.end is None:
-            self._end(attempt_id, end=END_LOST, detail="not in Slurm any more")
+            self._end(attempt_id, end=END_LOST, detail=f"not in {self.cluster.manager} any more")
             return
         tracked = Attempt(id=attempt_id, order=order if "command" in order else None,
                           job_id=str(job_id), running_since=time.monotonic(),
@@ -366,13 +368,6 @@ class Connector:
             if attempt_id in granted:
                 self.submit(order)
 
-    def _partition(self, nodes: list[str]) -> str:
-        """The first of the connector's partitions that has all the nodes."""
-        for partition in self.cluster.partitions:
-            if all(partition in getattr(self.nodes.get(n), "partitions", ()) for n in nodes):
-                return partition
-        return self.cluster.partitions[0]
-
     def submit(self, order: dict) -> None:
         attempt_id, job = order["attempt"], order["job"]
         checkpoint_dir = self.checkpoint_root / f"job-{job}"
@@ -387,27 +382,23 @@ class Connector:
             }
         )
         nodes = [a["node"] for a in order["nodes"]]
-        script = self.work_dir / "scripts" / f"attempt-{attempt_id}.sh"
-        script.write_text(batch_script(order, env, gang=len(nodes) > 1))
-        script.chmod(0o755)
         log = self._log_path(order)
         tracked = Attempt(id=attempt_id, order=order, grace=float(order["grace_seconds"]),
                           nodes=tuple(nodes),
                           gpus_per_node=len(order["nodes"][0]["gpu_indices"]))  # fmt: skip
+        manager = self.cluster.manager
         try:
-            tracked.job_id = self.cluster.submit(
-                order, script=script, log=log, partition=self._partition(nodes)
-            )
-        except SlurmRefused as error:
-            self._end(attempt_id, end=END_NEVER_STARTED, detail=f"sbatch refused it: {error}")
+            tracked.job_id = self.cluster.submit(order, env=env, log=log)
+        except ClusterRefused as error:
+            self._end(attempt_id, end=END_NEVER_STARTED, detail=f"{manager} refused it: {error}")
             return
-        except SlurmUnreachable as error:
+        except ClusterUnreachable as error:
             # Not known to be submitted: the portal hears it was withdrawn, and requeues it.
-            self._end(attempt_id, end=END_WITHDRAWN, detail=f"Slurm did not answer: {error}")
+            self._end(attempt_id, end=END_WITHDRAWN, detail=f"{manager} did not answer: {error}")
             return
         with self.lock:
             self.attempts[attempt_id] = tracked
-        logger.info("attempt %s (job %s) is Slurm job %s on %s", attempt_id, job,
+        logger.info("attempt %s (job %s) is %s job %s on %s", attempt_id, job, manager,
                     tracked.job_id, ",".join(nodes))  # fmt: skip
 
     def _log_path(self, order: dict) -> Path:
@@ -417,24 +408,24 @@ class Connector:
         tracked.term_sent_at = time.monotonic()
         if tracked.job_id is None:
             return
+        started = tracked.running_since is not None
+        logger.info("attempt %s: %s job %s: %s", tracked.id, self.cluster.manager,
+                    tracked.job_id, f"SIGTERM, {tracked.grace:.0f} s grace" if started
+                    else "not started; withdrawn")  # fmt: skip
         try:
-            if tracked.running_since is None:
-                logger.info("attempt %s: Slurm job %s has not started; cancelled", tracked.id,
-                            tracked.job_id)  # fmt: skip
-                self.cluster.kill(tracked.job_id)
-            else:
-                logger.info("attempt %s: SIGTERM to Slurm job %s, %.0f s grace", tracked.id,
-                            tracked.job_id, tracked.grace)  # fmt: skip
-                self.cluster.terminate(tracked.job_id)
-        except (SlurmRefused, SlurmUnreachable) as error:
-            logger.warning("attempt %s: scancel failed (%s); trying again", tracked.id, error)
+            self.cluster.terminate(tracked.job_id, grace=tracked.grace, started=started)
+        except (ClusterRefused, ClusterUnreachable) as error:
+            logger.warning("attempt %s: stop failed (%s); trying again", tracked.id, error)
             tracked.term_sent_at = None
 
     def _end(self, attempt_id: int, *, end: str, exit_code=None, signalled=False, log_tail="",
              detail="") -> None:  # fmt: skip
         self.finished.add(attempt_id)
         with self.lock:
-            self.attempts.pop(attempt_id, None)
+            tracked = self.attempts.pop(attempt_id, None)
+        if tracked is not None and tracked.job_id is not None:
+            with contextlib.suppress(ClusterRefused, ClusterUnreachable):
+                self.cluster.forget(tracked.job_id)
         self._event(type=EVENT_EXITED, attempt=attempt_id, end=end, exit_code=exit_code,
                     signalled=signalled, log_tail=log_tail, detail=detail)  # fmt: skip
 
@@ -447,18 +438,14 @@ class Connector:
 
     def observe(self) -> None:
         """Read the cluster's jobs, and move each attempt on: started, ended, pending too
-        long. Raises SlurmUnreachable."""
-        jobs = self.cluster.jobs()
+        long. Raises ClusterUnreachable."""
+        ours = {
+            attempt_id: job
+            for attempt_id, job in self.cluster.attempt_jobs().items()
+            if attempt_id not in self.finished
+        }
         now = time.monotonic()
         self.last_observe = now
-        ours: dict[int, SlurmJob] = {}
-        for job in jobs:
-            attempt_id = self.cluster.attempt_of(job)
-            if attempt_id is None or attempt_id in self.finished:
-                continue
-            known = ours.get(attempt_id)
-            if known is None or int(job.id) > int(known.id):
-                ours[attempt_id] = job
         for attempt_id, job in ours.items():
             if attempt_id not in self.attempts:
                 # Submitted by an earlier run of the connector: adopted (an ended one is
@@ -477,13 +464,13 @@ class Connector:
                     if ended is not None:
                         self._follow(tracked, ended, now)
                     else:
-                        self._end(tracked.id, end=END_LOST, detail="Slurm no longer knows "
-                                  f"job {tracked.job_id}")  # fmt: skip
+                        self._end(tracked.id, end=END_LOST, detail=f"{self.cluster.manager} no "
+                                  f"longer knows job {tracked.job_id}")  # fmt: skip
                 continue
             tracked.seen = now
             self._follow(tracked, job, now)
 
-    def _follow(self, tracked: Attempt, job: SlurmJob, now: float) -> None:
+    def _follow(self, tracked: Attempt, job: ClusterJob, now: float) -> None:
         ran = job.holding or (job.end is not None and bool(job.nodes))
         if ran and tracked.running_since is None:
             tracked.running_since = now
@@ -491,64 +478,72 @@ class Connector:
             if not tracked.started_reported and tracked.order is not None:
                 tracked.started_reported = True
                 self._event(type=EVENT_STARTED, attempt=tracked.id,
-                            cluster_job=self._cluster_job(job))  # fmt: skip
+                            cluster_job=self.cluster.describe(job))  # fmt: skip
         if job.end is not None:
             self._ended(tracked, job)
             return
         if job.pending and tracked.term_sent_at is None:
             if now - tracked.submitted >= self.pending_timeout:
                 tracked.withdrawn = (
-                    f"Slurm kept job {job.id} pending {self.pending_timeout:g} s ({job.reason})"
+                    f"{self.cluster.manager} kept job {job.id} pending "
+                    f"{self.pending_timeout:g} s ({job.reason})"
                 )
                 logger.info("attempt %s: %s; withdrawn", tracked.id, tracked.withdrawn)
                 self.terminate(tracked)
         elif job.pending and tracked.term_sent_at is not None and not tracked.killed:
             tracked.killed = True
-            with contextlib.suppress(SlurmRefused, SlurmUnreachable):
+            with contextlib.suppress(ClusterRefused, ClusterUnreachable):
                 self.cluster.kill(job.id)
 
-    def _cluster_job(self, job: SlurmJob) -> dict:
-        try:
-            allocations = self.cluster.allocations(job.id)
-        except (SlurmRefused, SlurmUnreachable):
-            allocations = []
-        return {"id": job.id, "allocations": allocations}
-
-    def _ended(self, tracked: Attempt, job: SlurmJob) -> None:
+    def _ended(self, tracked: Attempt, job: ClusterJob) -> None:
         signalled = tracked.term_sent_at is not None
         tail = self._tail(tracked)
         if tracked.withdrawn:
             # Withdrawn, even if Slurm started it just before the cancel reached it.
             self._end(tracked.id, end=END_WITHDRAWN, detail=tracked.withdrawn)
+        elif job.end == END_WITHDRAWN:
+            # The cluster manager would not run it where the portal placed it.
+            self._end(tracked.id, end=END_WITHDRAWN, detail=job.reason)
+        elif job.end == END_NEVER_STARTED:
+            self._end(tracked.id, end=END_NEVER_STARTED, detail=job.reason)
         elif tracked.running_since is None or (job.state == "CANCELLED" and not job.nodes):
-            self._end(tracked.id, end=END_NEVER_STARTED,
-                      detail=f"Slurm ended job {job.id} before it ran ({job.state})")  # fmt: skip
+            self._end(tracked.id, end=END_NEVER_STARTED, detail=f"{self.cluster.manager} ended "
+                      f"job {job.id} before it ran ({job.state})")  # fmt: skip
         elif tracked.timed_out or job.end == END_TIMEOUT:
             self._end(tracked.id, end=END_TIMEOUT, exit_code=job.exit_code, signalled=True,
                       log_tail=tail)  # fmt: skip
         elif job.end == END_LOST and not signalled:
             # Its node went down: the portal hears of the node with the loss, so that it does
             # not place the job there again.
-            with contextlib.suppress(SlurmUnreachable, SlurmRefused):
+            with contextlib.suppress(ClusterUnreachable, ClusterRefused):
                 self.read_inventory()
             self._end(tracked.id, end=END_LOST, exit_code=job.exit_code, log_tail=tail,
-                      detail=f"Slurm job {job.id} ended {job.state} ({job.reason})")  # fmt: skip
+                      detail=f"{self.cluster.manager} job {job.id} ended {job.state} "
+                      f"({job.reason})")  # fmt: skip
         else:
             exit_code = job.exit_code
             if job.state == "CANCELLED" and not signalled:
-                # Cancelled in Slurm by someone else (an operator's scancel): not a success.
+                # Cancelled in the cluster by someone else (an operator's scancel, a pod
+                # deleted): not a success.
                 exit_code = exit_code if exit_code else -15
             self._end(tracked.id, end=END_EXIT, exit_code=exit_code, signalled=signalled,
-                      log_tail=tail, detail=f"Slurm: {job.state}")  # fmt: skip
-        logger.info("attempt %s: Slurm job %s ended %s (exit %s)", tracked.id, job.id, job.state,
-                    job.exit_code)  # fmt: skip
+                      log_tail=tail, detail=f"{self.cluster.manager}: {job.state}")  # fmt: skip
+        logger.info("attempt %s: %s job %s ended %s (exit %s)", tracked.id, self.cluster.manager,
+                    job.id, job.state, job.exit_code)  # fmt: skip
 
     def _tail(self, tracked: Attempt) -> str:
-        return log_tail(self._log_path(tracked.order)) if tracked.order is not None else ""
+        if tracked.order is None or tracked.job_id is None:
+            return ""
+        try:
+            return self.cluster.log_tail(tracked.job_id, self._log_path(tracked.order))
+        except (ClusterRefused, ClusterUnreachable) as error:
+            logger.debug("attempt %s: no log tail (%s)", tracked.id, error)
+            return ""
 
     def _look_for_checkpoint(self, tracked: Attempt) -> None:
         """Report a checkpoint the job saved since the last one reported (docs/agent.md): its
-        CHECKPOINT_DIR is on a file system the connector sees too (docs/slurm.md)."""
+        CHECKPOINT_DIR is on a file system the connector sees too (docs/slurm.md,
+        docs/kubernetes.md)."""
         assert tracked.order is not None
         marker = self.checkpoint_root / f"job-{tracked.order['job']}" / CHECKPOINT_MARKER
         saved = checkpoint_saved_at(marker, after=tracked.checkpoint_seen)
@@ -582,14 +577,18 @@ class Connector:
                 ):
                     tracked.checkpoint_looked = now
                     self._look_for_checkpoint(tracked)
-            elif not tracked.killed and now - tracked.term_sent_at >= tracked.grace:
+            elif (
+                not tracked.killed
+                and not self.cluster.enforces_grace
+                and now - tracked.term_sent_at >= tracked.grace
+            ):
                 tracked.killed = True
-                logger.info("attempt %s: grace over, scancel", tracked.id)
+                logger.info("attempt %s: grace over, killed", tracked.id)
                 try:
                     if tracked.job_id is not None:
                         self.cluster.kill(tracked.job_id)
-                except (SlurmRefused, SlurmUnreachable) as error:
-                    logger.warning("attempt %s: scancel failed (%s)", tracked.id, error)
+                except (ClusterRefused, ClusterUnreachable) as error:
+                    logger.warning("attempt %s: kill failed (%s)", tracked.id, error)
                     tracked.killed = False
 
     # --- Main loop ---------------------------------------------------------------------------
@@ -610,13 +609,13 @@ class Connector:
             if now - self.last_inventory >= INVENTORY_SECONDS:
                 self.read_inventory()
             if not self.cluster_ok.is_set():
-                logger.info("Slurm answers again")
+                logger.info("%s answers again", self.cluster.manager)
                 self.inventory_due = self.full_orders = True
                 self.cluster_ok.set()
-        except SlurmUnreachable as error:
+        except ClusterUnreachable as error:
             if self.cluster_ok.is_set():
-                logger.warning("Slurm does not answer (%s): no heartbeat to the portal until "
-                               "it does", error)  # fmt: skip
+                logger.warning("%s does not answer (%s): no heartbeat to the portal until it "
+                               "does", self.cluster.manager, error)  # fmt: skip
             self.cluster_ok.clear()
             self.last_observe = now
         if orders is not None:
@@ -629,6 +628,7 @@ class Connector:
             self.applied.set()
 
     def run(self) -> None:
+        self.cluster.start()
         self.register()
         if self.stopping.is_set():
             return
@@ -636,8 +636,8 @@ class Connector:
             self.cluster.discover()
             self.observe()  # what the cluster already runs for the portal, before the first poll
             self.cluster_ok.set()
-        except SlurmUnreachable as error:
-            logger.warning("Slurm does not answer (%s)", error)
+        except ClusterUnreachable as error:
+            logger.warning("%s does not answer (%s)", self.cluster.manager, error)
         for target in (self.poller, self.reporter):
             threading.Thread(target=target, name=target.__name__, daemon=True).start()
         while not self.stopping.is_set():

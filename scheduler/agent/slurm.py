@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
 
+from scheduler.agent.cluster import ClusterRefused, ClusterUnreachable, shell_line
+from scheduler.agent.core import log_tail
 from scheduler.agent.protocol import (
     END_EXIT,
     END_LOST,
@@ -56,11 +58,11 @@ END_STATES = {
 }  # fmt: skip
 
 
-class SlurmUnreachable(Exception):
+class SlurmUnreachable(ClusterUnreachable):
     """A Slurm command did not get an answer from slurmctld (or could not run at all)."""
 
 
-class SlurmRefused(Exception):
+class SlurmRefused(ClusterRefused):
     """slurmctld answered, and refused (sbatch: a bad request for this cluster)."""
 
 
@@ -333,8 +335,18 @@ class SlurmCluster:
     accounting: bool = False
     jobcomp_log: Path | None = None
     discovered: bool = False
+    # Where the attempts' batch scripts are written (the connector's work directory).
+    script_dir: Path = field(default_factory=lambda: Path.home() / ".gpu-agent" / "scripts")
+    # The nodes as last read: a job goes to a partition that has all its nodes.
+    partitions_of: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     kind = "slurm"
+    manager = "Slurm"
+    enforces_grace = False  # scancel after the grace period is the connector's
+    holds_while_pending = False  # GresUsed counts a job's GPUs once it runs
+
+    def start(self) -> None:
+        """Nothing to watch: the connector asks (squeue, sinfo) as often as it needs."""
 
     def config(self) -> dict[str, str]:
         """Slurm's configuration, as `scontrol show config` prints it: key → value."""
@@ -391,7 +403,9 @@ class SlurmCluster:
             "-O", ",".join(f"{name}:{SEP}" for name in SINFO_FIELDS),
         )  # fmt: skip
         nodes = []
-        for node in parse_sinfo(text):
+        parsed = parse_sinfo(text)
+        self.partitions_of = {node.name: node.partitions for node in parsed}
+        for node in parsed:
             gpu_type = self.gpu_type_of(node)
             if gpu_type is None:
                 logger.warning("node %s: its GRES gpu has no type; give one with --gpu-type",
@@ -425,6 +439,19 @@ class SlurmCluster:
             )  # fmt: skip
         )
 
+    def attempt_jobs(self) -> dict[int, SlurmJob]:
+        """The connector's Slurm jobs by attempt: the newest where an attempt has several (one
+        ended, and its successor submitted before squeue forgot it)."""
+        ours: dict[int, SlurmJob] = {}
+        for job in self.jobs():
+            attempt_id = self.attempt_of(job)
+            if attempt_id is None:
+                continue
+            known = ours.get(attempt_id)
+            if known is None or int(job.id) > int(known.id):
+                ours[attempt_id] = job
+        return ours
+
     def ended_job(self, job_id: str) -> SlurmJob | None:
         """What became of a job squeue no longer lists (Slurm purged it, MinJobAge after its
         end): from sacct, else the job-completion log; None if neither knows it."""
@@ -455,11 +482,23 @@ class SlurmCluster:
         match = re.fullmatch(rf"{re.escape(self.prefix)}-.+-job\d+-a(\d+)", job.name)
         return int(match.group(1)) if match else None
 
-    def submit(self, order: dict, *, script: Path, log: Path, partition: str) -> str:
-        """sbatch the attempt: one Slurm job on all the nodes of its gang, each with its GPUs.
-        Returns Slurm's job id."""
+    def _partition(self, nodes: list[str]) -> str:
+        """The first of the connector's partitions that has all the nodes."""
+        for partition in self.partitions:
+            if all(partition in self.partitions_of.get(n, ()) for n in nodes):
+                return partition
+        return self.partitions[0]
+
+    def submit(self, order: dict, *, env: dict[str, str], log: Path) -> str:
+        """sbatch the attempt: one Slurm job on all the nodes of its gang, each with its GPUs,
+        running a batch script written for it. Returns Slurm's job id."""
         nodes = [a["node"] for a in order["nodes"]]
         gpus = len(order["nodes"][0]["gpu_indices"])
+        self.script_dir.mkdir(parents=True, exist_ok=True)
+        script = self.script_dir / f"attempt-{order['attempt']}.sh"
+        script.write_text(batch_script(order, env, gang=len(nodes) > 1))
+        script.chmod(0o755)
+        partition = self._partition(nodes)
         args = [
             "sbatch", "--parsable", f"--job-name={self.job_name(order)}",
             f"--partition={partition}", f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}",
@@ -475,18 +514,36 @@ class SlurmCluster:
         args += [*self.sbatch_args, str(script)]
         return self._run(*args).strip().split(";")[0]
 
-    def terminate(self, job_id: str) -> None:
+    def terminate(self, job_id: str, *, grace: float, started: bool) -> None:
         """SIGTERM to every process of the job, the batch script's included (without --full
-        the signal reaches only the job's steps)."""
+        the signal reaches only the job's steps); the connector cancels it after the grace
+        period. A job that has not started is cancelled at once."""
+        if not started:
+            self.kill(job_id)
+            return
         self._run("scancel", "--signal=TERM", "--full", job_id)
 
     def kill(self, job_id: str) -> None:
         """Cancel the job: Slurm sends SIGTERM, then SIGKILL after its KillWait."""
         self._run("scancel", job_id)
 
+    def forget(self, job_id: str) -> None:
+        """Slurm purges an ended job itself, MinJobAge after its end."""
+
     def allocations(self, job_id: str) -> list[dict]:
         """The GPU indices Slurm gave the job on each node."""
         return parse_job_gpus(self._run("scontrol", "-o", "-d", "show", "job", job_id))
+
+    def describe(self, job: SlurmJob) -> dict:
+        try:
+            allocations = self.allocations(job.id)
+        except (SlurmRefused, SlurmUnreachable):
+            allocations = []
+        return {"id": job.id, "allocations": allocations}
+
+    def log_tail(self, job_id: str, log: Path) -> str:
+        """The batch script's output file (on a file system the connector's host shares)."""
+        return log_tail(log)
 
 
 def _unreachable(message: str) -> bool:
@@ -519,10 +576,8 @@ def batch_script(order: dict, env: dict[str, str], *, gang: bool) -> str:
             "exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 --export=ALL /bin/sh -c "
             + shlex.quote(command)
         )
-    elif set("|&;<>()$`\\\"'*?[]#~=%{}\n") & set(command):
-        lines.append(command)
     else:
-        lines.append(f"exec {command}")
+        lines.append(shell_line(command))
     return "\n".join(lines) + "\n"
 
 
