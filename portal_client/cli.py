@@ -70,6 +70,9 @@ def job_arguments(command: argparse.ArgumentParser) -> None:
     command.add_argument("--priority", type=int, default=0)
     command.add_argument("--name", default="")
     command.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
+    command.add_argument(
+        "--image", help="container image on Kubernetes nodes (default: the connector's)"
+    )
     command.add_argument("--client-token")
     command.add_argument("--timeout", type=int, dest="timeout_seconds")
     command.add_argument(
@@ -104,6 +107,7 @@ def job_request(args: argparse.Namespace) -> dict:
         "priority": args.priority,
         "name": args.name,
         "env": env,
+        "image": args.image,
         "client_token": args.client_token,
         "timeout_seconds": args.timeout_seconds,
         "expected_seconds": args.expected_seconds,

@@ -95,6 +95,7 @@ class Client:
         priority: int = 0,
         name: str = "",
         env: dict[str, str] | None = None,
+        image: str | None = None,
         client_token: str | None = None,
         timeout_seconds: int | None = None,
         expected_seconds: int | None = None,
@@ -103,7 +104,8 @@ class Client:
         preemptible: bool = True,
     ) -> dict:
         """Submit a job; returns it. With a `client_token` already used for the same request,
-        returns the first job instead of creating a second."""
+        returns the first job instead of creating a second. `image`: the container image the
+        command runs in on Kubernetes nodes (else the connector's default)."""
         return self._request("POST", "jobs/", json=self._job_body(_arguments(locals())))
 
     def estimate(self, **request: Any) -> dict:

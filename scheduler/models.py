@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
@@ -26,15 +28,38 @@ PRIORITY_RANGE = f"priority: must be between 0 and {MAX_PRIORITY}."
 TIMEOUT_RANGE = f"timeout_seconds: must be between 1 and {MAX_TIMEOUT_SECONDS} seconds (90 days)."
 EXPECTED_RANGE = f"expected_seconds: must be between 1 and {MAX_TIMEOUT_SECONDS} seconds (90 days)."
 NODE_GPUS_RANGE = f"gpus: a node has between 1 and {MAX_GPUS_PER_NODE} GPUs."
+MAX_IMAGE_CHARS = 512
+IMAGE_INVALID = (
+    "image: must be a container image reference, such as registry.example.com/team/trainer:1.4 "
+    f"or ubuntu@sha256:<64 hex digits>, of at most {MAX_IMAGE_CHARS} characters."
+)
+# A container image reference, as the distribution project's grammar writes it: an optional
+# registry host (with a port), path components of lowercase letters and digits joined by
+# '.', '_', '__' or dashes, then an optional tag and an optional digest.
+_IMAGE_HOST_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_IMAGE_HOST = rf"(?:{_IMAGE_HOST_LABEL}(?:\.{_IMAGE_HOST_LABEL})*(?::[0-9]+)?/)"
+_IMAGE_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_RE = re.compile(
+    rf"{_IMAGE_HOST}?{_IMAGE_COMPONENT}(?:/{_IMAGE_COMPONENT})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?"
+)
+
+
+def validate_image(value: str) -> None:
+    if value and (len(value) > MAX_IMAGE_CHARS or not IMAGE_RE.fullmatch(value)):
+        raise ValidationError(IMAGE_INVALID, code="invalid")
 
 
 class Connector(models.Model):
-    """A process that brings a cluster manager's nodes to the portal (`gpu-agent slurm`): it
-    registers them all, polls for all their orders at once, and has the cluster manager run
-    each attempt. Its nodes are portal nodes like an agent's; the engine plans on both alike."""
+    """A process that brings a cluster manager's nodes to the portal (`gpu-agent slurm`,
+    `gpu-agent kubernetes`): it registers them all, polls for all their orders at once, and has
+    the cluster manager run each attempt. Its nodes are portal nodes like an agent's; the engine
+    plans on both alike."""
 
     class Kind(models.TextChoices):
         SLURM = "slurm", "Slurm"
+        KUBERNETES = "kubernetes", "Kubernetes"
 
     name = models.CharField(max_length=253, unique=True)
     kind = models.CharField(max_length=16, choices=Kind.choices)
@@ -140,6 +165,13 @@ class Job(models.Model):
     priority = models.PositiveIntegerField(default=0, validators=[MaxValueValidator(MAX_PRIORITY)])
     command = models.TextField()
     env = models.JSONField(default=dict, blank=True)
+    image = models.CharField(
+        max_length=MAX_IMAGE_CHARS,
+        blank=True,
+        validators=[validate_image],
+        help_text="The container image the command runs in on Kubernetes nodes (blank: the "
+        "connector's default); node agents and Slurm run the command on the node itself.",
+    )
     client_token = models.CharField(max_length=64, blank=True)
     timeout_seconds = models.PositiveIntegerField(
         null=True,

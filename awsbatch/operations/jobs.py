@@ -5,8 +5,10 @@ A SAGEMAKER_TRAINING job's `serviceRequestPayload` is a SageMaker CreateTraining
 JSON). The portal reads: ResourceConfig.InstanceType and InstanceCount (the GPU type, the GPUs
 per node and the nodes, from the admin's instance types), AlgorithmSpecification.
 ContainerEntrypoint + ContainerArguments (the command, run on the portal's nodes),
-Environment (the job's env), StoppingCondition.MaxRuntimeInSeconds (its timeout) and
-TrainingJobName. The rest (TrainingImage, RoleArn, input and output data, VPC, checkpoint S3
+AlgorithmSpecification.TrainingImage (the image the command runs in on Kubernetes nodes; node
+agents and Slurm run it on the node itself), Environment (the job's env),
+StoppingCondition.MaxRuntimeInSeconds (its timeout) and TrainingJobName. The rest (RoleArn,
+input and output data, VPC, checkpoint S3
 config, hyperparameters, ...) is kept with the job and shown back, and otherwise ignored: the
 job's checkpoints go to its CHECKPOINT_DIR (docs/aws.md)."""
 
@@ -103,8 +105,12 @@ def _request(payload: dict) -> dict:
     if not entrypoint or not all(isinstance(a, str) for a in argv):
         raise client_error(PAYLOAD_FIELD.format(
             field="AlgorithmSpecification.ContainerEntrypoint",
-            rule="required, a list of strings: the command the portal runs on its nodes (it "
-            "runs no container image of its own)."))  # fmt: skip
+            rule="required, a list of strings: the command the portal runs on its nodes (in "
+            "TrainingImage on Kubernetes nodes, on the node itself elsewhere)."))  # fmt: skip
+    image = algorithm.get("TrainingImage") or ""
+    if not isinstance(image, str):
+        raise client_error(PAYLOAD_FIELD.format(field="AlgorithmSpecification.TrainingImage",
+                                                rule="a string."))  # fmt: skip
     env = payload.get("Environment", {})
     if not isinstance(env, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in env.items()
@@ -122,6 +128,7 @@ def _request(payload: dict) -> dict:
         "nodes": count,
         "command": shlex.join(argv),
         "env": env,
+        "image": image,
         "timeout_seconds": timeout,
         "instance": instance.name,
         "count": count,
@@ -151,6 +158,7 @@ def submit_service_job(caller: Caller, params: dict) -> dict:
             nodes=asked["nodes"],
             command=asked["command"],
             env=asked["env"],
+            image=asked["image"],
             name=params["jobName"],
             priority=params.get("schedulingPriority", 0),
             client_token=params.get("clientToken", ""),
@@ -197,6 +205,7 @@ AWS_FIELDS = {
     "gpu_type": "serviceRequestPayload.ResourceConfig.InstanceType",
     "command": "serviceRequestPayload.AlgorithmSpecification",
     "env": "serviceRequestPayload.Environment",
+    "image": "serviceRequestPayload.AlgorithmSpecification.TrainingImage",
     "client_token": "clientToken",
 }
 

@@ -16,6 +16,9 @@ from rest_framework.utils.serializer_helpers import BindingDict
 from scheduler.engine import order
 from scheduler.models import (
     EXPECTED_RANGE,
+    IMAGE_INVALID,
+    IMAGE_RE,
+    MAX_IMAGE_CHARS,
     MAX_PRIORITY,
     MAX_RETRY_ATTEMPTS,
     MAX_TIMEOUT_SECONDS,
@@ -212,6 +215,7 @@ class JobSerializer(PlainValuesMixin, serializers.ModelSerializer):
             "cancel_requested",
             "command",
             "env",
+            "image",
             "client_token",
             "timeout_seconds",
             "expected_seconds",
@@ -459,6 +463,21 @@ class GpuTypeField(serializers.CharField):
         return value
 
 
+@extend_schema_field(
+    {
+        "type": "string",
+        "maxLength": MAX_IMAGE_CHARS,
+        "example": "registry.example.com/team/trainer:1.4",
+    }
+)
+class ImageField(serializers.CharField):
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        if value and not IMAGE_RE.fullmatch(value):
+            raise serializers.ValidationError(IMAGE_INVALID)
+        return value
+
+
 class JobSubmitSerializer(SharedFieldsMixin, serializers.Serializer):
     """AWS SubmitServiceJob: what a job asks for."""
 
@@ -493,6 +512,14 @@ class JobSubmitSerializer(SharedFieldsMixin, serializers.Serializer):
         error_messages={"max_length": NAME_TOO_LONG},
     )
     env = EnvField(default=dict, child=serializers.CharField(allow_blank=True))
+    image = ImageField(
+        default="",
+        allow_blank=True,
+        max_length=MAX_IMAGE_CHARS,
+        error_messages={"max_length": IMAGE_INVALID, "invalid": IMAGE_INVALID},
+        help_text="The container image the command runs in on Kubernetes nodes (blank: the "
+        "connector's default); node agents and Slurm run it on the node itself.",
+    )
     client_token = serializers.CharField(
         default="",
         allow_blank=True,

@@ -87,7 +87,7 @@ def connector_orders_sql() -> str:
     second), with its node's name and what its attempt's order needs, by attempt and node."""
     fields = _columns(
         "node.name", "gpu.gpu_index", "attempt.id", "attempt.number", "attempt.started_at",
-        "attempt.stop_requested_at", "job.id", "job.command", "job.env",
+        "attempt.stop_requested_at", "job.id", "job.command", "job.env", "job.image",
         "job.timeout_seconds", "share.grace_seconds", "share.name", "attempt.cluster_job",
     )  # fmt: skip
     template = (

@@ -15,6 +15,7 @@ from scheduler.api import views
 from scheduler.jobs import services
 from scheduler.models import (
     GPUS_DIVISIBLE_BY_NODES,
+    IMAGE_INVALID,
     MAX_TIMEOUT_SECONDS,
     PRIORITY_RANGE,
     TIMEOUT_RANGE,
@@ -271,6 +272,25 @@ def create_share(world, **body):
     return world.client("root").post("/api/v1/shares/", body, format="json")
 
 
+@pytest.mark.parametrize(
+    "image", ["Ubuntu:latest", "trainer image", "trainer:", "-x", "a" * 600, True, ["busybox"]]
+)
+def test_an_image_that_is_no_image_reference_is_refused_naming_the_rule(world, image):
+    response = submit(world, image=image)
+    assert_error(response, 400, "image", IMAGE_INVALID)
+
+
+def test_a_job_keeps_its_image_and_shows_it(world):
+    """The image a job names is what Kubernetes nodes run its command in; it is shown back."""
+    image = "registry.example.com:5000/team/trainer:1.4"
+    response = submit(world, image=image)
+    assert response.status_code == 201, response.content
+    assert response.json()["image"] == image
+    described = world.client("bob").get(f"{JOBS}{response.json()['id']}/").json()
+    assert described["image"] == image
+    assert submit(world, name="no-image").json()["image"] == ""
+
+
 def test_share_create_rules(world):
     response = create_share(world, strategy="LEND", borrow_limit=50)
     assert_error(response, 400, "borrow_limit", BORROW_LIMIT_ONLY_WITH_LEND_AND_BORROW)
@@ -352,6 +372,13 @@ _sizes = st.one_of(st.integers(min_value=1, max_value=16), _whole_numbers)
     client_token=st.text(max_size=70),
     command=st.text(min_size=1, max_size=50),
     env=st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3),
+    image=st.one_of(
+        st.none(),
+        st.text(max_size=30),
+        st.from_regex(
+            r"([a-z0-9.-]{1,12}(:[0-9]{1,5})?/)?[a-z0-9._/-]{1,20}(:[\w.-]{1,9})?", fullmatch=True
+        ),
+    ),  # fmt: skip
 )
 def test_what_the_submit_serializer_accepts_the_job_model_accepts(**fields):
     """The API submits with fields_validated: a request JobSubmitSerializer accepts breaks none

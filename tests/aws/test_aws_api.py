@@ -74,6 +74,8 @@ def test_bad_input_is_a_client_exception_naming_the_field(aws, world):
     alice = aws.client("alice", validate=False)
     payload = json.loads(training_job("bad", "ml.p5.48xlarge"))
     no_entrypoint = {**payload, "AlgorithmSpecification": {"TrainingImage": "train:latest"}}
+    bad_image = {**payload, "AlgorithmSpecification": {
+        **payload["AlgorithmSpecification"], "TrainingImage": "Train Image"}}  # fmt: skip
     unknown_instance = {**payload, "ResourceConfig": {"InstanceType": "ml.nope.1xlarge"}}
     bad_jobs = [
         ("serviceRequestPayload:", submit_params("bad", serviceRequestPayload="{not json")),
@@ -81,6 +83,8 @@ def test_bad_input_is_a_client_exception_naming_the_field(aws, world):
             "bad", serviceRequestPayload=json.dumps(unknown_instance))),
         ("serviceRequestPayload.AlgorithmSpecification.ContainerEntrypoint", submit_params(
             "bad", serviceRequestPayload=json.dumps(no_entrypoint))),
+        ("serviceRequestPayload.AlgorithmSpecification.TrainingImage (image)", submit_params(
+            "bad", serviceRequestPayload=json.dumps(bad_image))),
         ("quotaShareName", {k: v for k, v in submit_params("bad").items()
                             if k != "quotaShareName"}),
         ("schedulingPriority", submit_params("bad", schedulingPriority=10000)),

@@ -126,3 +126,4 @@ def test_the_quota_management_sample_runs_against_the_portal(aws, world):
     assert int(resumed_from.read_text()) > 0
     job = Job.objects.get(pk=int(preempted[0]))
     assert (job.gpus, job.priority, job.env) == (4, 10, {"EPOCHS": "3"})
+    assert job.image == "123456789012.dkr.ecr.us-east-1.amazonaws.com/train:latest"
