@@ -83,6 +83,7 @@ class Attempt:
     killed: bool = False
     timed_out: bool = False
     withdrawn: str = ""  # why, once the connector withdrew it
+    state: str = ""  # its job's, as last read
     orphan: bool = False  # the portal holds no GPUs for it any more
     last_log: float = field(default_factory=time.monotonic)
     nodes: tuple[str, ...] = ()
@@ -128,6 +129,8 @@ class Connector:
         # Set while the cluster manager answers: the poller polls (a heartbeat) only then.
         self.cluster_ok = threading.Event()
         self.full_orders = True  # the next poll asks for every order (after a (re)start)
+        self.registered: set[str] = set()  # the nodes of the last registration
+        self.register_due = threading.Event()  # the cluster's nodes are not those any more
         self.nodes: dict[str, ClusterNode] = {}  # as last read
         self.inventory_sent: dict[str, dict] = {}  # node name → as the portal last took it
         self.inventory_due = True  # send every node with the next poll
@@ -158,6 +161,8 @@ class Connector:
             else:
                 if response.status_code == 201:
                     self.token = response.json()["token"]
+                    self.registered = {n["name"] for n in body["nodes"]}
+                    self.register_due.clear()
                     self.inventory_sent = {n["name"]: n for n in body["nodes"]}
                     self.inventory_due = False
                     self.full_orders = True
@@ -222,6 +227,14 @@ class Connector:
         while not self.stopping.is_set():
             if not self.cluster_ok.wait(0.5):
                 continue  # no heartbeat while the cluster manager does not answer
+            if self.register_due.is_set():
+                self.register_due.clear()
+                added, gone = set(self.nodes) - self.registered, self.registered - set(self.nodes)
+                logger.info("the cluster's nodes changed (new: %s; gone: %s); registering again",
+                            ", ".join(sorted(added)) or "none",
+                            ", ".join(sorted(gone)) or "none")  # fmt: skip
+                self.register()
+                continue
             events = self.outbox.take()
             full = self.full_orders
             # After a (re)start or a time out of touch, the first poll asks for every order and
@@ -432,9 +445,14 @@ class Connector:
     # --- Watching the cluster ----------------------------------------------------------------
 
     def read_inventory(self) -> None:
+        """Read the nodes; a node that joined the cluster, or left it, since the registration
+        makes the connector register again (the portal takes its nodes from a registration:
+        those that left go DOWN)."""
         nodes = self.cluster.nodes()
         self.nodes = {node.name: node for node in nodes}
         self.last_inventory = time.monotonic()
+        if self.token is not None and set(self.nodes) != self.registered:
+            self.register_due.set()
 
     def observe(self) -> None:
         """Read the cluster's jobs, and move each attempt on: started, ended, pending too
@@ -471,6 +489,10 @@ class Connector:
             self._follow(tracked, job, now)
 
     def _follow(self, tracked: Attempt, job: ClusterJob, now: float) -> None:
+        if job.state != tracked.state:
+            tracked.state = job.state
+            logger.debug("attempt %s: %s job %s %s %s", tracked.id, self.cluster.manager,
+                         job.id, job.state, job.reason)  # fmt: skip
         ran = job.holding or (job.end is not None and bool(job.nodes))
         if ran and tracked.running_since is None:
             tracked.running_since = now
@@ -506,20 +528,21 @@ class Connector:
             self._end(tracked.id, end=END_WITHDRAWN, detail=job.reason)
         elif job.end == END_NEVER_STARTED:
             self._end(tracked.id, end=END_NEVER_STARTED, detail=job.reason)
+        elif job.end == END_LOST and not signalled:
+            # Its node went down, or the cluster took it (an eviction, someone's delete), before
+            # or after it started: the job runs again. The portal hears of the node with the
+            # loss, so that it does not place the job on a node that is down.
+            with contextlib.suppress(ClusterUnreachable, ClusterRefused):
+                self.read_inventory()
+            self._end(tracked.id, end=END_LOST, exit_code=job.exit_code, log_tail=tail,
+                      detail=f"{self.cluster.manager} job {job.id} ended {job.state} "
+                      f"({job.reason})")  # fmt: skip
         elif tracked.running_since is None or (job.state == "CANCELLED" and not job.nodes):
             self._end(tracked.id, end=END_NEVER_STARTED, detail=f"{self.cluster.manager} ended "
                       f"job {job.id} before it ran ({job.state})")  # fmt: skip
         elif tracked.timed_out or job.end == END_TIMEOUT:
             self._end(tracked.id, end=END_TIMEOUT, exit_code=job.exit_code, signalled=True,
                       log_tail=tail)  # fmt: skip
-        elif job.end == END_LOST and not signalled:
-            # Its node went down: the portal hears of the node with the loss, so that it does
-            # not place the job there again.
-            with contextlib.suppress(ClusterUnreachable, ClusterRefused):
-                self.read_inventory()
-            self._end(tracked.id, end=END_LOST, exit_code=job.exit_code, log_tail=tail,
-                      detail=f"{self.cluster.manager} job {job.id} ended {job.state} "
-                      f"({job.reason})")  # fmt: skip
         else:
             exit_code = job.exit_code
             if job.state == "CANCELLED" and not signalled:

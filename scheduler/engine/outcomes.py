@@ -39,7 +39,8 @@ TIMEOUT_REASON = "timed out after {seconds} s (timeout_seconds); stopped"
 PREEMPTED_REQUEUE_REASON = "preempted ({count} so far); requeued, resumes from its checkpoint"
 PREEMPTED_FINAL_REASON = "preempted {count} times; max_preemptions is {limit}"
 CANCELLED_REASON = "cancelled; stopped on {node}"
-LOST_REASON = "the agent on {node} no longer has the job (agent restarted); requeued"
+LOST_REASON = "lost on {node}: {detail}; requeued"
+LOST_DEFAULT_DETAIL = "its agent no longer has the job (agent restarted)"
 WITHDRAWN_REASON = "{node} would not start it ({detail}); withdrawn and requeued"
 NODE_SILENT_REASON = "node {node} lost (no heartbeat for {seconds:g} s); requeued"
 NODE_SILENT_CANCELLED = "node {node} lost while the job was being cancelled"
@@ -86,7 +87,7 @@ def after_attempt(
 ) -> NextStep:
     """The job's next step after an attempt that ended with `outcome` on `node` (the last node
     of a gang to report), given its counts so far and its settings. `detail`: why the command
-    could not start, when it never did."""
+    could not start, when it never did, or why it was lost."""
     if outcome == PREEMPTED:
         return after_preemption(preemptions=preemptions, max_preemptions=max_preemptions)
     if outcome == CANCELLED:
@@ -94,7 +95,8 @@ def after_attempt(
     if outcome == SUCCEEDED:
         return NextStep(SUCCEEDED, SUCCEEDED_REASON)
     if outcome == NODE_LOST:
-        return NextStep(RUNNABLE, LOST_REASON.format(node=node))
+        detail = detail or LOST_DEFAULT_DETAIL
+        return NextStep(RUNNABLE, LOST_REASON.format(node=node, detail=detail))
     if outcome == WITHDRAWN:
         return NextStep(RUNNABLE, WITHDRAWN_REASON.format(node=node, detail=detail))
     if outcome == TIMEOUT:

@@ -37,7 +37,7 @@ from scheduler.nodes.services import (
 NODE_OF_AGENT = "nodes[{i}].name: node {name} is registered by its own node agent, not a connector."
 NODE_OF_OTHER = "nodes[{i}].name: node {name} belongs to the connector of cluster {other}."
 NODE_TWICE = "nodes[{i}].name: node {name} is listed twice."
-NOT_IN_CLUSTER = "no longer in the connector's partitions"
+NOT_IN_CLUSTER = "no longer among the GPU nodes of the connector's cluster"
 
 
 class NodeConflict(Exception):
@@ -129,7 +129,7 @@ def _set_node(node: Node, reported: ClusterNode) -> bool:
 def connector_nodes_update(*, connector: Connector, nodes: list[ClusterNode]) -> None:
     """What the cluster manager now says of some of the connector's nodes (those that changed,
     or all of them). A node the connector has not registered is ignored: it registers again
-    when its cluster has new nodes."""
+    when its cluster's nodes change (`Connector.read_inventory`)."""
     if not nodes:
         return
     changed = False
