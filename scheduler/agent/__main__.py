@@ -1,5 +1,6 @@
 """`gpu-agent` (or `python -m scheduler.agent`): run the node agent (docs/agent.md), or with
-`gpu-agent slurm ...` the connector of a Slurm cluster (docs/slurm.md)."""
+`gpu-agent slurm ...` the connector of a Slurm cluster (docs/slurm.md), with
+`gpu-agent kubernetes ...` that of a Kubernetes cluster (docs/kubernetes.md)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from scheduler.agent.core import Agent
 from scheduler.agent.gpus import DiscoveryError, fake_gpus, nvml_gpus
 from scheduler.version import VERSION
 
+# Where the Kubernetes connector's jobs find their checkpoints, on every node.
+DEFAULT_CHECKPOINT_ROOT = "/var/lib/gpu-portal/checkpoints"
 JOIN_TOKEN_REQUIRED = (
     "error: --join-token (or AGENT_JOIN_TOKEN) is required; the admin shows it under Cluster "
     "settings."
@@ -123,6 +126,93 @@ def parse_slurm(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def parse_kubernetes(argv: list[str]) -> argparse.Namespace:
+    env = os.environ.get
+    parser = argparse.ArgumentParser(
+        prog="gpu-agent kubernetes",
+        description="Bring the GPU nodes of a Kubernetes cluster to the portal: the portal "
+        "decides who runs where, the kubelets run the jobs as pods. One per cluster, with "
+        "kubeconfig or in-cluster credentials (docs/kubernetes.md).",
+    )
+    _portal_arguments(parser)
+    parser.add_argument(
+        "--name", default=env("CONNECTOR_NAME", ""),
+        help="the cluster's name in the portal (CONNECTOR_NAME; default: the kubeconfig "
+        "context's cluster, else 'kubernetes')",
+    )  # fmt: skip
+    parser.add_argument("--kubeconfig", default=env("KUBECONFIG") or None,
+                        help="kubeconfig file (KUBECONFIG; default ~/.kube/config, or the "
+                        "in-cluster service account)")  # fmt: skip
+    parser.add_argument("--context", default=None, help="the kubeconfig context to use")
+    parser.add_argument("--namespace", default=env("CONNECTOR_NAMESPACE", "gpu-portal"),
+                        help="where the connector's pods run (default: gpu-portal)")  # fmt: skip
+    parser.add_argument(
+        "--image", default=env("CONNECTOR_IMAGE", ""),
+        help="the container image of jobs that name none (CONNECTOR_IMAGE)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--gpu-type", action="append", default=[], metavar="TYPE or NODE=TYPE",
+        help="GPU type of the nodes without the GPU product label; NODE=TYPE for some nodes "
+        "only (NODE may be a glob such as 'gpu-a*'); repeatable",
+    )  # fmt: skip
+    parser.add_argument(
+        "--gpu-product", action="append", default=[], metavar="PRODUCT=TYPE",
+        help="the portal's GPU type for a value of the GPU product label, e.g. "
+        "NVIDIA-H100-80GB-HBM3=h100 (default: the label's value, lowercase, without "
+        "'NVIDIA-'); repeatable",
+    )  # fmt: skip
+    parser.add_argument("--gpu-label", default="nvidia.com/gpu.product",
+                        help="the node label with the GPU product (default: the one NVIDIA's "
+                        "GPU feature discovery sets, nvidia.com/gpu.product)")  # fmt: skip
+    parser.add_argument(
+        "--node-selector",
+        default="",
+        help="a label selector: only the GPU nodes it picks are shared",
+    )
+    parser.add_argument(
+        "--checkpoint-root", default=env("AGENT_CHECKPOINT_ROOT", DEFAULT_CHECKPOINT_ROOT),
+        help="CHECKPOINT_DIR of job J is ROOT/job-J: a file system mounted at ROOT on every node "
+        f"and on the connector's host (a hostPath volume; default {DEFAULT_CHECKPOINT_ROOT})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--checkpoint-claim", default="",
+        help="mount this ReadWriteMany PersistentVolumeClaim at the checkpoint root instead of "
+        "a hostPath",
+    )  # fmt: skip
+    parser.add_argument("--host-network", action="store_true",
+                        help="run the pods in their nodes' network namespace")  # fmt: skip
+    parser.add_argument(
+        "--pod-template", default="",
+        help="a YAML or JSON pod whose settings every job's pod takes (tolerations, a runtime "
+        "class, image pull secrets, a security context, volumes; its first container's env, "
+        "mounts and resources); never its node, command, image or GPUs",
+    )  # fmt: skip
+    parser.add_argument(
+        "--work-dir",
+        default=env("AGENT_WORK_DIR", ""),
+        help="the connector's own files (default ~/.gpu-agent/kubernetes-NAME)",
+    )
+    parser.add_argument("--job-prefix", default="portal",
+                        help="pod names start with it (default: portal)")  # fmt: skip
+    parser.add_argument(
+        "--pending-timeout", type=float, default=float(env("CONNECTOR_PENDING_TIMEOUT", "60")),
+        help="seconds a pod may stay pending before its attempt is withdrawn and requeued",
+    )  # fmt: skip
+    return parser.parse_args(argv)
+
+
+def _gpu_types(values: list[str]) -> tuple[str | None, dict[str, str]]:
+    """--gpu-type's values: the default type, and NODE=TYPE by node (or glob)."""
+    default_type, node_types = None, {}
+    for value in values:
+        node, sep, gpu_type = value.rpartition("=")
+        if sep:
+            node_types[node] = gpu_type
+        else:
+            default_type = gpu_type
+    return default_type, node_types
+
+
 def _run_until_signalled(worker) -> int:
     """Run the agent or connector until SIGTERM or SIGINT, which it answers by stopping."""
 
@@ -153,13 +243,7 @@ def main_slurm(argv: list[str]) -> int:
         print("error: --partition is required: the Slurm partition(s) whose GPU nodes the "
               "portal shares.", file=sys.stderr)  # fmt: skip
         return 2
-    default_type, node_types = None, {}
-    for value in args.gpu_type:
-        node, sep, gpu_type = value.rpartition("=")
-        if sep:
-            node_types[node] = gpu_type
-        else:
-            default_type = gpu_type
+    default_type, node_types = _gpu_types(args.gpu_type)
     cluster = SlurmCluster(
         partitions=partitions, prefix=args.job_prefix, default_gpu_type=default_type,
         node_gpu_types=node_types, sbatch_args=tuple(args.sbatch_arg),
@@ -185,10 +269,65 @@ def main_slurm(argv: list[str]) -> int:
     return _run_until_signalled(connector)
 
 
+def main_kubernetes(argv: list[str]) -> int:
+    args = parse_kubernetes(argv)
+    if not args.join_token:
+        print(JOIN_TOKEN_REQUIRED, file=sys.stderr)
+        return 2
+    try:
+        from scheduler.agent.connector import Connector
+        from scheduler.agent.kube import KubernetesCluster, kubeconfig_cluster_name
+    except ImportError as error:
+        print(f"error: the Kubernetes connector needs the kubernetes client ({error}): pip "
+              "install 'gpu-quota-portal[kubernetes]'", file=sys.stderr)  # fmt: skip
+        return 2
+    products = {}
+    for value in args.gpu_product:
+        product, sep, gpu_type = value.rpartition("=")
+        if not sep:
+            print(f"error: --gpu-product takes PRODUCT=TYPE, not {value!r}.", file=sys.stderr)
+            return 2
+        products[product] = gpu_type
+    template = None
+    if args.pod_template:
+        import yaml
+
+        try:
+            template = yaml.safe_load(Path(args.pod_template).read_text())
+        except (OSError, yaml.YAMLError) as error:
+            print(f"error: --pod-template: {error}", file=sys.stderr)
+            return 2
+        if not isinstance(template, dict):
+            print("error: --pod-template: not a pod (a YAML or JSON object).", file=sys.stderr)
+            return 2
+    name = args.name or kubeconfig_cluster_name(args.kubeconfig, args.context) or "kubernetes"
+    default_type, node_types = _gpu_types(args.gpu_type)
+    cluster = KubernetesCluster(
+        namespace=args.namespace, connector=name, prefix=args.job_prefix, image=args.image,
+        gpu_label=args.gpu_label, default_gpu_type=default_type, node_gpu_types=node_types,
+        product_types=products, node_selector=args.node_selector,
+        checkpoint_root=Path(args.checkpoint_root), checkpoint_claim=args.checkpoint_claim or None,
+        host_network=args.host_network, pod_template=template, kubeconfig=args.kubeconfig,
+        context=args.context,
+    )  # fmt: skip
+    logging.basicConfig(
+        level=args.log_level, format=f"%(asctime)s %(levelname)s connector[{name}]: %(message)s"
+    )
+    work_dir = Path(args.work_dir or Path.home() / ".gpu-agent" / f"kubernetes-{name}")
+    connector = Connector(
+        portal=args.portal, join_token=args.join_token, name=name, cluster=cluster,
+        work_dir=work_dir, checkpoint_root=Path(args.checkpoint_root),
+        poll_wait=args.poll_wait, pending_timeout=args.pending_timeout,
+    )  # fmt: skip
+    return _run_until_signalled(connector)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["slurm"]:
         return main_slurm(argv[1:])
+    if argv[:1] == ["kubernetes"]:
+        return main_kubernetes(argv[1:])
     args = parse(argv)
     logging.basicConfig(
         level=args.log_level,
