@@ -82,12 +82,13 @@ class LiveSystem:
         self.agents: dict[str, subprocess.Popen] = {}
 
     def _spawn(
-        self, name: str, command: list[str], *, cwd: Path = ROOT, **env: str
+        self, name: str, command: list[str], *, cwd: Path = ROOT, stdin=None, **env: str
     ) -> subprocess.Popen:
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 — closed with the process
         return subprocess.Popen(
-            command, cwd=cwd, env={**self.env, **env}, stdout=log, stderr=subprocess.STDOUT
-        )
+            command, cwd=cwd, env={**self.env, **env}, stdin=stdin, stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
 
     def start_web(self, *, production: bool = False, **env: str) -> None:
         """Django's development server, or (`production`) the production server's web
@@ -179,6 +180,25 @@ class LiveSystem:
              "--work-dir", str(self.tmp / "connectors" / name),
              "--checkpoint-root", str(self.checkpoints), "--log-level", "DEBUG"],
             SLURM_CONF=slurm_conf,
+            **env,
+        )  # fmt: skip
+
+    def start_kubernetes_connector(
+        self, kubeconfig: str, *, image: str, name: str = "k8s", namespace: str = "gpu-portal",
+        **env: str,
+    ) -> None:  # fmt: skip
+        """The Kubernetes connector (`gpu-agent kubernetes`) of the real cluster of
+        `kubeconfig` (tests/kubernetes/conftest.py): host-network pods (the test cluster has no
+        pod network) with this system's checkpoint directory as their hostPath; the nodes'
+        GPU product, NVIDIA-H100-80GB-HBM3, is the portal's h100."""
+        self.agents[name] = self._spawn(
+            f"connector-{name}",
+            [sys.executable, "-m", "scheduler.agent", "kubernetes", "--portal", self.url,
+             "--name", name, "--namespace", namespace, "--image", image, "--host-network",
+             "--gpu-product", "NVIDIA-H100-80GB-HBM3=h100",
+             "--poll-wait", "5", "--work-dir", str(self.tmp / "connectors" / name),
+             "--checkpoint-root", str(self.checkpoints), "--log-level", "DEBUG"],
+            KUBECONFIG=kubeconfig,
             **env,
         )  # fmt: skip
 
