@@ -475,6 +475,11 @@ class Informer:
                     logger.warning("%s watch lost (%s)", self.name, error)
                 self.healthy.clear()
                 failures += 1
+            except Exception:  # an answer it cannot read: never a cache frozen without a word
+                logger.exception("%s watch failed; listing again", self.name)
+                self.healthy.clear()
+                self.resource_version = None
+                failures += 1
             if failures:
                 self.stopping.wait(RETRY_SECONDS[min(failures, len(RETRY_SECONDS)) - 1])
 
@@ -897,7 +902,8 @@ class KubernetesCluster:
 
     def log_tail(self, job_id: str, log: Path) -> str:
         """The first pod's log, through the API server (the kubelet keeps it)."""
-        names = sorted(self.ours.get(job_id, {}))
+        with self.lock:
+            names = sorted(self.ours.get(job_id, {}))
         if not names:
             return ""
         response = self._request(
