@@ -422,9 +422,15 @@ class Connector:
         if tracked.job_id is None:
             return
         started = tracked.running_since is not None
+        if started:
+            how = f"SIGTERM, {tracked.grace:.0f} s grace"
+        elif self.cluster.holds_while_pending:
+            # Bound to its nodes, it may be starting there already: it is stopped as if it ran.
+            how = f"not seen running yet; SIGTERM, {tracked.grace:.0f} s grace"
+        else:
+            how = "not started; withdrawn"
         logger.info("attempt %s: %s job %s: %s", tracked.id, self.cluster.manager,
-                    tracked.job_id, f"SIGTERM, {tracked.grace:.0f} s grace" if started
-                    else "not started; withdrawn")  # fmt: skip
+                    tracked.job_id, how)  # fmt: skip
         try:
             self.cluster.terminate(tracked.job_id, grace=tracked.grace, started=started)
         except (ClusterRefused, ClusterUnreachable) as error:
@@ -436,11 +442,16 @@ class Connector:
         self.finished.add(attempt_id)
         with self.lock:
             tracked = self.attempts.pop(attempt_id, None)
+        said = {}
         if tracked is not None and tracked.job_id is not None:
             with contextlib.suppress(ClusterRefused, ClusterUnreachable):
                 self.cluster.forget(tracked.job_id)
+            if not tracked.started_reported and tracked.order is not None:
+                # Ended before the connector saw it start (stopped while the cluster was still
+                # starting it): the portal still learns which cluster job the attempt was.
+                said["cluster_job"] = {"id": tracked.job_id, "allocations": []}
         self._event(type=EVENT_EXITED, attempt=attempt_id, end=end, exit_code=exit_code,
-                    signalled=signalled, log_tail=log_tail, detail=detail)  # fmt: skip
+                    signalled=signalled, log_tail=log_tail, detail=detail, **said)  # fmt: skip
 
     # --- Watching the cluster ----------------------------------------------------------------
 

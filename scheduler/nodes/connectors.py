@@ -286,7 +286,8 @@ def connector_report(*, connector: Connector, events: list[dict]) -> list[str]:
     """Apply what the connector reports about its attempts, in order: each event as the agent
     of each of the connector's nodes holding the attempt would report it (a start and a log
     tail on the first, an exit on every one, which ends a gang's attempt as its last node's
-    exit does). A start may say what the cluster manager runs the attempt as (`cluster_job`).
+    exit does). A start may say what the cluster manager runs the attempt as (`cluster_job`),
+    and so may the exit of an attempt whose start the connector never saw.
     Returns "ok" or "ignored" for each event."""
     if not events:
         return []

@@ -392,7 +392,7 @@ def _event(event: Any, i: int) -> dict:
                 raise BadRequest("signalled", "signalled: must be true or false.")
             checked["signalled"] = signalled
             checked["detail"] = _text(event, "detail", max_length=2000)
-        if kind == EVENT_STARTED and event.get("cluster_job") is not None:
+        if kind in (EVENT_STARTED, EVENT_EXITED) and event.get("cluster_job") is not None:
             checked["cluster_job"] = _cluster_job(event["cluster_job"])
         if kind == EVENT_CHECKPOINT:
             checked["age"] = _age(event)

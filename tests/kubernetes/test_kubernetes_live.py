@@ -105,6 +105,10 @@ def test_reclaim_on_the_real_kubelet_sigterms_the_borrower_which_resumes_as_a_ne
     wait_state(borrower, Job.State.RUNNING)
     checkpoints = system.checkpoint_dir(borrower.pk)
     wait_for(lambda: checkpoints.joinpath("step").exists(), what="the borrower's checkpoints")
+    # The kubelet reports a container running up to a second after it starts; the reclaim
+    # comes once the connector has seen it run (stopped before that, the attempt would be
+    # withdrawn: tests/nodes/test_connector_api.py).
+    wait_for(lambda: attempts(borrower)[0].cluster_job.get("id"), what="the borrower's start")
     (first_pod,) = kube.pods()
     assert first_pod["spec"]["nodeName"] == REAL_NODE
     assert first_pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "8"}

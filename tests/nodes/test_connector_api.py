@@ -8,12 +8,13 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import transaction
 from django.test import Client
 from django.utils import timezone
 
 from scheduler.cycle.housekeeping import HEARTBEAT_LOST
 from scheduler.cycle.run import cycle_run
-from scheduler.jobs.services import job_submit
+from scheduler.jobs.services import job_cancel, job_submit
 from scheduler.models import ClusterSettings, Connector, Job, JobAttempt, Node
 from scheduler.nodes.connectors import NOT_IN_CLUSTER
 
@@ -162,6 +163,29 @@ def test_withdrawn_attempt_is_requeued_with_the_reason(client_, world):
     assert (job.failure_count, job.preemption_count) == (0, 0)
     assert JobAttempt.objects.get(pk=order["attempt"]).outcome == JobAttempt.Outcome.WITHDRAWN
     assert "pending 60 s (Resources)" in job.events.order_by("-at", "-id").first().reason
+
+
+def test_an_attempt_stopped_before_it_was_seen_to_start_keeps_its_cluster_job(client_, world):
+    """A job cancelled while its cluster was still starting it: its exit (the connector never
+    saw it start) says which cluster job it was, and the attempt keeps it, so an operator can
+    find it in the cluster."""
+    token = register(client_, [slurm_node("sn1")])
+    job = submit(world, gpus=8)
+    cycle_run(force=True)
+    (order,) = post(client_, "poll", {"wait": 0}, token).json()["run"]
+    post(client_, "start", {"attempts": [order["attempt"]]}, token)
+    with transaction.atomic():
+        job_cancel(job=job, user=world.users["alice"])
+    pods = {"id": "gpu-portal/portal-research-job1-a1", "allocations": []}
+    event = {"type": "exited", "attempt": order["attempt"], "end": "never_started",
+             "cluster_job": pods}  # fmt: skip
+    assert post(client_, "report", {"events": [event]}, token).json()["results"] == ["ok"]
+    assert JobAttempt.objects.get(pk=order["attempt"]).cluster_job == pods
+    event["cluster_job"] = {"id": "x", "allocations": [{"node": "sn1", "gpu_indices": [-1]}]}
+    response = post(client_, "report", {"events": [event]}, token)
+    assert response.status_code == 400
+    assert "events[0].cluster_job" in response.json()
+    assert Job.objects.get(pk=job.pk).state == Job.State.CANCELLED
 
 
 def test_attempts_the_portal_no_longer_holds_are_orphan_stops(client_, world):
