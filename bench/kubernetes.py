@@ -333,6 +333,8 @@ class Kube:
               tmp: Path) -> dict[str, float]:  # fmt: skip
         """Kubernetes alone: pods POSTed with their node, from the POST to their start."""
         root = tmp / f"{kind.replace(' ', '-')}-checkpoints"
+        # Each run's pods have the same names: an earlier run's files would be read as theirs.
+        shutil.rmtree(root, ignore_errors=True)
         warm = self.create_pod("alone-warm-up", nodes[0], started_command(0), root)
         wait_for(lambda: read_time(warm), 90, f"{kind}'s warm-up pod")
 
