@@ -1,4 +1,4 @@
-.PHONY: run serve test lint format install
+.PHONY: run serve test test-slow lint format install
 
 ## Install everything and run the whole system (web, Celery worker and beat, embedded Redis).
 run: install
@@ -9,9 +9,13 @@ run: install
 serve: install
 	.venv/bin/gpu-portal-server serve
 
-## Install what the tests need and run the whole suite.
+## Install what the tests need and run the suite, less the slowest live tests (marked `slow`).
 test:
-	bash scripts/test.sh
+	bash scripts/test.sh -m "not slow"
+
+## The slowest live tests only (fault runs, the simulated-kubelet scale run): CI runs them after `make test`.
+test-slow:
+	bash scripts/test.sh -m slow
 
 lint: install
 	.venv/bin/ruff check .

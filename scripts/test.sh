@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what the tests need and runs the whole suite: `make test`.
+# Installs what the tests need and runs pytest with the arguments given: `make test` leaves out
+# the tests marked slow, `make test-slow` runs only those, no argument runs them all.
 # With DATABASE_URL / REDIS_URL set it uses them; without, SQLite and the embedded Redis.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -122,6 +122,7 @@ def delete_watching(core, namespace: str, name: str, grace: int) -> tuple[list, 
     return events, time.monotonic() - started
 
 
+@pytest.mark.slow
 def test_simulated_kubelet(kubeconfig: str, tmp_path: Path) -> None:
     from kubernetes import client, config
 

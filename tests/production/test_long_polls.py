@@ -58,6 +58,7 @@ def polls_connected(process: psutil.Process, port: int) -> int:
     )
 
 
+@pytest.mark.slow
 def test_waiting_polls_hold_no_thread_nor_connection_and_a_stop_wakes_its_poll(live, world):
     if connection.vendor != "postgresql":
         pytest.skip("counts the server's PostgreSQL connections (CI runs on PostgreSQL)")

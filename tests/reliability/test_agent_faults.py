@@ -151,6 +151,7 @@ def test_replayed_reports_change_nothing(world, live, tmp_path):
     check_invariants(accepted_job_ids=client.accepted, settled=True)
 
 
+@pytest.mark.slow
 def test_an_attempt_stopped_before_its_agent_could_start_it_never_starts(world, live):
     """A borrower's run order reaches its agent, which is slow to act on it (a loaded machine);
     meanwhile the owner submits and the cycle orders the borrower's stop. The borrower's

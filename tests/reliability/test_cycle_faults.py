@@ -58,6 +58,7 @@ def test_worker_killed_mid_cycle_rolls_back_and_the_next_cycle_places(world, liv
     check_invariants(accepted_job_ids=client.accepted, settled=True)
 
 
+@pytest.mark.slow
 def test_two_workers_and_two_beats_never_run_cycles_at_once(world, live, tmp_path):
     """Two workers, each with its own beat every 0.5 s, for 30 s while both teams submit short
     jobs: the cycles' locked intervals never overlap (the cycle lock), both workers ran cycles,

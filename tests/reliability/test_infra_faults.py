@@ -33,6 +33,7 @@ def own_redis(tmp_path):
     server.stop()
 
 
+@pytest.mark.slow
 def test_redis_down_submissions_accepted_and_the_cycle_catches_up(world, live, own_redis):
     """With the broker (Redis) stopped for 10 s, every submission over the REST API is still
     accepted (201, in the database) without the web process hanging on the broker; when Redis
@@ -106,6 +107,7 @@ def own_postgres():
     cluster.destroy()
 
 
+@pytest.mark.slow
 def test_database_down_api_answers_503_then_recovers_nothing_lost(live, own_postgres):
     """Under a steady stream of submissions, the database stops for 8 s (`pg_ctl stop -m
     fast`) and starts again: meanwhile the API answers 503 with a JSON body saying the

@@ -159,6 +159,7 @@ def test_a_job_slurm_keeps_pending_is_withdrawn_and_requeued(world, live, slurm)
     assert any("withdrawn and requeued" in r and "PartitionDown" in r for r in reasons), reasons
 
 
+@pytest.mark.slow
 def test_slurmctld_stopped_and_restarted_mid_run_loses_nothing(world, live, slurm):
     """slurmctld stops while the portal's jobs run on Slurm: the connector stops its heartbeats,
     the portal marks the nodes DOWN after its timeout and requeues the attempts. When slurmctld
