@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -170,7 +171,9 @@ class KubeCluster:
 
 
 @pytest.fixture(scope="session")
-def kube_cluster() -> KubeCluster:
+def kube_cluster() -> Iterator[KubeCluster]:
+    """The tests' cluster, started once and stopped when
+    the session ends, so that no Kubernetes daemon outlives the tests."""
     directory = Path(os.environ.get("K8S_TEST_DIR", "/tmp/gpu-portal-k8s"))
     env = {
         **os.environ,
@@ -199,7 +202,8 @@ def kube_cluster() -> KubeCluster:
         if os.environ.get("CI"):
             raise AssertionError(message) from None
         pytest.skip(message)  # outside CI only: a machine that cannot build or run it
-    return cluster
+    yield cluster
+    cluster.script("stop")
 
 
 @pytest.fixture
