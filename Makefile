@@ -13,7 +13,7 @@ serve: install
 test:
 	bash scripts/test.sh -m "not slow"
 
-## The slowest live tests only (fault runs, the simulated-kubelet scale run): CI runs them after `make test`.
+## Only the tests marked `slow`: CI runs them after `make test`.
 test-slow:
 	bash scripts/test.sh -m slow
 

@@ -172,8 +172,8 @@ class KubeCluster:
 
 @pytest.fixture(scope="session")
 def kube_cluster() -> Iterator[KubeCluster]:
-    """The tests' cluster, started once and stopped when
-    the session ends, so that no Kubernetes daemon outlives the tests."""
+    """The tests' cluster, started once and stopped when the session ends, so that no
+    Kubernetes daemon outlives the tests."""
     directory = Path(os.environ.get("K8S_TEST_DIR", "/tmp/gpu-portal-k8s"))
     env = {
         **os.environ,
