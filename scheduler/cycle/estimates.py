@@ -268,7 +268,9 @@ def _history_sql() -> str:
     if connection.vendor == "postgresql":
         seconds = "EXTRACT(EPOCH FROM (a.ended_at - a.started_at))"
     else:
-        seconds = "(julianday(a.ended_at) - julianday(a.started_at)) * 86400.0"
+        # A julianday is a double of about 2.46 million days: its difference is off by up to
+        # about 0.1 ms, which the rounding takes back off (times are kept to the microsecond).
+        seconds = "ROUND((julianday(a.ended_at) - julianday(a.started_at)) * 86400.0, 3)"
     return (
         f"SELECT s.name, j.gpus, {seconds} FROM {attempt} a "
         f"JOIN {job} j ON j.id = a.job_id JOIN {share} s ON s.id = j.share_id "
