@@ -35,7 +35,10 @@ CHANGES_TABLE = "scheduler_snapshotchange"
 # Up to this many changed jobs are always read one by one.
 FULL_READ_CHANGES = 1000
 STATE_TABLE = "scheduler_snapshotstate"
-# The triggers of migration 0005, by database: without all of them the feed may miss changes.
+# The triggers of migrations 0005 and 0012, by database: without all of them the feed may miss
+# changes, and every cycle reads everything. On SQLite a migration that rebuilds the job or the
+# attempt table drops its triggers: it must make them again, as 0012 does (tests/db checks).
+# A column the snapshot starts to read goes into the update triggers' lists in a migration.
 FEED_TRIGGERS = {
     "postgresql": (
         "job_snapshot_insert_delete", "job_snapshot_update", "job_snapshot_truncate",

@@ -122,6 +122,10 @@ def _reason_edited_in_a_shell(world, jobs):
     Job.objects.filter(pk=jobs["waiting"].pk).update(reason="edited in a shell")
 
 
+def _preemptible_edited_in_a_shell(world, jobs):
+    Job.objects.filter(pk=jobs["running"].pk).update(preemptible=False)
+
+
 def _job_deleted(world, jobs):
     Job.objects.filter(pk=jobs["waiting"].pk).delete()
 
@@ -150,8 +154,8 @@ def _node_lost(world, jobs):
 WRITE_PATHS = [
     _submit, _cancel_waiting, _cancel_running, _priority_of_waiting, _priority_of_running,
     _agent_starts, _agent_reports_exit, _agent_reports_log, _node_drained, _share_limit_lowered,
-    _reason_edited_in_a_shell, _job_deleted, _attempt_edited_in_a_shell, _placing_cycle,
-    _reclaiming_cycle, _node_lost,
+    _reason_edited_in_a_shell, _preemptible_edited_in_a_shell, _job_deleted,
+    _attempt_edited_in_a_shell, _placing_cycle, _reclaiming_cycle, _node_lost,
 ]  # fmt: skip
 
 
