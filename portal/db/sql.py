@@ -88,17 +88,26 @@ def _convert(values: list, converting: tuple, db) -> list:
     return values
 
 
-def select_rows(sql: str, params: Sequence, fields: tuple[models.Field, ...]) -> list:
+def select_rows(
+    sql: str, params: Sequence, fields: tuple[models.Field, ...], *, convert: bool = True
+) -> list:
     """The rows of a written-out SELECT of `fields` (in that order), through
-    `prepared_cursor`, with the values the ORM would load."""
+    `prepared_cursor`, with the values the ORM would load; as the database gives them without
+    `convert` (then `converted_row` converts the rows the caller uses)."""
     db = connections[DEFAULT_DB_ALIAS]
     with prepared_cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
     converting = _converting(fields, db.vendor)
-    if not converting:
+    if not converting or not convert:
         return rows
     return [_convert(list(row), converting, db) for row in rows]
+
+
+def converted_row(row: Sequence, fields: tuple[models.Field, ...]) -> list:
+    """A row of `select_rows(..., convert=False)` with the values the ORM would load."""
+    db = connections[DEFAULT_DB_ALIAS]
+    return _convert(list(row), _converting(fields, db.vendor), db)
 
 
 def json_value(value):

@@ -14,7 +14,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from portal.db.bulk import rows_update
-from portal.db.sql import prepared_cursor, select_rows
+from portal.db.sql import converted_row, prepared_cursor, select_rows
 from scheduler.agent.protocol import (
     END_EXIT,
     END_LOST,
@@ -186,9 +186,11 @@ def _apply_changes(node: Node, events: list[dict]) -> list[str]:
     holders: dict[int, set[int]] = defaultdict(set)
     attempts: dict[int, JobAttempt] = {}
     sql, columns = queries.holders_query(len(ids))
-    for node_id, attempt_id, *values in select_rows(sql, [False, *ids, *ids], columns):
+    for row in select_rows(sql, [False, *ids, *ids], columns, convert=False):
+        node_id, attempt_id = row[0], row[1]
         holders[attempt_id].add(node_id)
-        if attempt_id not in attempts:
+        if attempt_id not in attempts:  # its values are decoded once, not once per node
+            values = converted_row(row, columns)[2:]
             fields = dict(zip(queries.ATTEMPT_FIELDS, values, strict=True))
             attempts[attempt_id] = JobAttempt(
                 pk=attempt_id, job=jobs[fields.pop("job_id")], **fields

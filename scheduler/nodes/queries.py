@@ -141,15 +141,20 @@ def jobs_lock_query(count: int) -> tuple[str, tuple[models.Field, ...]]:
 
 @cache
 def holders_query(count: int) -> tuple[str, tuple[models.Field, ...]]:
-    """The nodes where `count` attempts (given twice) hold GPUs, with their ATTEMPT_FIELDS."""
-    fields = _columns("gpu.node", "gpu.attempt", *(f"attempt.{name}" for name in ATTEMPT_FIELDS))
+    """The nodes where `count` attempts (given twice) hold GPUs, with their ATTEMPT_FIELDS: a
+    row per node and attempt, not per GPU (a gang's attempt holds GPUs on many nodes, and its
+    `allocations` lists them all: read per GPU, every node's report of a 32-node gang decoded
+    that list 256 times)."""
+    fields = _columns("gpu.node", "attempt.id", *(f"attempt.{name}" for name in ATTEMPT_FIELDS))
     template = (
         "SELECT {columns} FROM {gpu} gpu JOIN {attempt} attempt ON attempt.id = gpu.attempt_id "
         f"WHERE gpu.released = %s AND gpu.attempt_id IN ({_placeholders(count)}) "
         # The same ids again, on the attempts' primary key: without it PostgreSQL may hash the
         # GPUs' rows against a scan of every attempt ever run (seen without table statistics,
         # a scan per report).
-        f"AND attempt.id IN ({_placeholders(count)})"
+        f"AND attempt.id IN ({_placeholders(count)}) "
+        # The attempt's columns depend on its primary key, which both databases accept.
+        "GROUP BY gpu.node_id, attempt.id"
     )
     return _sql(template, fields), fields
 

@@ -8,10 +8,12 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
+from portal.db.sql import select_rows
 from scheduler.agent.gpus import gpu_type_for_model
 from scheduler.cycle.run import cycle_run
 from scheduler.jobs.services import job_submit
 from scheduler.models import ClusterSettings, Job, JobAttempt, Node
+from scheduler.nodes import queries
 from scheduler.nodes.services import hash_token
 
 pytestmark = pytest.mark.django_db
@@ -190,6 +192,22 @@ def test_each_node_of_a_gang_is_granted_its_start_until_the_gang_is_stopped(clie
     assert states.count(Job.State.RUNNING) == 1
     JobAttempt.objects.filter(pk=attempt.pk).update(stop_requested_at=timezone.now())
     assert post(client_, "start", claim, tokens["node-b"]).json() == {"start": []}
+
+
+def test_a_report_reads_a_gangs_attempt_once_per_node_not_once_per_gpu(client_, world):
+    """Each node's report of a gang reads where its attempt holds GPUs: a row per node, each
+    with the attempt's allocations (which list every node), not one per GPU. Read per GPU, a
+    32-node gang's report decoded that list 256 times (bench/gang_report.py)."""
+    for name in ("node-a", "node-b"):
+        register(client_, name=name)
+    job, _ = job_submit(user=world.alice, share_name="research", gpu_type="h100", gpus=8,
+                        nodes=2, command="python train.py")  # fmt: skip
+    cycle_run(force=True)
+    attempt = Job.objects.get(pk=job.pk).attempts.get()
+    sql, columns = queries.holders_query(1)
+    rows = select_rows(sql, [False, attempt.pk, attempt.pk], columns)
+    nodes = set(Node.objects.filter(name__in=["node-a", "node-b"]).values_list("pk", flat=True))
+    assert sorted(row[0] for row in rows) == sorted(nodes)
 
 
 def test_an_attempt_whose_stop_came_first_never_starts(client_, world):
