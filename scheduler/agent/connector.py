@@ -136,6 +136,9 @@ class Connector:
         self.inventory_due = True  # send every node with the next poll
         self.last_observe = 0.0
         self.last_inventory = 0.0
+        # Attempts that ended after the nodes were last read began: (when, nodes, GPUs per
+        # node). That reading still counts their GPUs as used, though nobody holds them now.
+        self.ended_since_inventory: list[tuple[float, tuple[str, ...], int]] = []
         (work_dir / "logs").mkdir(parents=True, exist_ok=True)
         checkpoint_root.mkdir(parents=True, exist_ok=True)
 
@@ -178,21 +181,31 @@ class Connector:
         """Every node as the portal takes it, with the GPUs held outside the portal: those the
         cluster's jobs hold but for the portal's attempts that it still holds GPUs for."""
         ours: dict[str, int] = {}
-        pending_holds = self.cluster.holds_while_pending
         with self.lock:
             for attempt in self.attempts.values():
-                if attempt.orphan or attempt.job_id is None:
-                    continue
-                if attempt.running_since is None and not pending_holds:
+                if attempt.orphan or not self._holds_in_cluster(attempt):
                     continue
                 for node in attempt.nodes:
                     ours[node] = ours.get(node, 0) + attempt.gpus_per_node
+            # Freed since the nodes were read: not outside the portal's (counted so, an owner's
+            # job would not be placed on the GPUs its victim just released, and the portal
+            # would preempt a second borrower for it).
+            for _, nodes, gpus_per_node in self.ended_since_inventory:
+                for node in nodes:
+                    ours[node] = ours.get(node, 0) + gpus_per_node
         return [
             {"name": node.name, "gpu_type": node.gpu_type, "gpus": node.gpus,
              "state": node.state, "reason": node.reason,
              "outside_gpus": min(node.gpus, max(0, node.used_gpus - ours.get(node.name, 0)))}
             for node in self.nodes.values()
         ]  # fmt: skip
+
+    def _holds_in_cluster(self, attempt: Attempt) -> bool:
+        """Whether the cluster counts the attempt's GPUs as used (once its job runs, or, where
+        the cluster holds them while a job is pending, once it is submitted)."""
+        if attempt.job_id is None:
+            return False
+        return attempt.running_since is not None or self.cluster.holds_while_pending
 
     def _inventory_changes(self) -> list[dict]:
         """The nodes to send: all of them when due, else those that changed."""
@@ -442,6 +455,10 @@ class Connector:
         self.finished.add(attempt_id)
         with self.lock:
             tracked = self.attempts.pop(attempt_id, None)
+            if tracked is not None and self._holds_in_cluster(tracked):
+                self.ended_since_inventory.append(
+                    (time.monotonic(), tracked.nodes, tracked.gpus_per_node)
+                )
         said = {}
         if tracked is not None and tracked.job_id is not None:
             with contextlib.suppress(ClusterRefused, ClusterUnreachable):
@@ -459,8 +476,13 @@ class Connector:
         """Read the nodes; a node that joined the cluster, or left it, since the registration
         makes the connector register again (the portal takes its nodes from a registration:
         those that left go DOWN)."""
+        began = time.monotonic()
         nodes = self.cluster.nodes()
-        self.nodes = {node.name: node for node in nodes}
+        with self.lock:
+            self.nodes = {node.name: node for node in nodes}
+            self.ended_since_inventory = [
+                ended for ended in self.ended_since_inventory if ended[0] >= began
+            ]
         self.last_inventory = time.monotonic()
         if self.token is not None and set(self.nodes) != self.registered:
             self.register_due.set()
