@@ -72,5 +72,6 @@ def stop() -> None:
 
 
 if __name__ == "__main__":
-    command = sys.argv[1] if len(sys.argv) > 1 else "start"
-    {"start": start, "stop": stop, "url": lambda: print(url())}[command]()
+    # (Not named `command`: that would hide the function `start` calls.)
+    action = sys.argv[1] if len(sys.argv) > 1 else "start"
+    {"start": start, "stop": stop, "url": lambda: print(url())}[action]()

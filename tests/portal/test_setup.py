@@ -87,3 +87,27 @@ def test_production_settings_pass_the_deploy_checks():
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no issues" in result.stdout
+
+
+def test_the_embedded_redis_script_starts_answers_and_stops(tmp_path):
+    """`make test` without REDIS_URL starts the embedded Redis with this script and reads its
+    URL from it."""
+    import redis
+
+    var = tmp_path / "v"  # a unix socket's path must stay short
+    env = {**os.environ, "PORTAL_VAR_DIR": str(var)}
+
+    def script(action: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "embedded_redis.py"), action],
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    started = script("start")
+    assert started.returncode == 0, started.stderr
+    try:
+        url = script("url").stdout.strip()
+        assert url == f"unix://{var / 'redis.sock'}"
+        assert redis.Redis(unix_socket_path=str(var / "redis.sock")).ping()
+    finally:
+        assert script("stop").returncode == 0
