@@ -403,10 +403,24 @@ class Agent:
         self._event(type=EVENT_EXITED, attempt=attempt, end=end, exit_code=exit_code,
                     signalled=signalled, log_tail=log_tail, detail=detail)  # fmt: skip
 
+    def cuda_visible_devices(self, indices: list[int]) -> str | None:
+        """CUDA_VISIBLE_DEVICES for the GPUs the portal assigned by index, in its order; None
+        if one of them is not on this node."""
+        by_index = {gpu.index: gpu for gpu in self.gpus}
+        if not set(indices) <= by_index.keys():
+            return None
+        return ",".join(by_index[i].cuda_visible_id for i in indices)
+
     def start(self, order: dict, *, report_start: bool = False) -> None:
         """Start the attempt's process. `report_start`: tell the portal it started (a portal
         that grants starts recorded the start when it granted it)."""
         attempt, job = order["attempt"], order["job"]
+        visible = self.cuda_visible_devices(order["gpu_indices"])
+        if visible is None:
+            self._end(attempt, end=END_NEVER_STARTED,
+                      detail=f"GPUs {order['gpu_indices']} are not all on this node "
+                      f"({len(self.gpus)} GPUs)")  # fmt: skip
+            return
         checkpoint_dir = self.checkpoint_root / f"job-{job}"
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.work_dir / "logs" / f"job-{job}-attempt-{order['number']}.log"
@@ -414,7 +428,7 @@ class Agent:
         env.update({str(k): str(v) for k, v in (order.get("env") or {}).items()})
         env.update(
             {
-                "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in order["gpu_indices"]),
+                "CUDA_VISIBLE_DEVICES": visible,
                 "JOB_ID": str(job),
                 "ATTEMPT": str(order["number"]),
                 "CHECKPOINT_DIR": str(checkpoint_dir),

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 NVML_MISSING = (
     "cannot discover GPUs: NVML is not available ({error}). On a GPU machine install the "
     "NVIDIA driver and nvidia-ml-py; without GPUs pass --fake-gpus N --gpu-type T."
+)
+NVML_UNREADABLE = (
+    "NVML could not read {which} ({error}); check that this user may open /dev/nvidia*, or "
+    "pass --fake-gpus N --gpu-type T."
 )
 MIXED_TYPES = "this node has GPUs of several types ({types}); a node must have one GPU type."
 NO_GPUS = "NVML found no GPU on this machine; pass --fake-gpus N --gpu-type T to fake some."
@@ -42,9 +46,20 @@ class Gpu:
     uuid: str
     model: str
     memory_mb: int
+    fake: bool = field(default=False, compare=False)
 
     def as_json(self) -> dict:
-        return asdict(self)
+        """What the agent tells the portal of the GPU at registration."""
+        details = asdict(self)
+        del details["fake"]
+        return details
+
+    @property
+    def cuda_visible_id(self) -> str:
+        """How CUDA_VISIBLE_DEVICES names this GPU: by its UUID, because NVML's index need not
+        be CUDA's (CUDA's default order is fastest first, NVML's documents no relation to it);
+        a fake GPU, which CUDA never sees, by its index."""
+        return str(self.index) if self.fake else self.uuid
 
 
 def gpu_type_for_model(model: str, memory_mb: int | None = None) -> str:
@@ -63,7 +78,13 @@ def gpu_type_for_model(model: str, memory_mb: int | None = None) -> str:
 
 def fake_gpus(count: int, gpu_type: str) -> list[Gpu]:
     return [
-        Gpu(index=i, uuid=f"GPU-fake-{gpu_type}-{i}", model=f"fake {gpu_type}", memory_mb=0)
+        Gpu(
+            index=i,
+            uuid=f"GPU-fake-{gpu_type}-{i}",
+            model=f"fake {gpu_type}",
+            memory_mb=0,
+            fake=True,
+        )
         for i in range(count)
     ]
 
@@ -82,6 +103,7 @@ def nvml_gpus() -> tuple[list[Gpu], str]:
         pynvml.nvmlInit()
     except pynvml.NVMLError as error:
         raise DiscoveryError(NVML_MISSING.format(error=error)) from None
+    index = None
     try:
         gpus = []
         for index in range(pynvml.nvmlDeviceGetCount()):
@@ -97,6 +119,10 @@ def nvml_gpus() -> tuple[list[Gpu], str]:
                     memory_mb=int(memory),
                 )
             )
+    except pynvml.NVMLError as error:
+        # e.g. a GPU this user may not open (NVML counts it, then refuses its handle)
+        which = "the GPUs" if index is None else f"GPU {index}"
+        raise DiscoveryError(NVML_UNREADABLE.format(which=which, error=error)) from None
     finally:
         pynvml.nvmlShutdown()
     if not gpus:
