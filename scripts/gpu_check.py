@@ -87,6 +87,8 @@ def run(command: list, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([str(c) for c in command], check=True, text=True, **kwargs)
 
 
+# wait_for and free_port as tests/live.py has them: that module imports Django, which the Python
+# that runs this check (the one with the jobs' PyTorch) need not have.
 def wait_for(check, *, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while True:
