@@ -73,10 +73,9 @@ class Check:
         self.results: list[dict] = []
         self.figures: dict[str, object] = {}
 
-    def __call__(self, name: str, ok: bool, detail: object = "") -> bool:
+    def __call__(self, name: str, ok: bool, detail: object = "") -> None:
         self.results.append({"check": name, "ok": bool(ok), "detail": detail})
         print(f"{'PASS' if ok else 'FAIL'}  {name}  {detail}", flush=True)
-        return bool(ok)
 
     @property
     def failed(self) -> int:
@@ -108,7 +107,8 @@ def free_port() -> int:
 
 def venvs(wheels: Path | None, where: Path, check: Check) -> tuple[str, list[str]]:
     """The server's Python and the agent's command. From `wheels`: the agent alone in a fresh
-    venv, as a GPU node installs it, and the server in one that sees this Python's packages."""
+    venv, as a GPU node installs it, and the server in a venv of its own; without them, this
+    checkout's .venv for both."""
     if wheels is None:
         python = ROOT / ".venv" / "bin" / "python"
         return str(python), [str(python), "-m", "scheduler.agent"]
@@ -374,10 +374,11 @@ def preemption(portal: Portal, check: Check, gpu_type: str, gib: float, *, obeys
         f"a job that {how} sees the GPU it was given", _sees_its_gpu(portal, victim, ready), ready
     )
     if not portal.fake_gpu:
+        reading = nvml_reading()
         check(
             f"NVML counts the memory of the job that {how}",
-            max(nvml_reading().values()) * 2**20 >= ready["held_bytes"],
-            nvml_reading(),
+            max(reading.values()) * 2**20 >= ready["held_bytes"],
+            reading,
         )
     time.sleep(2)  # a few steps, so it has a checkpoint to resume from
     submitted = time.time()
@@ -498,7 +499,7 @@ def main() -> int:
         check.figures["portal start → its node registered, s"] = round(
             time.monotonic() - started, 1
         )
-        ((name, node_type, node_gpus, details),) = nodes
+        ((_name, node_type, node_gpus, details),) = nodes
         check(
             "the node registers with NVML's GPU type and count",
             (node_type, node_gpus) == (gpu_type, gpus),

@@ -25,10 +25,10 @@ def test_the_gpu_check_passes_on_fake_gpus(tmp_path):
     )  # fmt: skip
     summary = json.loads((tmp_path / "gpu_check.json").read_text())
     assert done.returncode == 0 and summary["failed"] == 0, done.stdout[-4000:]
-    passed = {c["check"] for c in summary["checks"]}
+    checked = {c["check"] for c in summary["checks"]}
     assert {
         "the preempted job resumes from its checkpoint",
         "the job that ignores SIGTERM is killed after the grace period",
         "the preemptor of a job that ignores SIGTERM succeeds",
-    } <= passed
+    } <= checked
     assert (tmp_path / "logs.txt").read_text().count("agent[gpu-node]") > 0
