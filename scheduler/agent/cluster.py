@@ -108,9 +108,11 @@ class Cluster(Protocol):
     def forget(self, job_id: str) -> None:
         """The job's end has been reported: what the cluster manager keeps of it may go."""
 
-    def describe(self, job: ClusterJob) -> dict:
-        """What the cluster runs the attempt as, for the portal: {id, allocations: [{node,
-        gpu_indices}]} (the GPU indices where the cluster manager tells them)."""
+    def describe(self, job: ClusterJob, *, waited: float) -> dict | None:
+        """What the cluster runs the started attempt as, for the portal: {id, allocations:
+        [{node, gpu_indices}]} (the GPU indices where the cluster manager tells them). None:
+        not known cheaply yet, `waited` seconds after the connector saw it start; asked again
+        at the next look (an ended job's `waited` is infinite: answer then)."""
 
     def log_tail(self, job_id: str, log: Path) -> str:
         """The end of the job's output."""

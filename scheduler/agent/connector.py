@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import queue
 import threading
 import time
@@ -530,10 +531,13 @@ class Connector:
         if ran and tracked.running_since is None:
             tracked.running_since = now
             tracked.nodes = job.nodes or tracked.nodes
-            if not tracked.started_reported and tracked.order is not None:
+        if ran and not tracked.started_reported and tracked.order is not None:
+            # An ended job's start is reported now, before its end.
+            waited = math.inf if job.end is not None else now - tracked.running_since
+            described = self.cluster.describe(job, waited=waited)
+            if described is not None:
                 tracked.started_reported = True
-                self._event(type=EVENT_STARTED, attempt=tracked.id,
-                            cluster_job=self.cluster.describe(job))  # fmt: skip
+                self._event(type=EVENT_STARTED, attempt=tracked.id, cluster_job=described)
         if job.end is not None:
             self._ended(tracked, job)
             return

@@ -895,7 +895,7 @@ class KubernetesCluster:
         for name in sorted(names):
             self._delete_pod(name, grace=None)
 
-    def describe(self, job: KubeJob) -> dict:
+    def describe(self, job: KubeJob, *, waited: float) -> dict:
         """The pods' id; the GPU indices are the device plugin's, which the API does not
         tell."""
         return {"id": job.id, "allocations": []}

@@ -37,6 +37,9 @@ from scheduler.agent.protocol import (
 logger = logging.getLogger("scheduler.agent.slurm")
 
 COMMAND_TIMEOUT_SECONDS = 30.0
+# How long after a one-node job is seen running the connector waits for its batch script's
+# record of its GPUs before asking slurmctld (the script starts a moment after squeue says R).
+GPUS_RECORD_WAIT_SECONDS = 1.0
 # The fields of `sinfo -N -O` and `squeue -O` the connector reads, each ending with the
 # separator: Slurm pads no field that has a suffix of its own.
 SEP = "|"
@@ -300,6 +303,18 @@ def parse_jobcomp(text: str, job_id: str) -> SlurmJob | None:
     return found
 
 
+def recorded_gpus(path: Path, job_id: str) -> list[int] | None:
+    """The GPU indices a one-node job's batch script recorded in `path` ("JOBID 0,1"); None
+    when there is no record of that Slurm job (not written yet, or an earlier job's)."""
+    try:
+        recorded_job, _, gpus = path.read_text().strip().partition(" ")
+    except OSError:
+        return None
+    if recorded_job != job_id or not re.fullmatch(r"\d+(,\d+)*", gpus):
+        return None
+    return sorted(int(index) for index in gpus.split(","))
+
+
 def parse_job_gpus(text: str) -> list[dict]:
     """The GPU indices Slurm gave each node of a job, from `scontrol -o -d show job ID`:
     "Nodes=node[1-2] CPU_IDs=0 Mem=0 GRES=gpu:h100:2(IDX:0-1)" → [{node, gpu_indices}, ...]."""
@@ -496,7 +511,9 @@ class SlurmCluster:
         gpus = len(order["nodes"][0]["gpu_indices"])
         self.script_dir.mkdir(parents=True, exist_ok=True)
         script = self.script_dir / f"attempt-{order['attempt']}.sh"
-        script.write_text(batch_script(order, env, gang=len(nodes) > 1))
+        gang = len(nodes) > 1
+        gpus_file = None if gang else self._gpus_file(order["attempt"])
+        script.write_text(batch_script(order, env, gang=gang, gpus_file=gpus_file))
         script.chmod(0o755)
         partition = self._partition(nodes)
         args = [
@@ -534,12 +551,28 @@ class SlurmCluster:
         """The GPU indices Slurm gave the job on each node."""
         return parse_job_gpus(self._run("scontrol", "-o", "-d", "show", "job", job_id))
 
-    def describe(self, job: SlurmJob) -> dict:
+    def describe(self, job: SlurmJob, *, waited: float) -> dict | None:
+        """The GPU indices of a one-node job are those its batch script recorded (Slurm's
+        SLURM_JOB_GPUS, in the work directory), which costs no Slurm command; a gang's, or a
+        one-node job's whose record has not come `GPUS_RECORD_WAIT_SECONDS` after it was seen
+        running, are asked of slurmctld (`scontrol -d show job`)."""
+        attempt = self.attempt_of(job)
+        if len(job.nodes) == 1 and attempt is not None:
+            record = self._gpus_file(attempt)
+            gpus = recorded_gpus(record, job.id)
+            if gpus is not None:
+                record.unlink(missing_ok=True)  # read once: the start is reported with it
+                return {"id": job.id, "allocations": [{"node": job.nodes[0], "gpu_indices": gpus}]}
+            if waited < GPUS_RECORD_WAIT_SECONDS:
+                return None
         try:
             allocations = self.allocations(job.id)
         except (SlurmRefused, SlurmUnreachable):
             allocations = []
         return {"id": job.id, "allocations": allocations}
+
+    def _gpus_file(self, attempt: int) -> Path:
+        return self.script_dir / f"attempt-{attempt}.gpus"
 
     def log_tail(self, job_id: str, log: Path) -> str:
         """The batch script's output file (on a file system the connector's host shares)."""
@@ -562,11 +595,22 @@ def _unreachable(message: str) -> bool:
     )
 
 
-def batch_script(order: dict, env: dict[str, str], *, gang: bool) -> str:
+def batch_script(
+    order: dict, env: dict[str, str], *, gang: bool, gpus_file: Path | None = None
+) -> str:
     """The batch script of an attempt: the portal's environment, then the job's command in its
     checkpoint directory, as the job's own process (a plain command is exec'ed, so its exit
-    code is the job's and SIGTERM reaches it directly), on every node of a gang through srun."""
+    code is the job's and SIGTERM reaches it directly), on every node of a gang through srun.
+    With `gpus_file`, it first records there the GPUs Slurm gave it (`recorded_gpus`)."""
     lines = ["#!/bin/sh", f"# gpu-portal: job {order['job']}, attempt {order['number']}"]
+    if gpus_file is not None:
+        # Written whole, then renamed, so the connector never reads half of it; a record that
+        # cannot be written only means the connector asks slurmctld instead.
+        record, partial = shlex.quote(str(gpus_file)), shlex.quote(f"{gpus_file}.partial")
+        lines.append(
+            f'{{ printf \'%s %s\\n\' "$SLURM_JOB_ID" "${{SLURM_JOB_GPUS-}}" > {partial}'
+            f" && mv -f {partial} {record}; }} 2>/dev/null"
+        )
     lines += [f"export {name}={shlex.quote(value)}" for name, value in env.items()
               if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name)]  # fmt: skip
     lines.append('mkdir -p "$CHECKPOINT_DIR" && cd "$CHECKPOINT_DIR" || exit 1')

@@ -1,0 +1,81 @@
+"""Which GPU indices the Slurm connector tells the portal a started attempt was given, on the
+real Slurm cluster of tests/slurm/conftest.py. A one-node job's batch script records Slurm's
+SLURM_JOB_GPUS in the work directory, so its start costs no `scontrol` (one Slurm command
+fewer per job); a gang, or a job whose record does not come, is asked of slurmctld."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from scheduler.agent.slurm import GPUS_RECORD_WAIT_SECONDS, SlurmCluster, SlurmUnreachable
+from tests.live import wait_for
+
+pytestmark = pytest.mark.live
+
+
+@pytest.fixture
+def cluster(slurm, tmp_path) -> SlurmCluster:
+    # Its own prefix: squeue lists these jobs for MinJobAge after the test, and a later
+    # test's connector (prefix "portal") must not take them for attempts of its own.
+    return SlurmCluster(partitions=("gpu",), prefix="gpus-test",
+                        env={"SLURM_CONF": slurm.conf}, script_dir=tmp_path / "scripts")  # fmt: skip
+
+
+def submit(cluster: SlurmCluster, attempt: int, nodes: dict[str, int], command: str) -> str:
+    """sbatch attempt `attempt` as the connector does, on `nodes` (node → GPUs)."""
+    order = {"attempt": attempt, "job": 100 + attempt, "number": 1, "share": "research",
+             "command": command, "grace_seconds": 2,
+             "nodes": [{"node": node, "gpu_indices": list(range(gpus))}
+                       for node, gpus in nodes.items()]}  # fmt: skip
+    work = cluster.script_dir.parent
+    return cluster.submit(order, env={"CHECKPOINT_DIR": str(work / f"checkpoint-{attempt}")},
+                          log=work / f"log-{attempt}")  # fmt: skip
+
+
+def running(cluster: SlurmCluster, job_id: str):
+    return wait_for(lambda: next((j for j in cluster.jobs() if j.id == job_id and j.holding),
+                                 None), what=f"Slurm job {job_id} running")  # fmt: skip
+
+
+def test_a_one_node_job_reports_the_gpus_slurm_gave_without_asking_slurmctld(
+    slurm, cluster, tmp_path
+):
+    """The foreign job holds GPUs 0-2 of node2, so Slurm gives the attempt 3-4: what the job
+    sees in CUDA_VISIBLE_DEVICES is what the connector reports, read from the batch script's
+    record even once slurmctld cannot be asked."""
+    slurm.run("sbatch", "--parsable", "-p", "gpu", "--nodelist=node2", "--gres=gpu:3",
+              "-o", "/dev/null", "--wrap", "sleep 300")  # fmt: skip
+    seen = tmp_path / "seen"
+    job_id = submit(cluster, 7, {"node2": 2}, f'echo "$CUDA_VISIBLE_DEVICES" > {seen}; sleep 300')
+    job = running(cluster, job_id)
+    wait_for(lambda: seen.exists() and seen.read_text().strip(), what="the job's process")
+    cluster.env = {"SLURM_CONF": str(tmp_path / "no-such-slurm.conf")}  # slurmctld unreachable
+    described = cluster.describe(job, waited=0.0)
+    assert described == {"id": job_id, "allocations": [{"node": "node2", "gpu_indices": [3, 4]}]}
+    assert seen.read_text().strip() == "3,4"
+    with pytest.raises(SlurmUnreachable):
+        cluster.jobs()  # it was indeed not asked
+
+
+def test_without_a_record_the_connector_waits_then_asks_slurmctld(cluster):
+    """A record that does not come (a work directory the node cannot write) delays the start's
+    report by at most GPUS_RECORD_WAIT_SECONDS; then scontrol tells the indices."""
+    job_id = submit(cluster, 8, {"node3": 2}, "sleep 300")
+    job = running(cluster, job_id)
+    record = cluster.script_dir / "attempt-8.gpus"
+    wait_for(record.exists, what="the batch script's record")
+    record.write_text("1 0,1\n")  # an earlier Slurm job's record: not this job's
+    assert cluster.describe(job, waited=0.0) is None
+    expected = {"id": job_id, "allocations": [{"node": "node3", "gpu_indices": [0, 1]}]}
+    assert cluster.describe(job, waited=GPUS_RECORD_WAIT_SECONDS) == expected
+    assert cluster.describe(job, waited=math.inf) == expected
+
+
+def test_a_gangs_gpus_are_asked_of_slurmctld_at_once(cluster):
+    job_id = submit(cluster, 9, {"node1": 2, "node4": 2}, "sleep 300")
+    job = running(cluster, job_id)
+    given = [{"node": "node1", "gpu_indices": [0, 1]}, {"node": "node4", "gpu_indices": [0, 1]}]
+    assert cluster.describe(job, waited=0.0) == {"id": job_id, "allocations": given}
+    assert not (cluster.script_dir / "attempt-9.gpus").exists()
