@@ -304,13 +304,15 @@ def parse_jobcomp(text: str, job_id: str) -> SlurmJob | None:
 
 
 def recorded_gpus(path: Path, job_id: str) -> list[int] | None:
-    """The GPU indices a one-node job's batch script recorded in `path` ("JOBID 0,1"); None
-    when there is no record of that Slurm job (not written yet, or an earlier job's)."""
+    """The GPU indices a one-node job's batch script recorded in `path` ("JOBID 0,1\\n"); None
+    when there is no whole record of that Slurm job (not written yet, being written: no closing
+    newline, or an earlier job's)."""
     try:
-        recorded_job, _, gpus = path.read_text().strip().partition(" ")
+        text = path.read_text()
     except OSError:
         return None
-    if recorded_job != job_id or not re.fullmatch(r"\d+(,\d+)*", gpus):
+    recorded_job, _, gpus = text.partition(" ")
+    if recorded_job != job_id or not re.fullmatch(r"\d+(,\d+)*\n", gpus):
         return None
     return sorted(int(index) for index in gpus.split(","))
 
@@ -604,12 +606,12 @@ def batch_script(
     With `gpus_file`, it first records there the GPUs Slurm gave it (`recorded_gpus`)."""
     lines = ["#!/bin/sh", f"# gpu-portal: job {order['job']}, attempt {order['number']}"]
     if gpus_file is not None:
-        # Written whole, then renamed, so the connector never reads half of it; a record that
-        # cannot be written only means the connector asks slurmctld instead.
-        record, partial = shlex.quote(str(gpus_file)), shlex.quote(f"{gpus_file}.partial")
+        # By the shell's own printf (no process of its own); the connector takes the record
+        # only once its closing newline is there. One that cannot be written only means the
+        # connector asks slurmctld instead.
         lines.append(
-            f'{{ printf \'%s %s\\n\' "$SLURM_JOB_ID" "${{SLURM_JOB_GPUS-}}" > {partial}'
-            f" && mv -f {partial} {record}; }} 2>/dev/null"
+            f'{{ printf \'%s %s\\n\' "$SLURM_JOB_ID" "${{SLURM_JOB_GPUS-}}" '
+            f"> {shlex.quote(str(gpus_file))}; }} 2>/dev/null"
         )
     lines += [f"export {name}={shlex.quote(value)}" for name, value in env.items()
               if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name)]  # fmt: skip

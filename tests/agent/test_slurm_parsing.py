@@ -18,6 +18,7 @@ from scheduler.agent.slurm import (
     parse_sacct,
     parse_sinfo,
     parse_squeue,
+    recorded_gpus,
 )
 
 # sinfo -N -h -p gpu -O 'NodeList:|,Partition:|,StateLong:|,Gres:|,GresUsed:|,Reason:|'
@@ -112,6 +113,26 @@ def test_the_gpu_indices_slurm_gave_each_node_of_a_job():
         {"node": "node3", "gpu_indices": [0, 1]},
         {"node": "node4", "gpu_indices": [0, 1]},
     ]
+
+
+@pytest.mark.parametrize(
+    ("text", "gpus"),
+    [
+        ("12 3,4\n", [3, 4]),  # as the batch script writes it: SLURM_JOB_GPUS
+        ("12 3,4", None),  # being written: no closing newline yet
+        ("12 3", None),  # a part of "12 3,4\n": never taken for GPU 3 alone
+        ("", None),
+        ("12 \n", None),  # SLURM_JOB_GPUS unset: scontrol will tell
+        ("9 0,1\n", None),  # an earlier Slurm job's record
+    ],
+)
+def test_a_batch_scripts_record_of_its_gpus_is_taken_only_whole_and_for_its_job(
+    tmp_path, text, gpus
+):
+    record = tmp_path / "attempt-1.gpus"
+    record.write_text(text)
+    assert recorded_gpus(record, "12") == gpus
+    assert recorded_gpus(tmp_path / "none.gpus", "12") is None
 
 
 def test_hostlists_expand_as_scontrol_show_hostnames_does():

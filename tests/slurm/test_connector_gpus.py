@@ -19,8 +19,9 @@ pytestmark = pytest.mark.live
 def cluster(slurm, tmp_path) -> SlurmCluster:
     # Its own prefix: squeue lists these jobs for MinJobAge after the test, and a later
     # test's connector (prefix "portal") must not take them for attempts of its own.
-    return SlurmCluster(partitions=("gpu",), prefix="gpus-test",
-                        env={"SLURM_CONF": slurm.conf}, script_dir=tmp_path / "scripts")  # fmt: skip
+    env = {"SLURM_CONF": slurm.conf}
+    return SlurmCluster(partitions=("gpu",), prefix="gpus-test", env=env,
+                        script_dir=tmp_path / "scripts")  # fmt: skip
 
 
 def submit(cluster: SlurmCluster, attempt: int, nodes: dict[str, int], command: str) -> str:
