@@ -531,6 +531,9 @@ class Connector:
         if ran and tracked.running_since is None:
             tracked.running_since = now
             tracked.nodes = job.nodes or tracked.nodes
+            if tracked.order is None:
+                # Adopted already running after a restart: its start was reported before.
+                tracked.started_reported = True
         if ran and not tracked.started_reported and tracked.order is not None:
             # An ended job's start is reported now, before its end.
             waited = math.inf if job.end is not None else now - tracked.running_since
