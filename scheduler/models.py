@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import secrets
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -412,15 +413,16 @@ class ClusterSettings(models.Model):
     @classmethod
     def load(cls) -> ClusterSettings:
         """The one row, created on first use with AGENT_JOIN_TOKEN from the environment or a
-        random token."""
-        import secrets
-
-        from django.conf import settings as django_settings
-
+        random token (`new_join_token`)."""
         row, _ = cls.objects.get_or_create(
-            pk=1,
-            defaults={
-                "agent_join_token": django_settings.AGENT_JOIN_TOKEN or secrets.token_urlsafe(24)
-            },
+            pk=1, defaults={"agent_join_token": settings.AGENT_JOIN_TOKEN or new_join_token()}
         )
         return row
+
+
+def new_join_token() -> str:
+    """A random join token that never begins with "-": it is given on command lines
+    (`gpu-agent --join-token T`), where one that did would read as an option."""
+    while (token := secrets.token_urlsafe(24)).startswith("-"):
+        pass
+    return token

@@ -82,7 +82,7 @@ def main() -> int:
     for name, gpu_type, gpus in DEMO_NODES:
         processes[f"agent-{name}"] = subprocess.Popen(
             [PYTHON, "-m", "scheduler.agent", "--portal", portal, "--name", name,
-             "--fake-gpus", str(gpus), "--gpu-type", gpu_type, "--join-token", join_token,
+             "--fake-gpus", str(gpus), "--gpu-type", gpu_type, f"--join-token={join_token}",
              "--work-dir", str(VAR / "agents" / name),
              "--checkpoint-root", str(VAR / "checkpoints")],
             env=env, cwd=ROOT,
