@@ -413,9 +413,10 @@ class ClusterSettings(models.Model):
     @classmethod
     def load(cls) -> ClusterSettings:
         """The one row, created on first use with AGENT_JOIN_TOKEN from the environment or a
-        random token (`new_join_token`)."""
+        random token (`new_join_token`), drawn only then."""
         row, _ = cls.objects.get_or_create(
-            pk=1, defaults={"agent_join_token": settings.AGENT_JOIN_TOKEN or new_join_token()}
+            pk=1,
+            defaults={"agent_join_token": lambda: settings.AGENT_JOIN_TOKEN or new_join_token()},
         )
         return row
 

@@ -11,6 +11,7 @@ from django.core.management import CommandError, call_command
 
 from portal.db.sequences import number_after
 from scheduler.jobs.services import job_submit
+from scheduler.management.commands.after_restore import SKIP
 from scheduler.models import Job, JobAttempt
 from tests.conftest import make_node
 
@@ -59,7 +60,7 @@ def test_after_restore_counts_from_the_rows_so_a_second_run_moves_nothing(world)
     submit(world)
     call_command("after_restore", stdout=io.StringIO())
     call_command("after_restore", stdout=io.StringIO())
-    assert submit(world).pk == Job.objects.order_by("pk").first().pk + 1_000_000
+    assert submit(world).pk == Job.objects.order_by("pk").first().pk + SKIP
 
 
 def test_a_skip_below_one_is_refused(world):

@@ -67,7 +67,7 @@ def test_without_a_record_the_connector_waits_then_asks_slurmctld(cluster):
     job = running(cluster, job_id)
     record = cluster.script_dir / "attempt-8.gpus"
     wait_for(record.exists, what="the batch script's record")
-    record.write_text("1 0,1\n")  # an earlier Slurm job's record: not this job's
+    record.write_text("0 5,6\n")  # another Slurm job's record (ids start at 1): not this job's
     assert cluster.describe(job, waited=0.0) is None
     expected = {"id": job_id, "allocations": [{"node": "node3", "gpu_indices": [0, 1]}]}
     assert cluster.describe(job, waited=GPUS_RECORD_WAIT_SECONDS) == expected
