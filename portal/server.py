@@ -143,16 +143,15 @@ def serve(env: dict[str, str]) -> int:
 
 
 def supervise(processes: dict[str, subprocess.Popen], *, interval: float = 0.5) -> int:
-    """Wait until SIGINT/SIGTERM or until one process exits, then stop them all (SIGTERM, then
-    SIGKILL after 10 s). Returns the exit code of the one that ended first, 0 on a signal."""
+    """Wait until SIGINT/SIGTERM or until one process exits, then stop them all, the last started
+    first. Returns the exit code of the one that ended first, 0 on a signal."""
     stopping = False
 
     def stop(*_args) -> None:
         nonlocal stopping
         stopping = True
 
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
+    previous = {number: signal.signal(number, stop) for number in (signal.SIGINT, signal.SIGTERM)}
     exit_code = 0
     while not stopping:
         for name, process in processes.items():
@@ -164,17 +163,24 @@ def supervise(processes: dict[str, subprocess.Popen], *, interval: float = 0.5) 
                 break
         else:
             time.sleep(interval)
-    for process in processes.values():
+    stop_in_reverse(processes.values())
+    for number, handler in previous.items():
+        signal.signal(number, handler)
+    return exit_code
+
+
+def stop_in_reverse(processes) -> None:
+    """Stop processes in the reverse of their start order, each gone before the next is asked
+    (SIGTERM, then SIGKILL after 10 s): what was started last depends on what came before (an
+    agent on the web server), so it must not outlive it and log that the portal is unreachable."""
+    for process in reversed(list(processes)):
         if process.poll() is None:
             process.terminate()
-    deadline = time.monotonic() + 10
-    for process in processes.values():
         try:
-            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-    return exit_code
 
 
 def wait_until_answering(url: str, *, timeout: float = 60.0) -> bool:

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 import embedded_redis  # noqa: E402
 
-from portal.server import supervise, wait_until_answering  # noqa: E402
+from portal.server import stop_in_reverse, supervise, wait_until_answering  # noqa: E402
 
 # The demo nodes of seed_demo, each run by an agent with fake GPUs.
 DEMO_NODES = [("node-h100-0", "h100", 8), ("node-h100-1", "h100", 8),
@@ -57,7 +57,7 @@ def main() -> int:
             text=True,
         ).stdout.strip()  # fmt: skip
     except (subprocess.CalledProcessError, KeyboardInterrupt):
-        supervise_stop(processes)
+        stop_in_reverse(processes.values())
         return 1
     address = env.get("PORTAL_ADDRESS", "127.0.0.1:8000")
     commands = {
@@ -77,7 +77,7 @@ def main() -> int:
         answering = False
     if not answering:
         print("the web server did not answer; stopping.", flush=True)
-        supervise_stop(processes)
+        stop_in_reverse(processes.values())
         return 1
     for name, gpu_type, gpus in DEMO_NODES:
         processes[f"agent-{name}"] = subprocess.Popen(
@@ -93,21 +93,8 @@ def main() -> int:
         one_shots.append(subprocess.Popen([*manage, "demo_workload"], env=env, cwd=ROOT))
     print(f"Portal at {portal}/admin/ — Ctrl-C stops everything.", flush=True)
     exit_code = supervise(processes)
-    supervise_stop(one_shots)
+    stop_in_reverse(one_shots)
     return exit_code
-
-
-def supervise_stop(processes) -> None:
-    """Stop what was started so far (before supervision began, or the one-shots after)."""
-    items = processes.values() if isinstance(processes, dict) else processes
-    for process in items:
-        if process.poll() is None:
-            process.terminate()
-    for process in items:
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
 
 
 if __name__ == "__main__":
