@@ -36,7 +36,7 @@ from scheduler.agent.cluster import (
     ClusterUnreachable,
 )
 from scheduler.agent.core import CHECKPOINT_EVERY_SECONDS, checkpoint_saved_at
-from scheduler.agent.outbox import Backoff, Outbox
+from scheduler.agent.outbox import Backoff, EndedAttempts, Outbox
 from scheduler.agent.protocol import (
     CHECKPOINT_MARKER,
     CONNECTOR_POLL_PATH,
@@ -118,12 +118,15 @@ class Connector:
         self.token: str | None = None
         self.http = PortalClient(self.portal)
         self.attempts: dict[int, Attempt] = {}
-        self.finished: set[int] = set()
+        self.finished = EndedAttempts()  # never started again (`Agent.finished`)
+        # The attempts whose cluster jobs the cluster manager listed when last read (an ended
+        # one's until it forgets it): kept among the ended ones while it does.
+        self.listed: set[int] = set()
         self.claims: dict[int, dict] = {}
         self.claim_backoff = Backoff()
-        self.outbox = Outbox()
+        self.outbox = Outbox(self.finished)
         self.lock = threading.Lock()
-        self.answers: queue.Queue[dict] = queue.Queue()
+        self.answers: queue.Queue[tuple[int, dict]] = queue.Queue()  # (poll number, answer)
         self.applied = threading.Event()
         self.poll_due = threading.Event()
         self.stopping = threading.Event()
@@ -256,6 +259,7 @@ class Connector:
             # GPUs in the inventory the next poll sends.
             nodes = [] if full else self._inventory_changes()
             self.poll_due.clear()
+            poll = self.finished.poll_sent()
             try:
                 response = self.http.post(
                     CONNECTOR_POLL_PATH,
@@ -271,7 +275,7 @@ class Connector:
                 self.stopping.wait(backoff.delay)
                 continue
             answer = response.json() if response.status_code == 200 else {}
-            self.outbox.sent(events, delivered="results" in answer)
+            self.outbox.sent(events, delivered="results" in answer, poll=poll)
             if response.status_code == 401:
                 logger.warning("the portal no longer knows this connector; registering again")
                 self.register()
@@ -291,7 +295,7 @@ class Connector:
                 self.full_orders = False
             self.applied.clear()
             self.poll_due.set()
-            self.answers.put(answer)
+            self.answers.put((poll, answer))
             while not self.applied.wait(0.5):
                 if self.stopping.is_set():
                     return
@@ -315,7 +319,7 @@ class Connector:
 
     # --- Orders ------------------------------------------------------------------------------
 
-    def apply(self, orders: dict) -> None:
+    def apply(self, orders: dict, *, answered: int | None = None) -> None:
         """Reconcile with the portal's orders, as the agent does (`Agent.apply`). An attempt the
         connector has in the cluster and the portal no longer holds GPUs for comes as an orphan
         stop: the portal computes those from what the connector says it runs."""
@@ -354,6 +358,8 @@ class Connector:
                     self._end(attempt_id, end=END_NEVER_STARTED, detail="stopped before it started")
         for attempt_id in set(self.claims) - ordered:
             del self.claims[attempt_id]
+        if answered is not None:
+            self.finished.forget(answered=answered, keep=ordered | self.listed)
         self.claim()
 
     def _gone(self, attempt_id: int, order: dict) -> None:
@@ -491,10 +497,10 @@ class Connector:
     def observe(self) -> None:
         """Read the cluster's jobs, and move each attempt on: started, ended, pending too
         long. Raises ClusterUnreachable."""
+        listed = self.cluster.attempt_jobs()
+        self.listed = set(listed)
         ours = {
-            attempt_id: job
-            for attempt_id, job in self.cluster.attempt_jobs().items()
-            if attempt_id not in self.finished
+            attempt_id: job for attempt_id, job in listed.items() if attempt_id not in self.finished
         }
         now = time.monotonic()
         self.last_observe = now
@@ -660,9 +666,11 @@ class Connector:
         busy = bool(self.attempts or self.claims)
         wait = OBSERVE_BUSY_SECONDS if busy else OBSERVE_IDLE_SECONDS
         try:
-            orders = self.answers.get(timeout=max(0.0, self.last_observe + wait - time.monotonic()))
+            answered, orders = self.answers.get(
+                timeout=max(0.0, self.last_observe + wait - time.monotonic())
+            )
         except queue.Empty:
-            orders = None
+            answered, orders = None, None
         now = time.monotonic()
         try:
             if orders is not None or now - self.last_observe >= wait:
@@ -682,7 +690,7 @@ class Connector:
             self.cluster_ok.clear()
             self.last_observe = now
         if orders is not None:
-            self.apply(orders)
+            self.apply(orders, answered=answered)
         elif self.claims:
             self.claim()
         if self.cluster_ok.is_set():

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scheduler.agent.gpus import Gpu
-from scheduler.agent.outbox import Backoff, Outbox
+from scheduler.agent.outbox import Backoff, EndedAttempts, Outbox
 from scheduler.agent.protocol import (
     CHECKPOINT_MARKER,
     END_EXIT,
@@ -183,7 +183,7 @@ class Agent:
         self.poll_wait = poll_wait
         self.token: str | None = None
         self.processes: dict[int, Process] = {}
-        self.finished: set[int] = set()  # attempts done here; never started again
+        self.finished = EndedAttempts()  # attempts done here; never started again
         # Run orders the agent has and is to ask the portal to start (attempt → order): it
         # starts one only once the portal grants it, so an attempt whose stop was ordered first
         # never runs. The main thread's alone.
@@ -193,10 +193,11 @@ class Agent:
         # Attempts a previous run of this agent had started (their process groups were left
         # behind, and killed): the portal hears they are lost.
         self.previous_life: set[int] = set()
-        self.outbox = Outbox()  # events not yet acknowledged by the portal, in order
+        # Events not yet acknowledged by the portal, in order.
+        self.outbox = Outbox(self.finished)
         self.poll_events = True  # send events with polls (off if the portal does not take them)
         self.lock = threading.Lock()
-        self.answers: queue.Queue[dict] = queue.Queue()
+        self.answers: queue.Queue[tuple[int, dict]] = queue.Queue()  # (poll number, answer)
         # The poller writes a byte here with each answer, to wake the main loop's wait.
         self.wake_read, self.wake_write = os.pipe()
         os.set_blocking(self.wake_read, False)
@@ -264,6 +265,7 @@ class Agent:
             # applied the last answer), saving a report request of its own.
             events = self.outbox.take() if self.poll_events else []
             self.poll_due.clear()
+            poll = self.finished.poll_sent()
             try:
                 response = self.http.post(
                     POLL_PATH,
@@ -281,7 +283,7 @@ class Agent:
             # A portal that answers without `results` did not apply the events (an older
             # one), and a refused poll may be refused for them: reports carry them from now on.
             delivered = "results" in answer
-            self.outbox.sent(events, delivered=delivered)
+            self.outbox.sent(events, delivered=delivered, poll=poll)
             if events and not delivered and response.status_code in (200, 400):
                 logger.warning("the portal does not take events with polls; sending reports")
                 self.poll_events = False
@@ -297,7 +299,7 @@ class Agent:
             backoff.succeeded()
             self.applied.clear()
             self.poll_due.set()
-            self.answers.put(answer)
+            self.answers.put((poll, answer))
             with contextlib.suppress(BlockingIOError):
                 os.write(self.wake_write, b"!")
             while not self.applied.wait(0.5):
@@ -327,9 +329,10 @@ class Agent:
 
     # --- Orders ------------------------------------------------------------------------------
 
-    def apply(self, orders: dict) -> None:
-        """Reconcile with the portal's orders. A run order the agent does not have yet is
-        claimed, and the agent asks the portal at once to start its claims (`claim`)."""
+    def apply(self, orders: dict, *, answered: int | None = None) -> None:
+        """Reconcile with the portal's orders (the answer to poll number `answered`). A run
+        order the agent does not have yet is claimed, and the agent asks the portal at once to
+        start its claims (`claim`)."""
         ordered = set()
         for order in orders.get("run", []):
             attempt = order["attempt"]
@@ -357,6 +360,8 @@ class Agent:
         # Claims the portal no longer orders (their attempts ended there) are dropped.
         for attempt in set(self.claims) - ordered:
             del self.claims[attempt]
+        if answered is not None:
+            self.finished.forget(answered=answered, keep=ordered)
         self.claim()
 
     def claim(self) -> None:
@@ -571,11 +576,11 @@ class Agent:
         process, apply the answer if one came, supervise, report."""
         self._wait(wait)
         try:
-            orders = self.answers.get_nowait()
+            answered, orders = self.answers.get_nowait()
         except queue.Empty:
-            orders = None
+            answered, orders = None, None
         if orders is not None:
-            self.apply(orders)
+            self.apply(orders, answered=answered)
         elif self.claims:
             self.claim()  # after a failed request, once its backoff allows
         self.supervise()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from scheduler.agent.protocol import EVENT_EXITED
 from scheduler.agent.transport import PortalClient, PortalUnreachable
@@ -37,8 +37,66 @@ class Backoff:
         self.next_try = 0.0
 
 
-class Outbox:
+class EndedAttempts:
+    """The attempts that ended here, which are never started again: the portal may still order
+    one to run in an answer it computed before it took the end. Each is forgotten once an
+    answer computed after the portal acknowledged its end has been applied and ordered nothing
+    for it, so a long-lived agent or connector keeps the recent ones, not every attempt it ran.
+
+    Polls are numbered as they are sent. An end that a poll carried is known to that poll's
+    answer (the portal applies a poll's events before it answers); one that a report carried,
+    to the answer of the first poll sent after the report was acknowledged."""
+
     def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.polls = 0  # polls sent so far
+        # attempt → the first poll whose answer knows it ended (None: not acknowledged yet)
+        self.known_from: dict[int, int | None] = {}
+
+    def __contains__(self, attempt: int) -> bool:
+        return attempt in self.known_from
+
+    def __iter__(self) -> Iterator[int]:
+        with self.lock:
+            return iter(list(self.known_from))
+
+    def __len__(self) -> int:
+        return len(self.known_from)
+
+    def add(self, attempt: int) -> None:
+        with self.lock:
+            self.known_from.setdefault(attempt, None)
+
+    def poll_sent(self) -> int:
+        """Number the poll about to be sent."""
+        with self.lock:
+            self.polls += 1
+            return self.polls
+
+    def acknowledged(self, attempts: Iterable[int], *, poll: int | None) -> None:
+        """The portal took the ends of `attempts`, with poll number `poll` (None: a report)."""
+        with self.lock:
+            known = poll if poll is not None else self.polls + 1
+            for attempt in attempts:
+                if attempt in self.known_from and self.known_from[attempt] is None:
+                    self.known_from[attempt] = known
+
+    def forget(self, *, answered: int, keep: set[int]) -> None:
+        """Applied the answer to poll `answered`: forget the attempts it knew ended, but those
+        in `keep` (ordered in it, or still listed by a cluster manager)."""
+        with self.lock:
+            done = [
+                attempt
+                for attempt, known in self.known_from.items()
+                if known is not None and known <= answered and attempt not in keep
+            ]
+            for attempt in done:
+                del self.known_from[attempt]
+
+
+class Outbox:
+    def __init__(self, ended: EndedAttempts | None = None) -> None:
+        self.ended = ended  # told which ends the portal took
         self.lock = threading.Lock()
         self.events: list[dict] = []
         self.in_flight: set[int] = set()  # id() of the events a request carries now
@@ -71,13 +129,17 @@ class Outbox:
             self.in_flight.update(id(e) for e in events)
             return events
 
-    def sent(self, events: list[dict], *, delivered: bool) -> None:
-        """The request carrying `events` ended: drop them if the portal took them."""
+    def sent(self, events: list[dict], *, delivered: bool, poll: int | None = None) -> None:
+        """The request carrying `events` ended (poll number `poll`, None for a report): drop
+        them if the portal took them."""
         ids = {id(e) for e in events}
         with self.lock:
             self.in_flight -= ids
             if delivered:
                 self.events = [e for e in self.events if id(e) not in ids]
+        if delivered and self.ended is not None:
+            exits = [e["attempt"] for e in events if e["type"] == EVENT_EXITED]
+            self.ended.acknowledged(exits, poll=poll)
 
     def report(
         self,

@@ -15,16 +15,16 @@ DELAY = float(os.environ.get("AGENT_TEST_START_DELAY_SECONDS", "0"))
 _apply = Agent.apply
 
 
-def _slow_apply(self, orders):
+def _slow_apply(self, orders, **kwargs):
     """Sits on an answer with new run orders; first, for a test to see that they arrived, it
     writes WORK_DIR/order-<attempt> for each."""
-    known = set(self.processes) | self.finished | set(getattr(self, "claims", {}))
+    known = set(self.processes) | set(self.finished) | set(getattr(self, "claims", {}))
     new = [order["attempt"] for order in orders.get("run", []) if order["attempt"] not in known]
     for attempt in new:
         (self.work_dir / f"order-{attempt}").touch()
     if new:
         time.sleep(DELAY)
-    _apply(self, orders)
+    _apply(self, orders, **kwargs)
 
 
 Agent.apply = _slow_apply
