@@ -508,7 +508,8 @@ class SlurmCluster:
 
     def submit(self, order: dict, *, env: dict[str, str], log: Path) -> str:
         """sbatch the attempt: one Slurm job on all the nodes of its gang, each with its GPUs,
-        running a batch script written for it. Returns Slurm's job id."""
+        running a batch script written for it (and removed once sbatch has it). Returns
+        Slurm's job id."""
         nodes = [a["node"] for a in order["nodes"]]
         gpus = len(order["nodes"][0]["gpu_indices"])
         self.script_dir.mkdir(parents=True, exist_ok=True)
@@ -531,7 +532,12 @@ class SlurmCluster:
             minutes = -(-(int(timeout) + int(order["grace_seconds"]) + 60) // 60)
             args.append(f"--time={minutes}")
         args += [*self.sbatch_args, str(script)]
-        return self._run(*args).strip().split(";")[0]
+        try:
+            return self._run(*args).strip().split(";")[0]
+        finally:
+            # sbatch hands the script to slurmctld, which keeps it with the job (`scontrol
+            # write batch_script` shows it): the file is not left behind for every attempt.
+            script.unlink(missing_ok=True)
 
     def terminate(self, job_id: str, *, grace: float, started: bool) -> None:
         """SIGTERM to every process of the job, the batch script's included (without --full

@@ -1,7 +1,8 @@
 """Which GPU indices the Slurm connector tells the portal a started attempt was given, on the
 real Slurm cluster of tests/slurm/conftest.py. A one-node job's batch script records Slurm's
 SLURM_JOB_GPUS in the work directory, so its start costs no `scontrol` (one Slurm command
-fewer per job); a gang, or a job whose record does not come, is asked of slurmctld."""
+fewer per job); a gang, or a job whose record does not come, is asked of slurmctld. And what the
+batch script leaves in the work directory: nothing once sbatch has it."""
 
 from __future__ import annotations
 
@@ -80,3 +81,14 @@ def test_a_gangs_gpus_are_asked_of_slurmctld_at_once(cluster):
     given = [{"node": "node1", "gpu_indices": [0, 1]}, {"node": "node4", "gpu_indices": [0, 1]}]
     assert cluster.describe(job, waited=0.0) == {"id": job_id, "allocations": given}
     assert not (cluster.script_dir / "attempt-9.gpus").exists()
+
+
+def test_the_batch_script_is_not_left_behind_and_the_job_still_runs_it(cluster, tmp_path):
+    """sbatch hands the script to slurmctld: the connector removes its file at once (one per
+    attempt would pile up in the work directory), and the job runs it all the same."""
+    seen = tmp_path / "seen"
+    job_id = submit(cluster, 10, {"node3": 1}, f'echo "$CHECKPOINT_DIR" > {seen}; sleep 300')
+    assert not list(cluster.script_dir.glob("*.sh"))
+    running(cluster, job_id)
+    wait_for(lambda: seen.exists() and seen.read_text().strip(), what="the job's process")
+    assert seen.read_text().strip() == str(tmp_path / "checkpoint-10")  # as the script exports
