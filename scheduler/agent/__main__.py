@@ -13,7 +13,7 @@ import socket
 import sys
 from pathlib import Path
 
-from scheduler.agent.core import Agent
+from scheduler.agent.core import KEEP_LOGS_DAYS, Agent
 from scheduler.agent.gpus import DiscoveryError, fake_gpus, nvml_gpus
 from scheduler.version import VERSION
 
@@ -46,6 +46,23 @@ def _portal_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds a long poll may wait for orders (AGENT_POLL_WAIT)",
     )
     parser.add_argument("--log-level", default=env("AGENT_LOG_LEVEL", "INFO"))
+    parser.add_argument(
+        "--keep-logs-days",
+        type=_days,
+        default=env("AGENT_KEEP_LOGS_DAYS", str(KEEP_LOGS_DAYS)),
+        help="job logs in WORK_DIR/logs are removed this many days after they were last "
+        f"written; 0 keeps them (AGENT_KEEP_LOGS_DAYS; default {KEEP_LOGS_DAYS:g})",
+    )
+
+
+def _days(value: str) -> float:
+    try:
+        days = float(value)
+    except ValueError:
+        days = -1.0
+    if not days >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"not a number of days ≥ 0: {value!r}")
+    return days
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -265,6 +282,7 @@ def main_slurm(argv: list[str]) -> int:
         portal=args.portal, join_token=args.join_token, name=name, cluster=cluster,
         work_dir=work_dir, checkpoint_root=Path(args.checkpoint_root or work_dir / "checkpoints"),
         poll_wait=args.poll_wait, pending_timeout=args.pending_timeout,
+        keep_logs_days=args.keep_logs_days,
     )  # fmt: skip
     return _run_until_signalled(connector)
 
@@ -318,6 +336,7 @@ def main_kubernetes(argv: list[str]) -> int:
         portal=args.portal, join_token=args.join_token, name=name, cluster=cluster,
         work_dir=work_dir, checkpoint_root=Path(args.checkpoint_root),
         poll_wait=args.poll_wait, pending_timeout=args.pending_timeout,
+        keep_logs_days=args.keep_logs_days,
     )  # fmt: skip
     return _run_until_signalled(connector)
 
@@ -358,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         work_dir=work_dir,
         checkpoint_root=Path(args.checkpoint_root or work_dir / "checkpoints"),
         poll_wait=args.poll_wait,
+        keep_logs_days=args.keep_logs_days,
     )
     return _run_until_signalled(agent)
 

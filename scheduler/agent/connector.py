@@ -35,7 +35,12 @@ from scheduler.agent.cluster import (
     ClusterRefused,
     ClusterUnreachable,
 )
-from scheduler.agent.core import CHECKPOINT_EVERY_SECONDS, checkpoint_saved_at
+from scheduler.agent.core import (
+    CHECKPOINT_EVERY_SECONDS,
+    KEEP_LOGS_DAYS,
+    LogRetention,
+    checkpoint_saved_at,
+)
 from scheduler.agent.outbox import Backoff, EndedAttempts, Outbox
 from scheduler.agent.protocol import (
     CHECKPOINT_MARKER,
@@ -106,6 +111,7 @@ class Connector:
         checkpoint_root: Path,
         poll_wait: float = 10.0,
         pending_timeout: float = 60.0,
+        keep_logs_days: float = KEEP_LOGS_DAYS,
     ) -> None:
         self.portal = portal.rstrip("/")
         self.join_token = join_token
@@ -143,6 +149,7 @@ class Connector:
         # Attempts that ended after the nodes were last read began: (when, nodes, GPUs per
         # node). That reading still counts their GPUs as used, though nobody holds them now.
         self.ended_since_inventory: list[tuple[float, tuple[str, ...], int]] = []
+        self.log_retention = LogRetention(work_dir / "logs", keep_logs_days)
         (work_dir / "logs").mkdir(parents=True, exist_ok=True)
         checkpoint_root.mkdir(parents=True, exist_ok=True)
 
@@ -697,6 +704,9 @@ class Connector:
             self.supervise()
         if orders is not None:
             self.applied.set()
+        self.log_retention.prune_when_due(
+            lambda: {self._log_path(t.order) for t in self.attempts.values() if t.order}
+        )
 
     def run(self) -> None:
         self.cluster.start()

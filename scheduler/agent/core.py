@@ -22,6 +22,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +51,8 @@ logger = logging.getLogger("scheduler.agent")
 SHUTDOWN_REPORT_SECONDS = 5.0  # how long a stopping agent keeps trying to report
 LOG_EVERY_SECONDS = 15.0
 CHECKPOINT_EVERY_SECONDS = 1.0  # how often the agent looks at a running job's marker
+KEEP_LOGS_DAYS = 30.0  # job logs kept after they were last written (--keep-logs-days)
+PRUNE_LOGS_EVERY_SECONDS = 3600.0
 # The main loop wakes at once when an answer comes or one of its processes ends (a pidfd,
 # Linux 5.3+; elsewhere it notices exits at its next turn), else every turn for timeouts, grace
 # periods and log tails.
@@ -136,6 +139,49 @@ def log_tail(path: Path) -> str:
         return ""
 
 
+class LogRetention:
+    """The job logs in `directory` (`job-J-attempt-N.log`) are kept for `days` after they were
+    last written (0: kept for ever), and looked at once an hour: the portal keeps each
+    attempt's last LOG_TAIL_CHARS, a node the whole log for that long, so that a node's disk
+    does not fill with one file per attempt it ever ran. A running attempt's log is kept."""
+
+    def __init__(self, directory: Path, days: float) -> None:
+        self.directory = directory
+        self.days = days
+        self.pruned_at: float | None = None  # time.monotonic() of the last look
+
+    def prune_when_due(self, in_use: Callable[[], set[Path]]) -> int:
+        """Remove the logs not written for `days`, but those `in_use()` names, if an hour has
+        passed since the last look; how many went."""
+        now = time.monotonic()
+        if self.days <= 0 or (
+            self.pruned_at is not None and now - self.pruned_at < PRUNE_LOGS_EVERY_SECONDS
+        ):
+            return 0
+        self.pruned_at = now
+        written_before = time.time() - self.days * 86400
+        keep = in_use()
+        removed = 0
+        try:
+            entries = list(os.scandir(self.directory))
+        except OSError as error:
+            logger.warning("cannot read %s: %s", self.directory, error)
+            return 0
+        for entry in entries:
+            if not entry.name.endswith(".log") or Path(entry.path) in keep:
+                continue
+            try:
+                stat = entry.stat(follow_symlinks=False)
+                if entry.is_file(follow_symlinks=False) and stat.st_mtime < written_before:
+                    os.unlink(entry.path)
+                    removed += 1
+            except OSError:
+                continue  # gone meanwhile, or not ours to remove
+        if removed:
+            logger.info("removed %d job log(s) not written for %g days", removed, self.days)
+        return removed
+
+
 @dataclass
 class Process:
     attempt: int
@@ -172,6 +218,7 @@ class Agent:
         work_dir: Path,
         checkpoint_root: Path,
         poll_wait: float = 10.0,
+        keep_logs_days: float = KEEP_LOGS_DAYS,
     ) -> None:
         self.portal = portal.rstrip("/")
         self.join_token = join_token
@@ -207,6 +254,7 @@ class Agent:
         self.stopping = threading.Event()
         self.http = PortalClient(self.portal)
         self.pdeathsig_launcher = _pdeathsig_launcher()
+        self.log_retention = LogRetention(work_dir / "logs", keep_logs_days)
         (work_dir / "logs").mkdir(parents=True, exist_ok=True)
         (work_dir / "running").mkdir(parents=True, exist_ok=True)
         checkpoint_root.mkdir(parents=True, exist_ok=True)
@@ -588,6 +636,7 @@ class Agent:
             # The poller polls again at once and carries the new events (if the portal takes
             # events with polls); the reporter reports the others.
             self.applied.set()
+        self.log_retention.prune_when_due(lambda: {p.log_path for p in self.processes.values()})
 
     def _wait(self, seconds: float) -> None:
         """Until an answer is queued, a process ends (its pidfd), or `seconds` pass."""

@@ -1,0 +1,82 @@
+"""How long a node keeps its job logs (`--keep-logs-days`, 30 by default): the portal keeps each
+attempt's last 8 KB, the node the whole log until it has not been written for that long, so a
+node's disk does not fill with one file per attempt it ever ran. A running job's log is kept
+however old, and 0 keeps every log."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from scheduler.agent.__main__ import parse, parse_slurm
+from scheduler.agent.core import Agent, LogRetention
+from scheduler.agent.gpus import fake_gpus
+
+DAY = 86400
+
+
+def _written(path, days_ago: float) -> None:
+    path.write_text("step 1\n")
+    when = time.time() - days_ago * DAY
+    os.utime(path, (when, when))
+
+
+def test_logs_not_written_for_the_kept_days_go_others_stay(tmp_path):
+    names = ("job-1-attempt-1.log", "job-2-attempt-1.log", "job-3-attempt-1.log", "notes.txt")
+    old, recent, running, other = (tmp_path / name for name in names)
+    _written(old, 31)
+    _written(recent, 29)
+    _written(running, 40)  # a job silent for 40 days, still running
+    _written(other, 40)  # not a job log
+    retention = LogRetention(tmp_path, days=30)
+    assert retention.prune_when_due(lambda: {running}) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "job-2-attempt-1.log", "job-3-attempt-1.log", "notes.txt"]  # fmt: skip
+
+
+def test_it_looks_once_an_hour_and_zero_days_keeps_every_log(tmp_path):
+    retention = LogRetention(tmp_path, days=30)
+    assert retention.prune_when_due(set) == 0
+    _written(tmp_path / "job-1-attempt-1.log", 31)
+    assert retention.prune_when_due(set) == 0  # looked just now
+    assert LogRetention(tmp_path, days=0).prune_when_due(set) == 0
+    assert (tmp_path / "job-1-attempt-1.log").exists()
+
+
+def test_the_agent_removes_old_logs_of_ended_attempts_not_of_its_running_jobs(tmp_path):
+    agent = Agent(portal="http://127.0.0.1:9", join_token="x", name="n", gpu_type="h100",
+                  gpus=fake_gpus(1, "h100"), work_dir=tmp_path, keep_logs_days=30,
+                  checkpoint_root=tmp_path / "checkpoints")  # fmt: skip
+    ended = tmp_path / "logs" / "job-1-attempt-1.log"
+    _written(ended, 31)
+    agent.start({"attempt": 7, "job": 2, "number": 1, "command": "sleep 30", "env": {},
+                 "gpu_indices": [0], "timeout_seconds": None, "grace_seconds": 0})  # fmt: skip
+    running = agent.processes[7].log_path
+    try:
+        _written(running, 40)
+        agent.step(0)
+        assert not ended.exists() and running.exists()
+    finally:
+        os.killpg(agent.processes[7].popen.pid, 9)
+
+
+@pytest.mark.parametrize("value", ["-1", "thirty", "nan"])
+def test_a_bad_number_of_days_is_refused_naming_the_flag(value, capsys):
+    for parser in (parse, parse_slurm):
+        with pytest.raises(SystemExit) as stopped:
+            parser(
+                ["--keep-logs-days", value, "--partition", "gpu"][
+                    : 4 if parser is parse_slurm else 2
+                ]
+            )
+        assert stopped.value.code == 2
+        assert "--keep-logs-days: not a number of days ≥ 0" in capsys.readouterr().err
+
+
+def test_the_days_come_from_the_environment_too(monkeypatch):
+    monkeypatch.setenv("AGENT_KEEP_LOGS_DAYS", "7")
+    assert parse([]).keep_logs_days == 7
+    monkeypatch.delenv("AGENT_KEEP_LOGS_DAYS")
+    assert parse([]).keep_logs_days == 30
