@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from scheduler.agent.core import Agent, _pdeathsig_launcher
-from scheduler.agent.gpus import fake_gpus
+from scheduler.agent.core import _pdeathsig_launcher
+from tests.agent.offline import offline_agent, run_order
 
 # An agent in a process of its own starts `sleep 60` and prints its pid, then waits to be killed.
 AGENT = textwrap.dedent(
@@ -86,12 +86,8 @@ def test_a_killed_agent_takes_its_jobs_with_it(tmp_path, launcher):
 
 def test_a_command_that_cannot_be_found_never_starts(tmp_path):
     """Reported as never started, with the error, whether or not a launcher is in between."""
-    agent = Agent(portal="http://127.0.0.1:9", join_token="x", name="n", gpu_type="h100",
-                  gpus=fake_gpus(1, "h100"), work_dir=tmp_path,
-                  checkpoint_root=tmp_path / "checkpoints")  # fmt: skip
-    order = {"attempt": 1, "job": 1, "number": 1, "command": "no-such-program --now", "env": {},
-             "gpu_indices": [0], "timeout_seconds": None, "grace_seconds": 0}  # fmt: skip
-    agent.start(order)
+    agent = offline_agent(tmp_path)
+    agent.start(run_order(1, 1, "no-such-program --now"))
     (event,) = agent.outbox
     assert (event["type"], event["end"]) == ("exited", "never_started")
     assert "No such file or directory" in event["detail"]
@@ -121,12 +117,9 @@ def test_a_portal_that_grants_no_starts_gets_its_orders_started_and_reported(tmp
     server.paths = []
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        agent = Agent(portal=f"http://127.0.0.1:{server.server_address[1]}", join_token="x",
-                      name="n", gpu_type="h100", gpus=fake_gpus(1, "h100"), work_dir=tmp_path,
-                      checkpoint_root=tmp_path / "checkpoints")  # fmt: skip
+        agent = offline_agent(tmp_path, portal=f"http://127.0.0.1:{server.server_address[1]}")
         agent.token = "t"
-        order = {"attempt": 7, "job": 3, "number": 1, "command": "sleep 30", "env": {},
-                 "gpu_indices": [0], "timeout_seconds": None, "grace_seconds": 0}  # fmt: skip
+        order = run_order(7, 3, "sleep 30")
         agent.apply({"run": [order], "stop": []})
         assert server.paths == ["/api/v1/agent/start/"]
         assert 7 in agent.processes and not agent.claims

@@ -14,6 +14,7 @@ from scheduler.agent.gpus import fake_gpus
 from scheduler.agent.outbox import EndedAttempts, Outbox
 from scheduler.agent.protocol import EVENT_EXITED
 from scheduler.models import Job, JobAttempt
+from tests.agent.offline import offline_agent, run_order
 from tests.live import JOIN_TOKEN, job_command, wait_for
 from tests.reliability.common import ApiClient, wait_jobs, wait_nodes
 
@@ -64,13 +65,9 @@ def test_an_end_the_portal_did_not_take_or_an_attempt_still_ordered_is_kept():
 
 
 def test_an_answer_that_still_orders_an_ended_attempt_does_not_start_it_again(tmp_path):
-    agent = Agent(portal="http://127.0.0.1:9", join_token="x", name="n", gpu_type="h100",
-                  gpus=fake_gpus(1, "h100"), work_dir=tmp_path,
-                  checkpoint_root=tmp_path / "checkpoints")  # fmt: skip
-    order = {"attempt": 7, "job": 3, "number": 1, "command": "true", "env": {},
-             "gpu_indices": [0], "timeout_seconds": None, "grace_seconds": 0}  # fmt: skip
+    agent = offline_agent(tmp_path)
     agent.finished.add(7)
-    agent.apply({"run": [order], "stop": []}, answered=agent.finished.poll_sent())
+    agent.apply({"run": [run_order(7, 3, "true")], "stop": []}, answered=agent.finished.poll_sent())
     assert not agent.processes and not agent.claims and 7 in agent.finished
 
 

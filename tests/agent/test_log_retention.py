@@ -11,8 +11,8 @@ import time
 import pytest
 
 from scheduler.agent.__main__ import parse, parse_slurm
-from scheduler.agent.core import Agent, LogRetention
-from scheduler.agent.gpus import fake_gpus
+from scheduler.agent.core import LogRetention
+from tests.agent.offline import offline_agent, run_order
 
 DAY = 86400
 
@@ -46,13 +46,10 @@ def test_it_looks_once_an_hour_and_zero_days_keeps_every_log(tmp_path):
 
 
 def test_the_agent_removes_old_logs_of_ended_attempts_not_of_its_running_jobs(tmp_path):
-    agent = Agent(portal="http://127.0.0.1:9", join_token="x", name="n", gpu_type="h100",
-                  gpus=fake_gpus(1, "h100"), work_dir=tmp_path, keep_logs_days=30,
-                  checkpoint_root=tmp_path / "checkpoints")  # fmt: skip
+    agent = offline_agent(tmp_path, keep_logs_days=30)
     ended = tmp_path / "logs" / "job-1-attempt-1.log"
     _written(ended, 31)
-    agent.start({"attempt": 7, "job": 2, "number": 1, "command": "sleep 30", "env": {},
-                 "gpu_indices": [0], "timeout_seconds": None, "grace_seconds": 0})  # fmt: skip
+    agent.start(run_order(7, 2, "sleep 30"))
     running = agent.processes[7].log_path
     try:
         _written(running, 40)
