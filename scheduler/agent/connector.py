@@ -441,6 +441,15 @@ class Connector:
         logger.info("attempt %s (job %s) is %s job %s on %s", attempt_id, job, manager,
                     tracked.job_id, ",".join(nodes))  # fmt: skip
 
+    def _logs_in_use(self) -> set[Path] | None:
+        """The logs of the attempts the connector has; None while one found in the cluster after
+        a restart has no order yet (its log is named by it)."""
+        with self.lock:
+            attempts = list(self.attempts.values())
+        if any(attempt.order is None for attempt in attempts):
+            return None
+        return {self._log_path(attempt.order) for attempt in attempts}
+
     def _log_path(self, order: dict) -> Path:
         return self.work_dir / "logs" / f"job-{order['job']}-attempt-{order['number']}.log"
 
@@ -704,9 +713,7 @@ class Connector:
             self.supervise()
         if orders is not None:
             self.applied.set()
-        self.log_retention.prune_when_due(
-            lambda: {self._log_path(t.order) for t in self.attempts.values() if t.order}
-        )
+        self.log_retention.prune_when_due(self._logs_in_use)
 
     def run(self) -> None:
         self.cluster.start()

@@ -150,17 +150,20 @@ class LogRetention:
         self.days = days
         self.pruned_at: float | None = None  # time.monotonic() of the last look
 
-    def prune_when_due(self, in_use: Callable[[], set[Path]]) -> int:
+    def prune_when_due(self, in_use: Callable[[], set[Path] | None]) -> int:
         """Remove the logs not written for `days`, but those `in_use()` names, if an hour has
-        passed since the last look; how many went."""
+        passed since the last look; how many went. `in_use()` is None while the running
+        attempts' logs are not all known: the look waits for the next call."""
         now = time.monotonic()
         if self.days <= 0 or (
             self.pruned_at is not None and now - self.pruned_at < PRUNE_LOGS_EVERY_SECONDS
         ):
             return 0
+        keep = in_use()
+        if keep is None:
+            return 0
         self.pruned_at = now
         written_before = time.time() - self.days * 86400
-        keep = in_use()
         removed = 0
         try:
             entries = list(os.scandir(self.directory))

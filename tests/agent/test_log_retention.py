@@ -11,8 +11,10 @@ import time
 import pytest
 
 from scheduler.agent.__main__ import parse, parse_slurm
+from scheduler.agent.connector import Attempt, Connector
 from scheduler.agent.core import LogRetention
-from tests.agent.offline import offline_agent, run_order
+from scheduler.agent.slurm import SlurmCluster
+from tests.agent.offline import NO_PORTAL, offline_agent, run_order
 
 DAY = 86400
 
@@ -43,6 +45,17 @@ def test_it_looks_once_an_hour_and_zero_days_keeps_every_log(tmp_path):
     assert retention.prune_when_due(set) == 0  # looked just now
     assert LogRetention(tmp_path, days=0).prune_when_due(set) == 0
     assert (tmp_path / "job-1-attempt-1.log").exists()
+
+
+def test_while_the_running_attempts_logs_are_not_all_known_it_looks_later(tmp_path):
+    """A connector restarted beside running jobs knows their logs' names once their orders
+    come: until then it removes nothing, and it looks again at the next turn, not an hour
+    later."""
+    old = tmp_path / "job-1-attempt-1.log"
+    _written(old, 31)
+    retention = LogRetention(tmp_path, days=30)
+    assert retention.prune_when_due(lambda: None) == 0 and old.exists()
+    assert retention.prune_when_due(set) == 1
 
 
 def test_the_agent_removes_old_logs_of_ended_attempts_not_of_its_running_jobs(tmp_path):
@@ -77,3 +90,17 @@ def test_the_days_come_from_the_environment_too(monkeypatch):
     assert parse([]).keep_logs_days == 7
     monkeypatch.delenv("AGENT_KEEP_LOGS_DAYS")
     assert parse([]).keep_logs_days == 30
+
+
+def test_a_connector_keeps_the_logs_of_its_attempts_and_waits_for_adopted_ones(tmp_path):
+    connector = Connector(portal=NO_PORTAL, join_token="x", name="slurm",
+                          cluster=SlurmCluster(partitions=("gpu",), script_dir=tmp_path / "s"),
+                          work_dir=tmp_path, checkpoint_root=tmp_path / "checkpoints")  # fmt: skip
+    connector.attempts[7] = Attempt(id=7, order=None)  # found running in Slurm after a restart
+    ended, running = (tmp_path / "logs" / f"job-{job}-attempt-1.log" for job in (1, 2))
+    _written(ended, 31)
+    _written(running, 40)
+    assert connector.log_retention.prune_when_due(connector._logs_in_use) == 0
+    connector.attempts[7].order = run_order(7, 2, "python train.py")  # its order came
+    assert connector.log_retention.prune_when_due(connector._logs_in_use) == 1
+    assert not ended.exists() and running.exists()
