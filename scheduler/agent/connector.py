@@ -38,8 +38,8 @@ from scheduler.agent.cluster import (
 from scheduler.agent.core import (
     CHECKPOINT_EVERY_SECONDS,
     KEEP_LOGS_DAYS,
-    LogRetention,
     checkpoint_saved_at,
+    log_retention,
 )
 from scheduler.agent.outbox import Backoff, EndedAttempts, Outbox
 from scheduler.agent.protocol import (
@@ -149,7 +149,7 @@ class Connector:
         # Attempts that ended after the nodes were last read began: (when, nodes, GPUs per
         # node). That reading still counts their GPUs as used, though nobody holds them now.
         self.ended_since_inventory: list[tuple[float, tuple[str, ...], int]] = []
-        self.log_retention = LogRetention(work_dir / "logs", keep_logs_days)
+        self.log_retention = log_retention(work_dir, keep_logs_days)
         (work_dir / "logs").mkdir(parents=True, exist_ok=True)
         checkpoint_root.mkdir(parents=True, exist_ok=True)
 

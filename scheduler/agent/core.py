@@ -52,7 +52,8 @@ SHUTDOWN_REPORT_SECONDS = 5.0  # how long a stopping agent keeps trying to repor
 LOG_EVERY_SECONDS = 15.0
 CHECKPOINT_EVERY_SECONDS = 1.0  # how often the agent looks at a running job's marker
 KEEP_LOGS_DAYS = 30.0  # job logs kept after they were last written (--keep-logs-days)
-PRUNE_LOGS_EVERY_SECONDS = 3600.0
+PRUNE_FILES_EVERY_SECONDS = 3600.0
+DAY = 86400.0
 # The main loop wakes at once when an answer comes or one of its processes ends (a pidfd,
 # Linux 5.3+; elsewhere it notices exits at its next turn), else every turn for timeouts, grace
 # periods and log tails.
@@ -139,39 +140,43 @@ def log_tail(path: Path) -> str:
         return ""
 
 
-class LogRetention:
-    """The job logs in `directory` (`job-J-attempt-N.log`) are kept for `days` after they were
-    last written (0: kept for ever), and looked at once an hour: the portal keeps each
-    attempt's last LOG_TAIL_CHARS, a node the whole log for that long, so that a node's disk
-    does not fill with one file per attempt it ever ran. A running attempt's log is kept."""
+class FileRetention:
+    """The files named `*suffix` in `directory` are removed once they have not been written for
+    `keep_seconds` (0 or less: kept for ever), looked at once an hour. For the job logs
+    (`job-J-attempt-N.log`, `--keep-logs-days`): the portal keeps each attempt's last
+    LOG_TAIL_CHARS, a node the whole log for that long, so that its disk does not fill with one
+    file per attempt it ever ran; a running attempt's log is kept however old."""
 
-    def __init__(self, directory: Path, days: float) -> None:
+    def __init__(self, directory: Path, *, suffix: str, keep_seconds: float) -> None:
         self.directory = directory
-        self.days = days
+        self.suffix = suffix
+        self.keep_seconds = keep_seconds
         self.pruned_at: float | None = None  # time.monotonic() of the last look
 
-    def prune_when_due(self, in_use: Callable[[], set[Path] | None]) -> int:
-        """Remove the logs not written for `days`, but those `in_use()` names, if an hour has
-        passed since the last look; how many went. `in_use()` is None while the running
-        attempts' logs are not all known: the look waits for the next call."""
+    def prune_when_due(self, in_use: Callable[[], set[Path] | None] = set) -> int:
+        """Remove the files not written for `keep_seconds`, but those `in_use()` names, if an
+        hour has passed since the last look; how many went. `in_use()` is None while the files
+        in use are not all known: the look waits for the next call."""
         now = time.monotonic()
-        if self.days <= 0 or (
-            self.pruned_at is not None and now - self.pruned_at < PRUNE_LOGS_EVERY_SECONDS
+        if self.keep_seconds <= 0 or (
+            self.pruned_at is not None and now - self.pruned_at < PRUNE_FILES_EVERY_SECONDS
         ):
             return 0
         keep = in_use()
         if keep is None:
             return 0
         self.pruned_at = now
-        written_before = time.time() - self.days * 86400
+        written_before = time.time() - self.keep_seconds
         removed = 0
         try:
             entries = list(os.scandir(self.directory))
+        except FileNotFoundError:
+            return 0  # nothing written there yet
         except OSError as error:
             logger.warning("cannot read %s: %s", self.directory, error)
             return 0
         for entry in entries:
-            if not entry.name.endswith(".log") or Path(entry.path) in keep:
+            if not entry.name.endswith(self.suffix) or Path(entry.path) in keep:
                 continue
             try:
                 stat = entry.stat(follow_symlinks=False)
@@ -181,8 +186,14 @@ class LogRetention:
             except OSError:
                 continue  # gone meanwhile, or not ours to remove
         if removed:
-            logger.info("removed %d job log(s) not written for %g days", removed, self.days)
+            logger.info("removed %d %s file(s) of %s not written for %g days", removed,
+                        self.suffix, self.directory, self.keep_seconds / DAY)  # fmt: skip
         return removed
+
+
+def log_retention(work_dir: Path, keep_logs_days: float) -> FileRetention:
+    """The job logs of an agent's or a connector's work directory (`--keep-logs-days`)."""
+    return FileRetention(work_dir / "logs", suffix=".log", keep_seconds=keep_logs_days * DAY)
 
 
 @dataclass
@@ -257,7 +268,7 @@ class Agent:
         self.stopping = threading.Event()
         self.http = PortalClient(self.portal)
         self.pdeathsig_launcher = _pdeathsig_launcher()
-        self.log_retention = LogRetention(work_dir / "logs", keep_logs_days)
+        self.log_retention = log_retention(work_dir, keep_logs_days)
         (work_dir / "logs").mkdir(parents=True, exist_ok=True)
         (work_dir / "running").mkdir(parents=True, exist_ok=True)
         checkpoint_root.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 
 from scheduler.agent.cluster import ClusterRefused, ClusterUnreachable, shell_line
-from scheduler.agent.core import log_tail
+from scheduler.agent.core import FileRetention, log_tail
 from scheduler.agent.protocol import (
     END_EXIT,
     END_LOST,
@@ -40,6 +40,9 @@ COMMAND_TIMEOUT_SECONDS = 30.0
 # How long after a one-node job is seen running the connector waits for its batch script's
 # record of its GPUs before asking slurmctld (the script starts a moment after squeue says R).
 GPUS_RECORD_WAIT_SECONDS = 1.0
+# A GPU record nobody read (it came after scontrol was asked: a slow shared file system) is
+# removed this long after it was written.
+STALE_GPUS_RECORD_SECONDS = 3600.0
 # The fields of `sinfo -N -O` and `squeue -O` the connector reads, each ending with the
 # separator: Slurm pads no field that has a suffix of its own.
 SEP = "|"
@@ -356,6 +359,7 @@ class SlurmCluster:
     script_dir: Path = field(default_factory=lambda: Path.home() / ".gpu-agent" / "scripts")
     # The nodes as last read: a job goes to a partition that has all its nodes.
     partitions_of: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    stale_records: FileRetention | None = None  # of `script_dir`, made on first use
 
     kind = "slurm"
     manager = "Slurm"
@@ -458,7 +462,9 @@ class SlurmCluster:
 
     def attempt_jobs(self) -> dict[int, SlurmJob]:
         """The connector's Slurm jobs by attempt: the newest where an attempt has several (one
-        ended, and its successor submitted before squeue forgot it)."""
+        ended, and its successor submitted before squeue forgot it). As the connector asks at
+        every look, the GPU records nobody read are removed here too, hourly."""
+        self._remove_stale_records()
         ours: dict[int, SlurmJob] = {}
         for job in self.jobs():
             attempt_id = self.attempt_of(job)
@@ -578,6 +584,13 @@ class SlurmCluster:
         except (SlurmRefused, SlurmUnreachable):
             allocations = []
         return {"id": job.id, "allocations": allocations}
+
+    def _remove_stale_records(self) -> None:
+        """GPU records that nobody read go an hour after they were written (looked at hourly)."""
+        if self.stale_records is None or self.stale_records.directory != self.script_dir:
+            self.stale_records = FileRetention(self.script_dir, suffix=".gpus",
+                                               keep_seconds=STALE_GPUS_RECORD_SECONDS)  # fmt: skip
+        self.stale_records.prune_when_due()
 
     def _gpus_file(self, attempt: int) -> Path:
         return self.script_dir / f"attempt-{attempt}.gpus"
