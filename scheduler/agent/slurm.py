@@ -359,7 +359,7 @@ class SlurmCluster:
     script_dir: Path = field(default_factory=lambda: Path.home() / ".gpu-agent" / "scripts")
     # The nodes as last read: a job goes to a partition that has all its nodes.
     partitions_of: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    stale_records: FileRetention | None = None  # of `script_dir`, made on first use
+    stale_records: FileRetention | None = None  # of `script_dir`, made at the first submit
 
     kind = "slurm"
     manager = "Slurm"
@@ -462,9 +462,7 @@ class SlurmCluster:
 
     def attempt_jobs(self) -> dict[int, SlurmJob]:
         """The connector's Slurm jobs by attempt: the newest where an attempt has several (one
-        ended, and its successor submitted before squeue forgot it). As the connector asks at
-        every look, the GPU records nobody read are removed here too, hourly."""
-        self._remove_stale_records()
+        ended, and its successor submitted before squeue forgot it)."""
         ours: dict[int, SlurmJob] = {}
         for job in self.jobs():
             attempt_id = self.attempt_of(job)
@@ -519,6 +517,7 @@ class SlurmCluster:
         nodes = [a["node"] for a in order["nodes"]]
         gpus = len(order["nodes"][0]["gpu_indices"])
         self.script_dir.mkdir(parents=True, exist_ok=True)
+        self._remove_stale_records()  # where each submit may leave one
         script = self.script_dir / f"attempt-{order['attempt']}.sh"
         gang = len(nodes) > 1
         gpus_file = None if gang else self._gpus_file(order["attempt"])
@@ -587,7 +586,7 @@ class SlurmCluster:
 
     def _remove_stale_records(self) -> None:
         """GPU records that nobody read go an hour after they were written (looked at hourly)."""
-        if self.stale_records is None or self.stale_records.directory != self.script_dir:
+        if self.stale_records is None:
             self.stale_records = FileRetention(self.script_dir, suffix=".gpus",
                                                keep_seconds=STALE_GPUS_RECORD_SECONDS)  # fmt: skip
         self.stale_records.prune_when_due()
