@@ -1,5 +1,6 @@
-"""`gpu-portal COMMAND` (or `python -m portal_client`): submit, estimate, ls, show, cancel, logs,
-queue, shares, wait.
+"""`gpu-portal COMMAND` (or `python -m portal_client`): the portal's jobs from the shell.
+
+Commands: submit, estimate, ls, show, cancel, logs, queue, shares, wait.
 
 export PORTAL_URL=http://127.0.0.1:8000 PORTAL_TOKEN=...
 gpu-portal submit --share research --gpus 8 --gpu-type h100 -- python train.py

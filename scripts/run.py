@@ -23,7 +23,12 @@ sys.path.insert(0, str(ROOT))
 
 import embedded_redis  # noqa: E402
 
-from portal.server import stop_in_reverse, supervise, wait_until_answering  # noqa: E402
+from portal.server import (  # noqa: E402
+    DEFAULT_ADDRESS,
+    stop_in_reverse,
+    supervise,
+    wait_until_answering,
+)
 
 # The demo nodes of seed_demo, each run by an agent with fake GPUs.
 DEMO_NODES = [("node-h100-0", "h100", 8), ("node-h100-1", "h100", 8),
@@ -59,7 +64,7 @@ def main() -> int:
     except (subprocess.CalledProcessError, KeyboardInterrupt):
         stop_in_reverse(processes.values())
         return 1
-    address = env.get("PORTAL_ADDRESS", "127.0.0.1:8000")
+    address = env.get("PORTAL_ADDRESS", DEFAULT_ADDRESS)
     commands = {
         "web": [*manage, "runserver", address, "--noreload"],
         "worker": [PYTHON, "-m", "celery", "-A", "portal", "worker", "-l", "info", "-c", "2"],
@@ -91,7 +96,8 @@ def main() -> int:
     if env.get("DEMO_WORKLOAD", "1") == "1":
         # Submits the demo jobs once the agents are up, then exits; not supervised.
         one_shots.append(subprocess.Popen([*manage, "demo_workload"], env=env, cwd=ROOT))
-    print(f"Portal at {portal}/admin/ — Ctrl-C stops everything.", flush=True)
+    print(f"Portal at {portal}/admin/ (the login is above) — Ctrl-C stops everything.",
+          flush=True)  # fmt: skip
     exit_code = supervise(processes)
     stop_in_reverse(one_shots)
     return exit_code

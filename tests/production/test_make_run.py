@@ -1,11 +1,12 @@
 """`make run` as a newcomer runs it (scripts/run.py, SQLite and the embedded Redis under a var
 directory of its own): the agents start only once the web server answers (none logs that the
-portal is unreachable), and Ctrl-C stops every process it started, the embedded Redis
-included."""
+portal is unreachable), it names where to log in at the address it was given, and Ctrl-C
+stops every process it started, the embedded Redis included."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -47,3 +48,7 @@ def test_make_run_starts_agents_after_the_web_server_and_ctrl_c_stops_everything
         log.close()
     output = (tmp_path / "run.log").read_text()
     assert "unreachable" not in output, output[-3000:]
+    # Where to log in, and with what: at the address it was given, not the default one.
+    assert f"Portal at http://127.0.0.1:{port}/admin/" in output
+    assert re.search(r"Log in to the admin as admin / \S+", output)
+    assert set(re.findall(r"http://127\.0\.0\.1:(\d+)", output)) == {str(port)}

@@ -78,7 +78,7 @@ class Command(BaseCommand):
         for name, gpu_type, gpus in NODES:
             Node.objects.get_or_create(name=name, defaults={"gpu_type": gpu_type, "gpus": gpus})
         self.stdout.write(
-            f"Demo data ready. Log in at http://127.0.0.1:8000/admin/ as admin / {password}\n"
+            f"Demo data ready. Log in to the admin as admin / {password}\n"
             f"Team users {', '.join(u for u, *_ in USERS)} share that password "
             f"(saved in {self._password_file()})."
         )
