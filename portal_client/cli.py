@@ -74,6 +74,11 @@ def job_arguments(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--image", help="container image on Kubernetes nodes (default: the connector's)"
     )
+    command.add_argument(
+        "--working-dir", "--chdir", metavar="DIR",
+        help="the directory the command starts in on the node (a relative one is taken from "
+        "here, as sbatch --chdir does; default: the job's checkpoint directory)",
+    )  # fmt: skip
     command.add_argument("--client-token")
     command.add_argument("--timeout", type=int, dest="timeout_seconds")
     command.add_argument(
@@ -109,6 +114,7 @@ def job_request(args: argparse.Namespace) -> dict:
         "name": args.name,
         "env": env,
         "image": args.image,
+        "working_dir": args.working_dir and os.path.abspath(args.working_dir),
         "client_token": args.client_token,
         "timeout_seconds": args.timeout_seconds,
         "expected_seconds": args.expected_seconds,
@@ -150,6 +156,8 @@ def print_job(job: dict, out=sys.stdout) -> None:
         f"priority {job['priority']}, submitted by {job['submitted_by']} at {job['submitted_at']}"
     )
     say(f"  command: {job['command']}")
+    if job.get("working_dir"):
+        say(f"  starts in: {job['working_dir']}")
     if estimate_line(job):
         say(f"  {estimate_line(job)} ({job['estimate_basis']})")
     if "allocations" in job:

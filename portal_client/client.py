@@ -96,6 +96,7 @@ class Client:
         name: str = "",
         env: dict[str, str] | None = None,
         image: str | None = None,
+        working_dir: str | None = None,
         client_token: str | None = None,
         timeout_seconds: int | None = None,
         expected_seconds: int | None = None,
@@ -105,7 +106,8 @@ class Client:
     ) -> dict:
         """Submit a job; returns it. With a `client_token` already used for the same request,
         returns the first job instead of creating a second. `image`: the container image the
-        command runs in on Kubernetes nodes (else the connector's default)."""
+        command runs in on Kubernetes nodes (else the connector's default). `working_dir`: the
+        absolute path the command starts in on the node (else its checkpoint directory)."""
         return self._request("POST", "jobs/", json=self._job_body(_arguments(locals())))
 
     def estimate(self, **request: Any) -> dict:

@@ -52,6 +52,28 @@ def validate_image(value: str) -> None:
         raise ValidationError(IMAGE_INVALID, code="invalid")
 
 
+MAX_WORKING_DIR_CHARS = 1024
+WORKING_DIR_INVALID = (
+    "working_dir: must be an absolute path (it begins with /) of at most "
+    f"{MAX_WORKING_DIR_CHARS} characters, without control characters: the directory on the "
+    "node (or in the container) the command starts in."
+)
+# A path of printable characters: a control character has no place in a directory a person
+# names, and a NUL none in any path.
+_WORKING_DIR_RE = re.compile(r"/[^\x00-\x1f\x7f]*")
+
+
+def working_dir_is_valid(value: str) -> bool:
+    return not value or (
+        len(value) <= MAX_WORKING_DIR_CHARS and _WORKING_DIR_RE.fullmatch(value) is not None
+    )
+
+
+def validate_working_dir(value: str) -> None:
+    if not working_dir_is_valid(value):
+        raise ValidationError(WORKING_DIR_INVALID, code="invalid")
+
+
 class Connector(models.Model):
     """A process that brings a cluster manager's nodes to the portal (`gpu-agent slurm`,
     `gpu-agent kubernetes`): it registers them all, polls for all their orders at once, and has
@@ -172,6 +194,13 @@ class Job(models.Model):
         validators=[validate_image],
         help_text="The container image the command runs in on Kubernetes nodes (blank: the "
         "connector's default); node agents and Slurm run the command on the node itself.",
+    )
+    working_dir = models.CharField(
+        max_length=MAX_WORKING_DIR_CHARS,
+        blank=True,
+        validators=[validate_working_dir],
+        help_text="The directory the command starts in, an absolute path on the node (in the "
+        "container on Kubernetes nodes); blank: the job's checkpoint directory.",
     )
     client_token = models.CharField(max_length=64, blank=True)
     timeout_seconds = models.PositiveIntegerField(

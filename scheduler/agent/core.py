@@ -490,6 +490,14 @@ class Agent:
             return
         checkpoint_dir = self.checkpoint_root / f"job-{job}"
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        # Where the command starts: the job's own directory if it names one, which must be
+        # here already (the agent makes none: a missing one is a path or a mount gone wrong).
+        working_dir = Path(order.get("working_dir") or checkpoint_dir)
+        if not working_dir.is_dir():
+            self._end(attempt, end=END_NEVER_STARTED,
+                      detail=f"working directory {working_dir} is not a directory on node "
+                      f"{self.name}")  # fmt: skip
+            return
         log_path = self.work_dir / "logs" / f"job-{job}-attempt-{order['number']}.log"
         env = {k: v for k, v in os.environ.items() if k not in PRIVATE_ENV}
         env.update({str(k): str(v) for k, v in (order.get("env") or {}).items()})
@@ -506,7 +514,7 @@ class Agent:
         # A command exec would not find goes without the launcher, so it fails to start here
         # (never_started, with the error) rather than as the launcher's exit code 127.
         launcher = self.pdeathsig_launcher and _executable(
-            argv[0], path=env.get("PATH", os.defpath), cwd=checkpoint_dir
+            argv[0], path=env.get("PATH", os.defpath), cwd=working_dir
         )
         try:
             with open(log_path, "ab") as log:
@@ -516,7 +524,7 @@ class Agent:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=env,
-                    cwd=checkpoint_dir,
+                    cwd=working_dir,
                     start_new_session=True,
                     preexec_fn=None if launcher else _die_with_parent,
                 )

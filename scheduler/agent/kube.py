@@ -355,7 +355,8 @@ def pod_manifest(
         "image": image,
         "command": ["/bin/sh", "-c", shell_line(order["command"])],
         "env": [{"name": k, "value": v} for k, v in env.items()],
-        "workingDir": env["CHECKPOINT_DIR"],
+        # The container runtime makes a working directory the image does not have.
+        "workingDir": order.get("working_dir") or env["CHECKPOINT_DIR"],
         "resources": {"limits": {GPU_RESOURCE: str(gpus)}, "requests": {GPU_RESOURCE: str(gpus)}},
         "volumeMounts": [{"name": CHECKPOINT_VOLUME, "mountPath": str(checkpoint_root)}],
     }

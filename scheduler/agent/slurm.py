@@ -619,7 +619,8 @@ def batch_script(
     order: dict, env: dict[str, str], *, gang: bool, gpus_file: Path | None = None
 ) -> str:
     """The batch script of an attempt: the portal's environment, then the job's command in its
-    checkpoint directory, as the job's own process (a plain command is exec'ed, so its exit
+    working directory (the one it names, which the node must have; else its checkpoint
+    directory), as the job's own process (a plain command is exec'ed, so its exit
     code is the job's and SIGTERM reaches it directly), on every node of a gang through srun.
     With `gpus_file`, it first records there the GPUs Slurm gave it (`recorded_gpus`)."""
     lines = ["#!/bin/sh", f"# gpu-portal: job {order['job']}, attempt {order['number']}"]
@@ -635,6 +636,15 @@ def batch_script(
               if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name)]  # fmt: skip
     lines.append('mkdir -p "$CHECKPOINT_DIR" && cd "$CHECKPOINT_DIR" || exit 1')
     command = order["command"]
+    working_dir = order.get("working_dir")
+    if working_dir:
+        # As a node agent would say it, in the job's log (the attempt ends with exit code 1);
+        # on every node of a gang, where slurmstepd would run a task in /tmp instead.
+        message = shlex.quote(f"gpu-portal: working directory {working_dir} is not a directory")
+        enter = (f'cd {shlex.quote(working_dir)} 2>/dev/null || '
+                 f'{{ echo {message} on node "$SLURMD_NODENAME" >&2; exit 1; }}')  # fmt: skip
+        lines.append(enter)
+        command = f"{enter}\n{command}" if gang else command
     if gang:
         lines.append(
             "exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 --export=ALL /bin/sh -c "

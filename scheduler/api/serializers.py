@@ -22,12 +22,15 @@ from scheduler.models import (
     MAX_PRIORITY,
     MAX_RETRY_ATTEMPTS,
     MAX_TIMEOUT_SECONDS,
+    MAX_WORKING_DIR_CHARS,
     PRIORITY_RANGE,
     TIMEOUT_RANGE,
+    WORKING_DIR_INVALID,
     Job,
     JobAttempt,
     JobEvent,
     Node,
+    working_dir_is_valid,
 )
 from shares.models import (
     GPU_TYPE_FORMAT,
@@ -216,6 +219,7 @@ class JobSerializer(PlainValuesMixin, serializers.ModelSerializer):
             "command",
             "env",
             "image",
+            "working_dir",
             "client_token",
             "timeout_seconds",
             "expected_seconds",
@@ -478,6 +482,24 @@ class ImageField(serializers.CharField):
         return value
 
 
+@extend_schema_field(
+    {
+        "type": "string",
+        "maxLength": MAX_WORKING_DIR_CHARS,
+        "pattern": "^(/.*)?$",
+        "example": "/home/alice/project",
+    }
+)
+class WorkingDirField(serializers.CharField):
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            raise serializers.ValidationError(WORKING_DIR_INVALID)
+        value = super().to_internal_value(data)
+        if not working_dir_is_valid(value):
+            raise serializers.ValidationError(WORKING_DIR_INVALID)
+        return value
+
+
 class JobSubmitSerializer(SharedFieldsMixin, serializers.Serializer):
     """AWS SubmitServiceJob: what a job asks for."""
 
@@ -519,6 +541,13 @@ class JobSubmitSerializer(SharedFieldsMixin, serializers.Serializer):
         error_messages={"max_length": IMAGE_INVALID, "invalid": IMAGE_INVALID},
         help_text="The container image the command runs in on Kubernetes nodes (blank: the "
         "connector's default); node agents and Slurm run it on the node itself.",
+    )
+    working_dir = WorkingDirField(
+        default="",
+        allow_blank=True,
+        help_text="The directory the command starts in: an absolute path on the node (in the "
+        "container on Kubernetes nodes). Blank: the job's checkpoint directory "
+        "(CHECKPOINT_DIR). On a node without it, the attempt fails without starting.",
     )
     client_token = serializers.CharField(
         default="",

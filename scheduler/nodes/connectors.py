@@ -190,7 +190,7 @@ def connector_orders(
     known: set[int] = set()
     for (
         node_name, index, attempt_id, number, started_at, stop_requested_at,
-        job_id, command, env, image, timeout_seconds, grace, share, cluster_job,
+        job_id, command, env, image, working_dir, timeout_seconds, grace, share, cluster_job,
     ) in held:  # fmt: skip
         known.add(attempt_id)
         if stop_requested_at is not None:
@@ -213,6 +213,7 @@ def connector_orders(
                 "command": command,
                 "env": json_value(env),
                 "image": image,
+                "working_dir": working_dir,
                 "nodes": [],
                 "timeout_seconds": timeout_seconds,
                 "grace_seconds": grace,

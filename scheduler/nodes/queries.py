@@ -67,7 +67,7 @@ def orders_sql() -> str:
     attempt's order needs, by attempt."""
     fields = _columns(
         "gpu.gpu_index", "attempt.id", "attempt.number", "attempt.started_at",
-        "attempt.stop_requested_at", "job.id", "job.command", "job.env",
+        "attempt.stop_requested_at", "job.id", "job.command", "job.env", "job.working_dir",
         "job.timeout_seconds", "share.grace_seconds",
     )  # fmt: skip
     template = (
@@ -88,6 +88,7 @@ def connector_orders_sql() -> str:
     fields = _columns(
         "node.name", "gpu.gpu_index", "attempt.id", "attempt.number", "attempt.started_at",
         "attempt.stop_requested_at", "job.id", "job.command", "job.env", "job.image",
+        "job.working_dir",
         "job.timeout_seconds", "share.grace_seconds", "share.name", "attempt.cluster_job",
     )  # fmt: skip
     template = (

@@ -124,7 +124,7 @@ def node_orders(*, node: Node, running: set[int] = frozenset()) -> Orders:
     order: dict | None = None  # its order, if it is sent
     for (
         index, attempt_id, number, started_at, stop_requested_at,
-        job_id, command, env, timeout_seconds, grace,
+        job_id, command, env, working_dir, timeout_seconds, grace,
     ) in held:  # fmt: skip
         if attempt_id == previous:
             if order is not None and "gpu_indices" in order:
@@ -149,6 +149,7 @@ def node_orders(*, node: Node, running: set[int] = frozenset()) -> Orders:
             "number": number,
             "command": command,
             "env": json_value(env),
+            "working_dir": working_dir,
             "gpu_indices": [index],
             "timeout_seconds": timeout_seconds,
             "grace_seconds": grace,

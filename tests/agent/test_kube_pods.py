@@ -256,6 +256,15 @@ def test_a_pod_is_bound_to_its_node_with_its_gpus_command_environment_and_checkp
     assert zero["terminationGracePeriodSeconds"] == 1 and "activeDeadlineSeconds" not in zero
 
 
+def test_a_pod_starts_the_command_in_the_working_directory_the_job_names():
+    """In the container (its runtime makes a directory the image lacks); blank: the job's
+    checkpoint directory, as above."""
+    named = manifest(order={**ORDER, "working_dir": "/workspace/trainer"})
+    assert named["spec"]["containers"][0]["workingDir"] == "/workspace/trainer"
+    blank = manifest(order={**ORDER, "working_dir": ""})
+    assert blank["spec"]["containers"][0]["workingDir"] == "/ckpt/job-5"
+
+
 def test_a_pod_template_adds_the_sites_settings_but_never_moves_or_changes_the_job():
     template = {
         "metadata": {"labels": {"team": "ml"}},

@@ -153,6 +153,34 @@ def test_cli_round_trip(world, live_server):
     assert "CANCELLED" in cancelled.stdout
 
 
+def test_the_cli_sends_the_working_directory_as_an_absolute_path(world, live_server, tmp_path):
+    """`--working-dir` (or sbatch's `--chdir`) is where the command starts on the node: a
+    relative one is taken from where the CLI runs; `show` says it."""
+    token = world.tokens["bob"]
+    job_args = ("--share", "research", "--gpus", "1", "--gpu-type", "h100")
+    (tmp_path / "project").mkdir()
+    for flag, value, expected in (("--working-dir", "/srv/code", "/srv/code"),
+                                  ("--chdir", "project", str(tmp_path / "project"))):  # fmt: skip
+        submitted = subprocess.run(
+            [sys.executable, "-m", "portal_client", "--json", "submit", *job_args, flag, value,
+             "--", "python", "train.py"],
+            cwd=tmp_path, env={**os.environ, "PORTAL_URL": live_server.url,
+                               "PORTAL_TOKEN": token, "PYTHONPATH": str(ROOT)},
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert submitted.returncode == 0, submitted.stderr
+        job = json.loads(submitted.stdout)
+        assert job["working_dir"] == expected
+        shown = cli(live_server, token, "show", str(job["id"]))
+        assert f"starts in: {expected}" in shown.stdout
+    plain = cli(live_server, token, "--json", "submit", *job_args, "--", "true")
+    assert json.loads(plain.stdout)["working_dir"] == ""
+    assert (
+        "starts in"
+        not in cli(live_server, token, "show", str(json.loads(plain.stdout)["id"])).stdout
+    )
+
+
 def test_cli_reports_api_errors_and_missing_settings(world, live_server):
     refused = cli(
         live_server, world.tokens["oscar"], "submit", "--share", "research", "--gpus", "8",

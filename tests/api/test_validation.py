@@ -19,6 +19,7 @@ from scheduler.models import (
     MAX_TIMEOUT_SECONDS,
     PRIORITY_RANGE,
     TIMEOUT_RANGE,
+    WORKING_DIR_INVALID,
     Job,
 )
 from shares.models import BORROW_LIMIT_ONLY_WITH_LEND_AND_BORROW, QuotaShare
@@ -291,6 +292,27 @@ def test_a_job_keeps_its_image_and_shows_it(world):
     assert submit(world, name="no-image").json()["image"] == ""
 
 
+@pytest.mark.parametrize(
+    "working_dir", ["train", "./code", "~/code", "/data/a\nb", "/x\x00", "/" + "a" * 1024, 7,
+                    ["/code"]],
+)  # fmt: skip
+def test_a_working_directory_that_is_no_absolute_path_is_refused_naming_the_rule(
+    world, working_dir
+):
+    response = submit(world, working_dir=working_dir)
+    assert_error(response, 400, "working_dir", WORKING_DIR_INVALID)
+
+
+def test_a_job_keeps_its_working_directory_and_shows_it(world):
+    """Where the command starts on the node; blank (the default): its checkpoint directory."""
+    path = "/home/bob/my project"
+    response = submit(world, working_dir=path)
+    assert response.status_code == 201, response.content
+    described = world.client("bob").get(f"{JOBS}{response.json()['id']}/").json()
+    assert response.json()["working_dir"] == described["working_dir"] == path
+    assert submit(world, name="anywhere").json()["working_dir"] == ""
+
+
 def test_share_create_rules(world):
     response = create_share(world, strategy="LEND", borrow_limit=50)
     assert_error(response, 400, "borrow_limit", BORROW_LIMIT_ONLY_WITH_LEND_AND_BORROW)
@@ -379,6 +401,7 @@ _sizes = st.one_of(st.integers(min_value=1, max_value=16), _whole_numbers)
             r"([a-z0-9.-]{1,12}(:[0-9]{1,5})?/)?[a-z0-9._/-]{1,20}(:[\w.-]{1,9})?", fullmatch=True
         ),
     ),  # fmt: skip
+    working_dir=st.one_of(st.none(), st.text(max_size=20), st.text(max_size=20).map("/".__add__)),
 )
 def test_what_the_submit_serializer_accepts_the_job_model_accepts(**fields):
     """The API submits with fields_validated: a request JobSubmitSerializer accepts breaks none

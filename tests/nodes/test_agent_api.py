@@ -252,7 +252,8 @@ def test_orders_and_reports_end_to_end_over_http(client_, world):
     token = register(client_)
     other = register(client_, name="node-b")
     job, _ = job_submit(user=world.alice, share_name="research", gpu_type="h100", gpus=8,
-                        command="python train.py", env={"SEED": "1"})  # fmt: skip
+                        command="python train.py", env={"SEED": "1"},
+                        working_dir="/home/alice/project")  # fmt: skip
     cycle_run(force=True)
     mine, theirs = (
         (token, other)
@@ -262,7 +263,7 @@ def test_orders_and_reports_end_to_end_over_http(client_, world):
     orders = post(client_, "poll", {"running": [], "wait": 0}, mine).json()
     (run,) = orders["run"]
     assert run["command"] == "python train.py" and run["gpu_indices"] == list(range(8))
-    assert run["env"] == {"SEED": "1"}
+    assert run["env"] == {"SEED": "1"} and run["working_dir"] == "/home/alice/project"
     assert Job.objects.get(pk=job.pk).state == Job.State.SCHEDULED
     started = {"events": [{"type": "started", "attempt": run["attempt"]}]}
     assert post(client_, "report", started, mine).json() == {"results": ["ok"]}

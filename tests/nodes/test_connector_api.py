@@ -228,7 +228,8 @@ def test_a_cluster_heard_from_again_is_asked_for_every_node(client_, world):
 
 def test_a_kubernetes_cluster_registers_and_its_orders_carry_the_jobs_image(client_, world):
     """A Kubernetes connector registers as one; a run order carries the image the job names
-    (blank: the connector's default), which its pods run the command in."""
+    (blank: the connector's default), which its pods run the command in, and the working
+    directory it names (blank: its checkpoint directory)."""
     response = post(client_, "register", {"join_token": JOIN, "name": "k8s", "kind": "kubernetes",
                                           "nodes": [slurm_node("kube1")]})  # fmt: skip
     assert response.status_code == 201, response.content
@@ -236,9 +237,12 @@ def test_a_kubernetes_cluster_registers_and_its_orders_carry_the_jobs_image(clie
     token = response.json()["token"]
     image = "nvcr.io/nvidia/pytorch:24.01-py3"
     job, _ = job_submit(user=world.alice, share_name="research", gpu_type="h100", gpus=4,
-                        command="python train.py", image=image)  # fmt: skip
+                        command="python train.py", image=image,
+                        working_dir="/workspace/trainer")  # fmt: skip
     plain = submit(world, gpus=4)
     cycle_run(force=True)
     orders = {o["job"]: o for o in post(client_, "poll", {"wait": 0}, token).json()["run"]}
     assert orders[job.pk]["image"] == image
     assert orders[plain.pk]["image"] == ""
+    assert orders[job.pk]["working_dir"] == "/workspace/trainer"
+    assert orders[plain.pk]["working_dir"] == ""

@@ -2,7 +2,8 @@
 real Slurm cluster of tests/slurm/conftest.py. A one-node job's batch script records Slurm's
 SLURM_JOB_GPUS in the work directory, so its start costs no `scontrol` (one Slurm command
 fewer per job); a gang, or a job whose record does not come, is asked of slurmctld. And what the
-batch script leaves in the work directory: nothing once sbatch has it."""
+batch script leaves in the work directory (nothing once sbatch has it), and where it starts the
+job's command (the working directory the job names, else its checkpoint directory)."""
 
 from __future__ import annotations
 
@@ -25,10 +26,11 @@ def cluster(slurm, tmp_path) -> SlurmCluster:
                         script_dir=tmp_path / "scripts")  # fmt: skip
 
 
-def submit(cluster: SlurmCluster, attempt: int, nodes: dict[str, int], command: str) -> str:
+def submit(cluster: SlurmCluster, attempt: int, nodes: dict[str, int], command: str,
+           working_dir: str = "") -> str:  # fmt: skip
     """sbatch attempt `attempt` as the connector does, on `nodes` (node → GPUs)."""
     order = {"attempt": attempt, "job": 100 + attempt, "number": 1, "share": "research",
-             "command": command, "grace_seconds": 2,
+             "command": command, "working_dir": working_dir, "grace_seconds": 2,
              "nodes": [{"node": node, "gpu_indices": list(range(gpus))}
                        for node, gpus in nodes.items()]}  # fmt: skip
     work = cluster.script_dir.parent
@@ -92,3 +94,36 @@ def test_the_batch_script_is_not_left_behind_and_the_job_still_runs_it(cluster, 
     running(cluster, job_id)
     wait_for(lambda: seen.exists() and seen.read_text().strip(), what="the job's process")
     assert seen.read_text().strip() == str(tmp_path / "checkpoint-10")  # as the script exports
+
+
+def test_the_command_starts_in_the_working_directory_the_job_names(cluster, tmp_path):
+    """On the node of a one-node job, and on every node of a gang."""
+    code = tmp_path / "my project"
+    code.mkdir()
+    (code / "where.sh").write_text(
+        '#!/bin/sh\npwd > "$CHECKPOINT_DIR/../seen-$SLURMD_NODENAME"\nsleep 300\n'
+    )
+    (code / "where.sh").chmod(0o755)
+    running(cluster, submit(cluster, 11, {"node3": 1}, "./where.sh", working_dir=str(code)))
+    gang = submit(cluster, 13, {"node1": 1, "node2": 1}, "./where.sh", working_dir=str(code))
+    running(cluster, gang)
+    for node in ("node3", "node1", "node2"):
+        seen = tmp_path / f"seen-{node}"
+        wait_for(lambda seen=seen: seen.exists() and seen.read_text().strip(),
+                 what=f"the job's process on {node}")  # fmt: skip
+        assert seen.read_text().strip() == str(code)
+
+
+def test_a_working_directory_the_node_does_not_have_fails_the_job_saying_so(cluster, tmp_path):
+    """The batch script starts nothing elsewhere: it exits 1, and the job's log (its tail is
+    what the portal shows) names the directory and the node."""
+    missing = tmp_path / "not mounted"
+    job_id = submit(cluster, 12, {"node3": 1}, f"touch {tmp_path / 'started'}",
+                    working_dir=str(missing))  # fmt: skip
+    ended = wait_for(
+        lambda: next((j for j in cluster.jobs() if j.id == job_id and j.end), None),
+        what="the job's end",
+    )
+    assert ended.exit_code == 1 and not (tmp_path / "started").exists()
+    log = (tmp_path / "log-12").read_text()
+    assert f"gpu-portal: working directory {missing} is not a directory on node node3" in log

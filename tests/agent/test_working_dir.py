@@ -1,0 +1,55 @@
+"""Where a job's command starts on a node agent: in the working directory the job names (so
+`python train.py` finds the code there), else in its checkpoint directory; a named directory
+the node does not have fails the attempt before anything starts, saying which and where."""
+
+from __future__ import annotations
+
+from tests.agent.offline import offline_agent, run_order
+
+# Says where it started and where its checkpoints go. Called as ./where.sh, so the agent must
+# also find the program from the working directory.
+WHERE = '#!/bin/sh\nprintf "%s\\n%s\\n" "$(pwd)" "$CHECKPOINT_DIR" > "$CHECKPOINT_DIR/where"\n'
+
+
+def _run_to_end(agent, order: dict) -> None:
+    agent.start(order)
+    agent.processes[order["attempt"]].popen.wait(timeout=10)
+
+
+def test_the_command_starts_in_the_working_directory_the_job_names(tmp_path):
+    code = tmp_path / "my project"
+    code.mkdir()
+    (code / "where.sh").write_text(WHERE)
+    (code / "where.sh").chmod(0o755)
+    agent = offline_agent(tmp_path / "agent")
+    _run_to_end(agent, {**run_order(1, 7, "./where.sh"), "working_dir": str(code)})
+    checkpoints = tmp_path / "agent" / "checkpoints" / "job-7"
+    started_in, checkpoint_dir = (checkpoints / "where").read_text().splitlines()
+    assert started_in == str(code)
+    assert checkpoint_dir == str(checkpoints)  # still where its checkpoints go
+
+
+def test_without_a_working_directory_the_command_starts_in_its_checkpoint_directory(tmp_path):
+    agent = offline_agent(tmp_path)
+    command = "sh -c 'pwd > \"$CHECKPOINT_DIR/where\"'"
+    for order in (run_order(1, 7, command), {**run_order(2, 8, command), "working_dir": ""}):
+        _run_to_end(agent, order)
+        checkpoints = tmp_path / "checkpoints" / f"job-{order['job']}"
+        assert (checkpoints / "where").read_text().strip() == str(checkpoints)
+
+
+def test_a_working_directory_the_node_does_not_have_fails_the_attempt_unstarted(tmp_path):
+    """Reported as never started, naming the directory and the node: the agent makes no
+    directory for a path or a mount gone wrong, and starts nothing elsewhere."""
+    agent = offline_agent(tmp_path)
+    missing = tmp_path / "not mounted" / "project"
+    agent.start({**run_order(1, 7, "touch started"), "working_dir": str(missing)})
+    (event,) = agent.outbox
+    assert (event["type"], event["end"]) == ("exited", "never_started")
+    assert event["detail"] == f"working directory {missing} is not a directory on node n"
+    assert not agent.processes and not missing.exists()
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    agent.start({**run_order(2, 8, "touch started"), "working_dir": str(a_file)})
+    assert [e["end"] for e in agent.outbox] == ["never_started", "never_started"]
+    assert not agent.processes
