@@ -8,12 +8,12 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, serializers, status
 from rest_framework.exceptions import NotFound
-from rest_framework.pagination import PageNumberPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from notifications import selectors, services
 from notifications.models import Delivery, Kind, Subscription
+from portal.pagination import Pagination
 
 SUBSCRIPTION_NOT_FOUND = "no subscription {subscription_id} among your subscriptions."
 MAX_ID = 2**63 - 1
@@ -27,11 +27,6 @@ ERRORS = {
 
 def errors(*codes: int) -> dict:
     return {code: ERRORS[code] for code in (401, *codes)}
-
-
-class Pagination(PageNumberPagination):
-    page_size_query_param = "page_size"
-    max_page_size = 500
 
 
 class SubscriptionSerializer(serializers.ModelSerializer):
@@ -102,7 +97,7 @@ class SubscriptionListCreateView(generics.GenericAPIView):
     @extend_schema(
         operation_id="notifications_subscriptions_list",
         summary="Your subscriptions",
-        responses={200: SubscriptionSerializer(many=True), **errors()},
+        responses={200: SubscriptionSerializer(many=True), **errors(400, 404)},
     )
     def get(self, request):
         page = self.paginate_queryset(selectors.subscriptions_of(request.user))
@@ -169,7 +164,7 @@ class DeliveryListView(generics.GenericAPIView):
         operation_id="notifications_deliveries_list",
         summary="What was sent to you, or is being tried, newest first",
         parameters=[OpenApiParameter("state", str, enum=Delivery.State.values)],
-        responses={200: DeliverySerializer(many=True), **errors(400)},
+        responses={200: DeliverySerializer(many=True), **errors(400, 404)},
     )
     def get(self, request):
         filters = DeliveryFilterSerializer(data=request.query_params)

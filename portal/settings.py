@@ -261,7 +261,7 @@ REST_FRAMEWORK = {
     # browser); Swagger UI at /api/docs/ is the API's page for people.
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_CONTENT_NEGOTIATION_CLASS": "scheduler.api.negotiation.ApiContentNegotiation",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "DEFAULT_PAGINATION_CLASS": "portal.pagination.Pagination",
     "PAGE_SIZE": 50,
     "DEFAULT_PARSER_CLASSES": [
         "scheduler.api.errors.SizeLimitedJSONParser",

@@ -9,10 +9,10 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, status
 from rest_framework.exceptions import NotFound
-from rest_framework.pagination import PageNumberPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from portal.pagination import Pagination
 from scheduler.api import serializers as s
 from scheduler.api.permissions import (
     IsAdmin,
@@ -49,11 +49,6 @@ ERRORS = {
 
 def errors(*codes: int) -> dict:
     return {code: ERRORS[code] for code in (401, *codes)}
-
-
-class Pagination(PageNumberPagination):
-    page_size_query_param = "page_size"
-    max_page_size = 500
 
 
 def visible_job(request, job_id: int) -> Job:
@@ -400,7 +395,7 @@ class ShareHistoryView(generics.GenericAPIView):
     @extend_schema(
         operation_id="shares_history",
         summary="A share's change history, newest first",
-        responses={200: s.ShareChangeSerializer(many=True), **errors(404)},
+        responses={200: s.ShareChangeSerializer(many=True), **errors(400, 404)},
     )
     def get(self, request, name: str):
         share = visible_share(request, name)

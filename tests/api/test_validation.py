@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, assume, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
+from portal.pagination import PAGE_RULE, PAGE_SIZE_RULE, PAST_THE_LAST
 from scheduler.api import serializers as s
 from scheduler.api import views
 from scheduler.jobs import services
@@ -249,6 +250,32 @@ def test_list_filters_are_checked(world):
     assert bob.get(JOBS, {"state": "BOGUS"}).status_code == 400
     assert "since" in bob.get(JOBS, {"since": "yesterday"}).json()
     assert bob.get(JOBS, {"page": 99}).status_code == 404
+
+
+@pytest.mark.parametrize(
+    "path", [JOBS, "/api/v1/shares/research/history/", "/api/v1/notifications/subscriptions/",
+             "/api/v1/notifications/deliveries/"],
+)  # fmt: skip
+def test_a_list_refuses_a_page_or_page_size_it_cannot_serve_naming_the_rule(world, path):
+    """Never ignored (a client would read a page it did not ask for as the one it did)."""
+    bob = world.client("bob")
+    for page in ("0", "-1", "abc", "1.5", "٣", ""):
+        assert_error(bob.get(path, {"page": page}), 400, "page", PAGE_RULE)
+    for size in ("0", "501", "abc", "null", "2.0"):
+        assert_error(bob.get(path, {"page_size": size}), 400, "page_size", PAGE_SIZE_RULE)
+    past = bob.get(path, {"page": 7})
+    assert past.status_code == 404
+    assert past.json()["page"] == [PAST_THE_LAST.format(page=7, last=1)]
+    assert bob.get(path, {"page": "last", "page_size": 500}).status_code == 200
+
+
+def test_the_last_page_and_a_page_size_are_served(world):
+    for _ in range(5):
+        submit(world)
+    bob = world.client("bob")
+    last = bob.get(JOBS, {"page": "last", "page_size": 2}).json()
+    assert last["count"] == 5 and len(last["results"]) == 1 and last["next"] is None
+    assert len(bob.get(JOBS, {"page": 3, "page_size": 2}).json()["results"]) == 1
 
 
 def test_list_filters_and_next_link(world):
