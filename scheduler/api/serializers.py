@@ -727,8 +727,16 @@ class LendLimitField(serializers.Field):
 @extend_schema_field(
     {
         "oneOf": [
-            {"type": "integer", "minimum": 0},
-            {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},
+            {"type": "integer", "minimum": 0, "maximum": MAX_LIMIT_GPUS},
+            {
+                "type": "object",
+                "propertyNames": {"pattern": f"^{GPU_TYPE_RE.pattern}$"},
+                "additionalProperties": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "maximum": MAX_LIMIT_GPUS,
+                },
+            },
         ],
         "nullable": True,
     }
@@ -737,6 +745,16 @@ class DocumentedLendLimitField(LendLimitField):
     pass
 
 
+@extend_schema_field(
+    {
+        "type": "object",
+        "minProperties": 1,
+        "maxProperties": MAX_GPU_TYPES_PER_SHARE,
+        "propertyNames": {"pattern": f"^{GPU_TYPE_RE.pattern}$"},
+        "additionalProperties": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT_GPUS},
+        "example": {"h100": 8},
+    }
+)
 class CapacityLimitsField(serializers.DictField):
     def to_internal_value(self, data):
         if not isinstance(data, dict):
