@@ -48,6 +48,16 @@ def can_view_dashboards(user) -> bool:
     return is_admin(user) or (user.is_authenticated and teams_led_by(user).exists())
 
 
+def navigation(user) -> dict:
+    """What the pages' header links to for `user`: the cluster and queue pages (`dashboards`),
+    the teams it leads (every team for an admin), and the admin (`is_admin`)."""
+    return {
+        "dashboards": can_view_dashboards(user),
+        "nav_teams": visible_teams(user),
+        "is_admin": is_admin(user),
+    }
+
+
 def visible_teams(user) -> QuerySet[Team]:
     return Team.objects.all() if is_admin(user) else teams_led_by(user)
 

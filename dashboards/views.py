@@ -7,7 +7,6 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required as _login_required
-from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse_lazy
@@ -28,9 +27,13 @@ login_required = _login_required(login_url=reverse_lazy("dashboards:login"))
 RANGE_LABELS = {"1h": "last hour", "24h": "last 24 h", "7d": "last 7 days", "30d": "last 30 days"}
 
 
-def _require_dashboard_user(request: HttpRequest) -> None:
-    if not selectors.can_view_dashboards(request.user):
-        raise PermissionDenied(NOT_A_LEAD)
+def _not_for_this_user(request: HttpRequest) -> HttpResponse | None:
+    """A 403 page for a signed-in member or outsider (the dashboards are for team leads and
+    admins) that says so and where they can go instead; None for a lead or an admin."""
+    if selectors.can_view_dashboards(request.user):
+        return None
+    return render(request, "dashboards/not_a_lead.html",
+                  {**_nav(request), "message": NOT_A_LEAD}, status=403)  # fmt: skip
 
 
 def _range_context(request: HttpRequest):
@@ -54,10 +57,7 @@ def _range_context(request: HttpRequest):
 
 
 def _nav(request: HttpRequest) -> dict:
-    return {
-        "nav_teams": selectors.visible_teams(request.user),
-        "is_admin": selectors.is_admin(request.user),
-    }
+    return selectors.navigation(request.user)
 
 
 @login_required
@@ -65,7 +65,8 @@ def _nav(request: HttpRequest) -> dict:
 def overview(request: HttpRequest) -> HttpResponse:
     """Cluster overview: capacity against use now, use over time by share, idle lendable GPUs,
     the nodes that hold GPUs back, the queue."""
-    _require_dashboard_user(request)
+    if refused := _not_for_this_user(request):
+        return refused
     now, time_range, resolution, context = _range_context(request)
     usage = current_usage()
     gpu_now = selectors.cluster_now(usage)
@@ -101,7 +102,8 @@ def overview(request: HttpRequest) -> HttpResponse:
 @require_GET
 def share_detail(request: HttpRequest, name: str) -> HttpResponse:
     """One share: own use against its limit, lent, borrowed, demand, preemptions, changes, jobs."""
-    _require_dashboard_user(request)
+    if refused := _not_for_this_user(request):
+        return refused
     share = selectors.visible_shares(request.user).filter(name=name).first()
     if share is None:
         raise Http404(f"No share {name!r} among the shares you may see.")
@@ -144,7 +146,8 @@ def share_detail(request: HttpRequest, name: str) -> HttpResponse:
 def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
     """A team lead's page: their shares, who borrows from them and from whom they borrow,
     wait times, GPU-hours this week and month."""
-    _require_dashboard_user(request)
+    if refused := _not_for_this_user(request):
+        return refused
     team = selectors.visible_teams(request.user).filter(slug=slug).first()
     if team is None:
         raise Http404(f"No team {slug!r} among the teams you may see.")
@@ -197,7 +200,8 @@ QUEUE_CHART_HOURS = 12  # how far ahead the queue page's charts look
 @require_GET
 def queue(request: HttpRequest) -> HttpResponse:
     """The front of the queue, in the order the engine considers it, with each job's reason."""
-    _require_dashboard_user(request)
+    if refused := _not_for_this_user(request):
+        return refused
     now = timezone.now()
     context = _nav(request)
     entries = selectors.queue_front(now=now)

@@ -24,8 +24,7 @@ def _page(request: HttpRequest, form: SubscriptionForm, created=None, status: in
         "created": created,
         "subscriptions": selectors.subscriptions_of(request.user),
         "deliveries": selectors.deliveries_of(request.user)[:LATEST_DELIVERIES],
-        "nav_teams": dashboard_selectors.visible_teams(request.user),
-        "is_admin": dashboard_selectors.is_admin(request.user),
+        **dashboard_selectors.navigation(request.user),
     }
     return render(request, "notifications/subscriptions.html", context, status=status)
 

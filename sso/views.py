@@ -120,7 +120,7 @@ class LoginCallback(OIDCAuthenticationCallbackView):
 
     @property
     def success_url(self) -> str:
-        return self.request.session.get("oidc_login_next") or "/"
+        return self.request.session.get("oidc_login_next") or settings.LOGIN_REDIRECT_URL
 
     def login_failure(self) -> HttpResponse:
         error = self.request.GET.get("error_description") or self.request.GET.get("error")

@@ -20,6 +20,7 @@ from dashboards.selectors import (
     usage_history,
 )
 from dashboards.services import history_sample
+from dashboards.views import NOT_A_LEAD
 from scheduler.models import Job, JobAttempt, Node
 from tests.api.helpers import place
 
@@ -70,17 +71,34 @@ def test_a_lead_who_is_not_staff_logs_in_on_the_dashboards_login_page(client, cl
 
 
 @pytest.mark.django_db
+def test_a_login_with_no_page_to_go_back_to_lands_on_the_dashboards(client, cluster, carol):
+    """Not on Django's /accounts/profile/, which the portal does not have; the portal's own
+    address leads there too, not to the admin's login page (which refuses a lead who is no
+    staff)."""
+    assert client.get("/").url == "/dash/"
+    response = client.post("/dash/login/", {"username": "carol", "password": "pw-carol-1234"})
+    assert response.status_code == 302 and response.url == "/dash/"
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize("url", ["/dash/", "/dash/queue/", "/dash/shares/research/"])
 def test_members_and_outsiders_see_no_dashboard(client, cluster, bob, oscar, url):
-    """bob is a member (not a lead) of ml-research; oscar belongs to no team."""
+    """bob is a member (not a lead) of ml-research; oscar belongs to no team. Their page says
+    why, and where they can go instead; their header links to no page they may not see."""
     for user in (bob, oscar):
         client.force_login(user)
-        assert client.get(url).status_code == 403
+        response = client.get(url)
+        assert response.status_code == 403
+        page = response.content.decode()
+        assert NOT_A_LEAD in page and 'href="/dash/notifications/"' in page
+        assert 'href="/api/docs/"' in page
+        assert 'href="/dash/queue/"' not in page and ">Cluster<" not in page
 
 
 @pytest.mark.django_db
 def test_a_lead_sees_their_team_and_shares_but_not_another_teams(client, cluster, carol):
     client.force_login(carol)
+    assert 'href="/dash/queue/"' in client.get("/dash/").content.decode()
     assert client.get("/dash/").status_code == 200
     assert client.get("/dash/queue/").status_code == 200
     assert client.get("/dash/shares/vision/").status_code == 200
