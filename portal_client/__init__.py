@@ -9,6 +9,13 @@ In a training script run by the portal, after each checkpoint: `checkpoint_saved
 """
 
 from portal_client.checkpoint import checkpoint_saved
-from portal_client.client import FINAL_STATES, Client, JobEnded, PortalError
+from portal_client.client import FINAL_STATES, Client, JobEnded, PortalError, PortalUnreachable
 
-__all__ = ["FINAL_STATES", "Client", "JobEnded", "PortalError", "checkpoint_saved"]
+__all__ = [
+    "FINAL_STATES",
+    "Client",
+    "JobEnded",
+    "PortalError",
+    "PortalUnreachable",
+    "checkpoint_saved",
+]

@@ -14,17 +14,25 @@ import os
 import sys
 from collections.abc import Sequence
 
-from portal_client.client import FINAL_STATES, Client, PortalError
+from portal_client.client import FINAL_STATES, Client, JobEnded, PortalError, PortalUnreachable
 from scheduler.version import VERSION
 
 NO_URL = "no portal URL: pass --url or set PORTAL_URL (like http://127.0.0.1:8000)."
 NO_TOKEN = "no API token: pass --token or set PORTAL_TOKEN (manage.py drf_create_token USER)."
 NO_COMMAND = "no command: put it after --, like: submit ... -- python train.py"
 BAD_ENV = "--env takes NAME=VALUE, not {value!r}."
+EXIT_STATUS = (
+    "exit status: 0 done; 1 the job failed (submit --wait), or ended in another state than "
+    "the one waited for (wait --state); 2 the portal refused the request (the error says why); "
+    "3 wait timed out; 4 the portal could not be reached."
+)
+UNREACHABLE_HINT = "check --url or PORTAL_URL"
 
 
 def parser() -> argparse.ArgumentParser:
-    main = argparse.ArgumentParser(prog="gpu-portal", description=__doc__.split("\n")[0])
+    main = argparse.ArgumentParser(
+        prog="gpu-portal", description=__doc__.split("\n")[0], epilog=EXIT_STATUS
+    )
     main.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     main.add_argument("--url", default=os.environ.get("PORTAL_URL"), help="default: $PORTAL_URL")
     main.add_argument(
@@ -300,3 +308,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TimeoutError as error:
         print(f"error: {error}", file=sys.stderr)
         return 3
+    except JobEnded as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except PortalUnreachable as error:
+        print(f"error: {error}; {UNREACHABLE_HINT}", file=sys.stderr)
+        return 4

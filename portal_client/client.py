@@ -20,6 +20,13 @@ class JobEnded(RuntimeError):
         super().__init__(f"job {job['id']} ended {job['state']}: {job.get('reason', '')}")
 
 
+class PortalUnreachable(Exception):
+    """No answer from the portal: nothing listens at its URL, the name does not resolve, or it
+    did not answer within the client's timeout. A request that timed out may still have been
+    carried out: a submit sent again with the same `client_token` returns the first job rather
+    than making a second."""
+
+
 class PortalError(Exception):
     """The API refused a request: `status` is the HTTP status, `detail` the JSON body."""
 
@@ -44,6 +51,18 @@ def format_detail(detail: Any) -> str:
     return str(detail)
 
 
+def _why_unreachable(error: requests.ConnectionError) -> str:
+    """The innermost reason of a failed connection, in a few words: "connection refused",
+    "name or service not known", ..."""
+    reason: BaseException = error
+    while reason.__cause__ is not None or reason.__context__ is not None:
+        reason = reason.__cause__ or reason.__context__
+    text = str(reason)
+    if "] " in text:  # "[Errno 111] Connection refused"
+        text = text.split("] ", 1)[1]
+    return text.strip().lower() or type(reason).__name__
+
+
 def _prefixed(key: str, text: str) -> str:
     return text if text.startswith(f"{key}:") else f"{key}: {text}"
 
@@ -63,7 +82,16 @@ class Client:
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         url = path if path.startswith("http") else f"{self.url}/api/v1/{path.lstrip('/')}"
-        response = self.session.request(method, url, timeout=self.timeout, **kwargs)
+        try:
+            response = self.session.request(method, url, timeout=self.timeout, **kwargs)
+        except requests.Timeout as error:
+            raise PortalUnreachable(
+                f"the portal at {self.url} did not answer within {self.timeout:g} s"
+            ) from error
+        except requests.ConnectionError as error:
+            raise PortalUnreachable(
+                f"cannot reach the portal at {self.url} ({_why_unreachable(error)})"
+            ) from error
         if response.status_code >= 400:
             try:
                 detail = response.json()

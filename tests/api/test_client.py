@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from portal_client import Client, JobEnded, PortalError
+from portal_client import Client, JobEnded, PortalError, PortalUnreachable
 from scheduler.models import Job, JobAttempt
 from tests.api.helpers import place, preempt
+from tests.live import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -199,3 +200,27 @@ def test_cli_reports_api_errors_and_missing_settings(world, live_server):
         text=True, timeout=60,
     )  # fmt: skip
     assert "no portal URL" in missing.stderr
+
+
+def test_cli_says_plainly_when_the_portal_cannot_be_reached_or_the_job_ended(world, live_server):
+    """One line and its own exit status, not a traceback."""
+    port = free_port()  # nothing listens there
+    unreachable = subprocess.run(
+        [sys.executable, "-m", "portal_client", "--url", f"http://127.0.0.1:{port}", "--token",
+         "x", "ls"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert unreachable.returncode == 4
+    assert unreachable.stderr == (
+        f"error: cannot reach the portal at http://127.0.0.1:{port} (connection refused); "
+        "check --url or PORTAL_URL\n"
+    )
+    with pytest.raises(PortalUnreachable):
+        Client(f"http://127.0.0.1:{port}", "x").job(1)
+    token = world.tokens["bob"]
+    job = Client(live_server.url, token).submit(share="research", gpus=8, gpu_type="h100",
+                                                command="x")  # fmt: skip
+    cli(live_server, token, "cancel", str(job["id"]))
+    waited = cli(live_server, token, "wait", str(job["id"]), "--state", "RUNNING")
+    assert waited.returncode == 1
+    assert waited.stderr.startswith(f"error: job {job['id']} ended CANCELLED")
+    assert "Traceback" not in waited.stderr + unreachable.stderr
