@@ -27,6 +27,7 @@ EXIT_STATUS = (
     "3 wait timed out; 4 the portal could not be reached."
 )
 UNREACHABLE_HINT = "check --url or PORTAL_URL"
+NO_LOG = "job {job} has no log yet: it has not started, or its command has written nothing."
 
 
 def parser() -> argparse.ArgumentParser:
@@ -265,7 +266,10 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
             print_job(job, out)
         return 0
     if args.command == "logs":
-        print(client.logs(args.job_id), end="", file=out)
+        log = client.logs(args.job_id)
+        print(log, end="", file=out)
+        if not log:  # said on stderr: what a script reads stays the log
+            print(NO_LOG.format(job=args.job_id), file=sys.stderr)
         return 0
     if args.command == "queue":
         queue = client.queue()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from portal_client import Client, JobEnded, PortalError, PortalUnreachable
+from portal_client.cli import NO_LOG
 from scheduler.models import Job, JobAttempt
 from tests.api.helpers import place, preempt
 from tests.live import free_port
@@ -149,7 +150,9 @@ def test_cli_round_trip(world, live_server):
     assert "1 runnable job(s)" in queue.stdout and "[within_limit]" in queue.stdout
     shares = cli(live_server, token, "shares")
     assert shares.stdout.startswith("research (ml-research, LEND_AND_BORROW, ENABLED)")
-    assert cli(live_server, token, "logs", str(job["id"])).returncode == 0
+    logs = cli(live_server, token, "logs", str(job["id"]))
+    assert logs.returncode == 0 and logs.stdout == ""
+    assert logs.stderr == NO_LOG.format(job=job["id"]) + "\n"
     cancelled = cli(live_server, token, "cancel", str(job["id"]))
     assert "CANCELLED" in cancelled.stdout
 
