@@ -204,7 +204,9 @@ class CapacityLimit(models.Model):
 
     share = models.ForeignKey(QuotaShare, on_delete=models.CASCADE, related_name="capacity_limits")
     gpu_type = models.CharField(max_length=32, validators=[validate_gpu_type])
-    max_gpus = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    max_gpus = models.PositiveIntegerField(
+        validators=[MinValueValidator(1, message=MAX_GPUS_POSITIVE)]
+    )
     lend_limit = models.PositiveIntegerField(
         null=True,
         blank=True,
@@ -231,8 +233,6 @@ class CapacityLimit(models.Model):
 
     def clean(self) -> None:
         errors: dict[str, str] = {}
-        if self.max_gpus is not None and self.max_gpus < 1:
-            errors["max_gpus"] = MAX_GPUS_POSITIVE
         if (
             self.lend_limit is not None
             and self.max_gpus is not None

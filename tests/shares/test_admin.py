@@ -6,7 +6,7 @@ import pytest
 from django.urls import reverse
 
 from scheduler.models import Job, Node
-from shares.models import QuotaShare, ShareChange
+from shares.models import MAX_GPUS_POSITIVE, QuotaShare, ShareChange
 from shares.selectors import NO_NODES, OVERPROMISED
 
 
@@ -71,6 +71,16 @@ class TestShareAdmin:
         )
         assert response.status_code == 200
         assert "only a LEND_AND_BORROW share may borrow" in response.content.decode()
+        assert not QuotaShare.objects.filter(name="speech").exists()
+
+    def test_a_limit_of_no_gpus_is_refused_once_naming_the_rule(self, admin_client, vision_team):
+        response = admin_client.post(
+            reverse("admin:shares_quotashare_add"),
+            share_form(vision_team, **{"capacity_limits-0-max_gpus": "0"}),
+        )
+        assert response.status_code == 200
+        errors = response.context["inline_admin_formsets"][0].formset.errors
+        assert errors == [{"max_gpus": [MAX_GPUS_POSITIVE]}]
         assert not QuotaShare.objects.filter(name="speech").exists()
 
     def test_a_share_needs_a_capacity_limit(self, admin_client, vision_team):
