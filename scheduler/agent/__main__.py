@@ -15,6 +15,7 @@ from pathlib import Path
 
 from scheduler.agent.core import KEEP_LOGS_DAYS, Agent
 from scheduler.agent.gpus import DiscoveryError, fake_gpus, nvml_gpus
+from scheduler.agent.transport import checked_portal_url
 from scheduler.version import VERSION
 
 # Where the Kubernetes connector's jobs find their checkpoints, on every node.
@@ -31,8 +32,9 @@ def _portal_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     parser.add_argument(
         "--portal",
+        type=_portal_url,
         default=env("PORTAL_URL", "http://127.0.0.1:8000"),
-        help="portal base URL (PORTAL_URL)",
+        help="portal base URL, http(s)://host[:port][/path] (PORTAL_URL)",
     )
     parser.add_argument(
         "--join-token",
@@ -53,6 +55,13 @@ def _portal_arguments(parser: argparse.ArgumentParser) -> None:
         help="job logs in WORK_DIR/logs are removed this many days after they were last "
         f"written; 0 keeps them (AGENT_KEEP_LOGS_DAYS; default {KEEP_LOGS_DAYS:g})",
     )
+
+
+def _portal_url(value: str) -> str:
+    try:
+        return checked_portal_url(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _days(value: str) -> float:

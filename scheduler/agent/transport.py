@@ -44,11 +44,21 @@ def _closed_by_peer(connection: http.client.HTTPConnection) -> bool:
     return bool(readable)
 
 
+def checked_portal_url(base_url: str) -> str:
+    """The portal's base URL as given, or ValueError saying what it must be."""
+    try:
+        parts = urlsplit(base_url)
+        parts.port  # noqa: B018 — a port that is no number raises here
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"portal URL must be http(s)://host[:port][/path], not {base_url!r}")
+    return base_url
+
+
 class PortalClient:
     def __init__(self, base_url: str) -> None:
-        parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"portal URL must be http(s)://host[:port][/path], not {base_url!r}")
+        parts = urlsplit(checked_portal_url(base_url))
         self.connection_class = (
             http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
         )

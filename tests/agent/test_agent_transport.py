@@ -10,6 +10,8 @@ import threading
 
 import pytest
 
+from scheduler.agent.__main__ import parse as parse_agent
+from scheduler.agent.__main__ import parse_kubernetes, parse_slurm
 from scheduler.agent.transport import PortalClient, PortalUnreachable
 
 
@@ -88,3 +90,21 @@ def test_a_portal_that_does_not_answer_in_time_is_portal_unreachable():
         client = PortalClient(f"http://127.0.0.1:{listener.getsockname()[1]}")
         with pytest.raises(PortalUnreachable, match="TimeoutError"):
             client.post("/poll/", json={}, timeout=0.2)
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:8000", "http://host:port", "ftp://portal", "http://"])
+def test_a_portal_url_that_is_none_is_refused_at_start_naming_the_flag(url, capsys):
+    """By the agent and both connectors: exit 2 and one line, not a traceback."""
+    for parse, extra in ((parse_agent, []), (parse_slurm, ["--partition", "gpu"]),
+                         (parse_kubernetes, [])):  # fmt: skip
+        with pytest.raises(SystemExit) as stopped:
+            parse(["--portal", url, *extra])
+        assert stopped.value.code == 2
+        error = capsys.readouterr().err.strip().splitlines()[-1]
+        assert error.endswith(
+            f"error: argument --portal: portal URL must be http(s)://host[:port][/path], "
+            f"not {url!r}"
+        )
+    assert parse_agent(["--portal", "https://portal.example.com/gpu"]).portal == (
+        "https://portal.example.com/gpu"
+    )
