@@ -269,16 +269,34 @@ def main_slurm(argv: list[str]) -> int:
         print("error: --partition is required: the Slurm partition(s) whose GPU nodes the "
               "portal shares.", file=sys.stderr)  # fmt: skip
         return 2
+    slurm_conf = os.environ.get("SLURM_CONF")
+    if slurm_conf and not Path(slurm_conf).is_file():
+        # Slurm's own commands would retry reading it for a minute before saying so.
+        print(f"error: SLURM_CONF={slurm_conf}: no such file; it names the cluster's "
+              "slurm.conf (unset, Slurm's commands find it as they do for any user).",
+              file=sys.stderr)  # fmt: skip
+        return 2
     default_type, node_types = _gpu_types(args.gpu_type)
     cluster = SlurmCluster(
         partitions=partitions, prefix=args.job_prefix, default_gpu_type=default_type,
         node_gpu_types=node_types, sbatch_args=tuple(args.sbatch_arg),
-        env=slurm_environment(os.environ.get("SLURM_CONF")),
+        env=slurm_environment(slurm_conf),
     )  # fmt: skip
     name = args.name
     if not name:
-        with contextlib.suppress(SlurmUnreachable, SlurmRefused):
+        try:
             name = cluster.config().get("ClusterName", "")
+        except (SlurmUnreachable, SlurmRefused) as error:
+            print(f"error: cannot ask Slurm for the cluster's name ({error}); check that this "
+                  "host's Slurm commands reach slurmctld, or give the name with --name.",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+    # Slurm unreachable (a name given): the connector starts, and retries Slurm.
+    with contextlib.suppress(SlurmUnreachable, SlurmRefused):
+        if unknown := cluster.unknown_partitions():
+            print(f"error: --partition: Slurm has no partition {', '.join(unknown)} (sinfo "
+                  "--all lists those it has).", file=sys.stderr)  # fmt: skip
+            return 2
     if not name:
         print("error: Slurm does not answer `scontrol show config` with a ClusterName; "
               "give the cluster's name with --name.", file=sys.stderr)  # fmt: skip

@@ -416,6 +416,12 @@ class SlurmCluster:
                 return gpu_type
         return node.gpu_type or self.default_gpu_type
 
+    def unknown_partitions(self) -> list[str]:
+        """Those of the partitions Slurm does not have (hidden ones included): sinfo lists
+        nothing for them, as for a partition without nodes."""
+        known = set(self._run("sinfo", "-h", "--all", "-o", "%R").split())
+        return [partition for partition in self.partitions if partition not in known]
+
     def nodes(self) -> list[SlurmNode]:
         """The GPU nodes of the partitions (without a GPU type known: left out, with a
         warning)."""

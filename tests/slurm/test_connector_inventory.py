@@ -5,6 +5,9 @@ own times, and the inventory it sends must be right in between."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -53,3 +56,25 @@ def test_a_just_ended_attempts_gpus_are_not_taken_for_a_foreign_jobs(slurm, tmp_
     assert outside(connector, "node1") == 0
     wait_for(lambda: read_used() == 0, what="sinfo seeing the GPUs free")
     assert outside(connector, "node1") == 0 and connector.ended_since_inventory == []
+
+
+def test_the_connector_refuses_at_start_what_slurm_does_not_have(slurm):
+    """A partition Slurm has not (sinfo would list nothing for it, and the portal get no node)
+    and a SLURM_CONF that is no file (Slurm's commands would retry reading it for a minute):
+    exit 2 and one line saying which, before registering anything (a connector that started
+    would run on: the timeout fails the test)."""
+
+    def start(conf: str, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "scheduler.agent", "slurm", "--portal", "http://127.0.0.1:9",
+             "--join-token", "t", *args], env={**os.environ, "SLURM_CONF": conf},
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    typo = start(slurm.conf, "--partition", "gpu,gpus", "--name", "x")
+    assert (typo.returncode, typo.stderr) == (
+        2, "error: --partition: Slurm has no partition gpus (sinfo --all lists those it has).\n"
+    )  # fmt: skip
+    missing = start(slurm.conf + ".missing", "--partition", "gpu")
+    assert missing.returncode == 2
+    assert missing.stderr.startswith(f"error: SLURM_CONF={slurm.conf}.missing: no such file")
