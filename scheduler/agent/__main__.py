@@ -320,6 +320,7 @@ def main_kubernetes(argv: list[str]) -> int:
         print(JOIN_TOKEN_REQUIRED, file=sys.stderr)
         return 2
     try:
+        from scheduler.agent.cluster import ClusterRefused
         from scheduler.agent.connector import Connector
         from scheduler.agent.kube import KubernetesCluster, kubeconfig_cluster_name
     except ImportError as error:
@@ -355,6 +356,15 @@ def main_kubernetes(argv: list[str]) -> int:
         host_network=args.host_network, pod_template=template, kubeconfig=args.kubeconfig,
         context=args.context,
     )  # fmt: skip
+    if args.kubeconfig and not Path(args.kubeconfig).is_file():
+        print(f"error: --kubeconfig {args.kubeconfig}: no such file", file=sys.stderr)
+        return 2
+    try:
+        cluster.load_credentials()
+    except ClusterRefused as error:
+        print(f"error: {error} (give --kubeconfig, or run the connector in a pod with a "
+              "service account)", file=sys.stderr)  # fmt: skip
+        return 2
     logging.basicConfig(
         level=args.log_level, format=f"%(asctime)s %(levelname)s connector[{name}]: %(message)s"
     )

@@ -586,6 +586,13 @@ class KubernetesCluster:
 
     # --- The API server ------------------------------------------------------------------------
 
+    def load_credentials(self) -> None:
+        """Read the credentials (--kubeconfig, KUBECONFIG, ~/.kube/config, or the pod's service
+        account) now, not at the first request: ClusterRefused when there are none, which no
+        retry mends."""
+        if self.api is None:
+            self.api = self._client()
+
     def _client(self):
         from kubernetes import client, config
 
