@@ -239,6 +239,13 @@ def _gpu_types(values: list[str]) -> tuple[str | None, dict[str, str]]:
     return default_type, node_types
 
 
+def _cannot_use(error: OSError) -> int:
+    """A directory the agent or connector cannot make or write: one line, exit 2."""
+    print(f"error: cannot use {error.filename}: {error.strerror} (see --work-dir and "
+          "--checkpoint-root)", file=sys.stderr)  # fmt: skip
+    return 2
+
+
 def _run_until_signalled(worker) -> int:
     """Run the agent or connector until SIGTERM or SIGINT, which it answers by stopping."""
 
@@ -305,12 +312,16 @@ def main_slurm(argv: list[str]) -> int:
     logging.basicConfig(level=args.log_level, format=log_format)
     work_dir = Path(args.work_dir or Path.home() / ".gpu-agent" / f"slurm-{name}")
     cluster.script_dir = work_dir / "scripts"
-    connector = Connector(
-        portal=args.portal, join_token=args.join_token, name=name, cluster=cluster,
-        work_dir=work_dir, checkpoint_root=Path(args.checkpoint_root or work_dir / "checkpoints"),
-        poll_wait=args.poll_wait, pending_timeout=args.pending_timeout,
-        keep_logs_days=args.keep_logs_days,
-    )  # fmt: skip
+    checkpoint_root = Path(args.checkpoint_root or work_dir / "checkpoints")
+    try:
+        connector = Connector(
+            portal=args.portal, join_token=args.join_token, name=name, cluster=cluster,
+            work_dir=work_dir, checkpoint_root=checkpoint_root,
+            poll_wait=args.poll_wait, pending_timeout=args.pending_timeout,
+            keep_logs_days=args.keep_logs_days,
+        )  # fmt: skip
+    except OSError as error:
+        return _cannot_use(error)
     return _run_until_signalled(connector)
 
 
@@ -369,12 +380,15 @@ def main_kubernetes(argv: list[str]) -> int:
         level=args.log_level, format=f"%(asctime)s %(levelname)s connector[{name}]: %(message)s"
     )
     work_dir = Path(args.work_dir or Path.home() / ".gpu-agent" / f"kubernetes-{name}")
-    connector = Connector(
-        portal=args.portal, join_token=args.join_token, name=name, cluster=cluster,
-        work_dir=work_dir, checkpoint_root=Path(args.checkpoint_root),
-        poll_wait=args.poll_wait, pending_timeout=args.pending_timeout,
-        keep_logs_days=args.keep_logs_days,
-    )  # fmt: skip
+    try:
+        connector = Connector(
+            portal=args.portal, join_token=args.join_token, name=name, cluster=cluster,
+            work_dir=work_dir, checkpoint_root=Path(args.checkpoint_root),
+            poll_wait=args.poll_wait, pending_timeout=args.pending_timeout,
+            keep_logs_days=args.keep_logs_days,
+        )  # fmt: skip
+    except OSError as error:
+        return _cannot_use(error)
     return _run_until_signalled(connector)
 
 
@@ -405,17 +419,20 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         gpu_type = args.gpu_type or gpu_type
     work_dir = Path(args.work_dir or Path.home() / ".gpu-agent" / args.name)
-    agent = Agent(
-        portal=args.portal,
-        join_token=args.join_token,
-        name=args.name,
-        gpu_type=gpu_type,
-        gpus=gpus,
-        work_dir=work_dir,
-        checkpoint_root=Path(args.checkpoint_root or work_dir / "checkpoints"),
-        poll_wait=args.poll_wait,
-        keep_logs_days=args.keep_logs_days,
-    )
+    try:
+        agent = Agent(
+            portal=args.portal,
+            join_token=args.join_token,
+            name=args.name,
+            gpu_type=gpu_type,
+            gpus=gpus,
+            work_dir=work_dir,
+            checkpoint_root=Path(args.checkpoint_root or work_dir / "checkpoints"),
+            poll_wait=args.poll_wait,
+            keep_logs_days=args.keep_logs_days,
+        )
+    except OSError as error:
+        return _cannot_use(error)
     return _run_until_signalled(agent)
 
 

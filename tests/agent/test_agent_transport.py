@@ -6,6 +6,8 @@ from __future__ import annotations
 import http.server
 import json
 import socket
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -108,3 +110,19 @@ def test_a_portal_url_that_is_none_is_refused_at_start_naming_the_flag(url, caps
     assert parse_agent(["--portal", "https://portal.example.com/gpu"]).portal == (
         "https://portal.example.com/gpu"
     )
+
+
+@pytest.mark.parametrize("flag", ["--work-dir", "--checkpoint-root"])
+def test_a_directory_the_agent_cannot_make_is_refused_at_start(flag, tmp_path):
+    """Exit 2 and one line naming it, not a traceback."""
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    started = subprocess.run(
+        [sys.executable, "-m", "scheduler.agent", "--portal", "http://127.0.0.1:9",
+         "--join-token", "t", "--fake-gpus", "1", "--gpu-type", "h100",
+         "--work-dir", str(tmp_path / "work"), flag, str(blocked / "below")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert started.returncode == 2
+    assert started.stderr.startswith(f"error: cannot use {blocked / 'below'}")
+    assert started.stderr.endswith(": Not a directory (see --work-dir and --checkpoint-root)\n")
