@@ -6,14 +6,10 @@ from __future__ import annotations
 import http.server
 import json
 import socket
-import subprocess
-import sys
 import threading
 
 import pytest
 
-from scheduler.agent.__main__ import parse as parse_agent
-from scheduler.agent.__main__ import parse_kubernetes, parse_slurm
 from scheduler.agent.transport import PortalClient, PortalUnreachable
 
 
@@ -92,37 +88,3 @@ def test_a_portal_that_does_not_answer_in_time_is_portal_unreachable():
         client = PortalClient(f"http://127.0.0.1:{listener.getsockname()[1]}")
         with pytest.raises(PortalUnreachable, match="TimeoutError"):
             client.post("/poll/", json={}, timeout=0.2)
-
-
-@pytest.mark.parametrize("url", ["127.0.0.1:8000", "http://host:port", "ftp://portal", "http://"])
-def test_a_portal_url_that_is_none_is_refused_at_start_naming_the_flag(url, capsys):
-    """By the agent and both connectors: exit 2 and one line, not a traceback."""
-    for parse, extra in ((parse_agent, []), (parse_slurm, ["--partition", "gpu"]),
-                         (parse_kubernetes, [])):  # fmt: skip
-        with pytest.raises(SystemExit) as stopped:
-            parse(["--portal", url, *extra])
-        assert stopped.value.code == 2
-        error = capsys.readouterr().err.strip().splitlines()[-1]
-        assert error.endswith(
-            f"error: argument --portal: portal URL must be http(s)://host[:port][/path], "
-            f"not {url!r}"
-        )
-    assert parse_agent(["--portal", "https://portal.example.com/gpu"]).portal == (
-        "https://portal.example.com/gpu"
-    )
-
-
-@pytest.mark.parametrize("flag", ["--work-dir", "--checkpoint-root"])
-def test_a_directory_the_agent_cannot_make_is_refused_at_start(flag, tmp_path):
-    """Exit 2 and one line naming it, not a traceback."""
-    blocked = tmp_path / "a-file"
-    blocked.write_text("")
-    started = subprocess.run(
-        [sys.executable, "-m", "scheduler.agent", "--portal", "http://127.0.0.1:9",
-         "--join-token", "t", "--fake-gpus", "1", "--gpu-type", "h100",
-         "--work-dir", str(tmp_path / "work"), flag, str(blocked / "below")],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert started.returncode == 2
-    assert started.stderr.startswith(f"error: cannot use {blocked / 'below'}")
-    assert started.stderr.endswith(": Not a directory (see --work-dir and --checkpoint-root)\n")
