@@ -23,6 +23,7 @@ URL = os.environ.get("PORTAL_URL", "http://127.0.0.1:8000")
 # resumes from its checkpoint (the fake-GPU agents of `make run` run on this machine).
 JOB = f"{sys.executable} {Path(__file__).resolve().parent.parent / 'scripts' / 'demo_job.py'}"
 TIMEOUT = float(os.environ.get("WALKTHROUGH_TIMEOUT", "300"))
+WORK_SECONDS = 3.0  # how long the borrower works before the owner's job arrives
 
 
 def usage(portal: Client, title: str) -> None:
@@ -69,6 +70,9 @@ def main() -> int:
     print(f"   job {background['id']} {background['state']} on {background['gpus']} h100")
     usage(carol, "usage while research borrows")
     usage(bob, "(as bob)")
+    # It works a few steps (half a second each), checkpointing after each, so that there is a
+    # checkpoint to resume from when the reclaim comes.
+    time.sleep(WORK_SECONDS)
 
     print("3. vision's own high-priority job arrives and reclaims its GPUs")
     urgent = carol.submit(
