@@ -21,6 +21,7 @@ urlpatterns = [
         name="logout",
     ),
     path("dash/queue/", views.queue, name="queue"),
+    path("dash/token/", views.api_token, name="api_token"),
     path("dash/shares/<slug:name>/", views.share_detail, name="share"),
     path("dash/teams/<slug:slug>/", views.team_detail, name="team"),
     path("metrics", views.metrics, name="metrics"),

@@ -11,9 +11,9 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse_lazy
 from django.utils import timezone
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_http_methods
 
-from dashboards import figures, selectors
+from dashboards import figures, selectors, tokens
 from dashboards.metrics import metrics_allowed, metrics_text
 from shares.selectors import current_usage
 
@@ -220,6 +220,21 @@ def queue(request: HttpRequest) -> HttpResponse:
         visible_shares=set(selectors.visible_shares(request.user).values_list("name", flat=True)),
     )
     return render(request, "dashboards/queue.html", context)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def api_token(request: HttpRequest) -> HttpResponse:
+    """Everyone's own API token: whether they have one, and a new one on POST (the old one
+    stops working), its key shown on that answer only."""
+    made = tokens.api_token_replace(request.user) if request.method == "POST" else None
+    context = {
+        **_nav(request),
+        "token": made or tokens.api_token_of(request.user),
+        "made": made,
+        "portal_url": request.build_absolute_uri("/").rstrip("/"),
+    }
+    return render(request, "dashboards/api_token.html", context)
 
 
 @require_GET
