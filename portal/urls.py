@@ -7,6 +7,7 @@ from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.permissions import AllowAny
 
+from awsbatch import pages as aws_pages
 from sso.views import provider_logout
 
 
@@ -50,5 +51,11 @@ urlpatterns = [
     # [\s\S], not ".": a path with a newline in it is no endpoint either.
     re_path(r"^api/(?P<rest>[\s\S]*)$", api_not_found),
     path("dash/notifications/", include("notifications.urls")),
+    path("dash/aws-keys/", aws_pages.access_keys, name="aws_access_keys"),
+    path(
+        "dash/aws-keys/<str:access_key_id>/revoke/",
+        aws_pages.access_key_revoke_view,
+        name="aws_access_key_revoke",
+    ),  # fmt: skip
     path("", include("dashboards.urls")),
 ]
