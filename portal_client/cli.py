@@ -302,19 +302,17 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
     raise SystemExit(f"unknown command {args.command!r}")
 
 
+# The exit status of each failure (EXIT_STATUS); each is one line on stderr.
+FAILURES: dict[type[Exception], int] = {
+    JobEnded: 1, PortalError: 2, TimeoutError: 3, PortalUnreachable: 4,
+}  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return run(args)
-    except PortalError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except TimeoutError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 3
-    except JobEnded as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    except PortalUnreachable as error:
-        print(f"error: {error}; {UNREACHABLE_HINT}", file=sys.stderr)
-        return 4
+    except tuple(FAILURES) as error:
+        hint = f"; {UNREACHABLE_HINT}" if isinstance(error, PortalUnreachable) else ""
+        print(f"error: {error}{hint}", file=sys.stderr)
+        return next(status for kind, status in FAILURES.items() if isinstance(error, kind))
