@@ -12,12 +12,12 @@ from rest_framework.authtoken.models import Token
 logger = logging.getLogger(__name__)
 
 
-def api_token_of(user) -> Token | None:
+def api_token_of(*, user) -> Token | None:
     """The user's token, if it has one (its key is not shown again)."""
     return Token.objects.filter(user=user).first()
 
 
-def api_token_replace(user) -> Token:
+def api_token_replace(*, user) -> Token:
     """A new API token for `user`, in place of the one it had: that one stops working at once.
     The key is the caller's to show, once."""
     with transaction.atomic():

@@ -227,10 +227,10 @@ def queue(request: HttpRequest) -> HttpResponse:
 def api_token(request: HttpRequest) -> HttpResponse:
     """Everyone's own API token: whether they have one, and a new one on POST (the old one
     stops working), its key shown on that answer only."""
-    made = tokens.api_token_replace(request.user) if request.method == "POST" else None
+    made = tokens.api_token_replace(user=request.user) if request.method == "POST" else None
     context = {
         **_nav(request),
-        "token": made or tokens.api_token_of(request.user),
+        "token": made or tokens.api_token_of(user=request.user),
         "made": made,
         "portal_url": request.build_absolute_uri("/").rstrip("/"),
     }

@@ -43,6 +43,7 @@ from scheduler.agent.protocol import (
     REGISTER_PATH,
     REPORT_PATH,
     START_PATH,
+    WORKING_DIR_MISSING,
 )
 from scheduler.agent.transport import PortalClient, PortalUnreachable
 
@@ -494,9 +495,8 @@ class Agent:
         # here already (the agent makes none: a missing one is a path or a mount gone wrong).
         working_dir = Path(order.get("working_dir") or checkpoint_dir)
         if not working_dir.is_dir():
-            self._end(attempt, end=END_NEVER_STARTED,
-                      detail=f"working directory {working_dir} is not a directory on node "
-                      f"{self.name}")  # fmt: skip
+            missing = WORKING_DIR_MISSING.format(path=working_dir, node=self.name)
+            self._end(attempt, end=END_NEVER_STARTED, detail=missing)
             return
         log_path = self.work_dir / "logs" / f"job-{job}-attempt-{order['number']}.log"
         env = {k: v for k, v in os.environ.items() if k not in PRIVATE_ENV}

@@ -42,6 +42,9 @@ NODE_DRAINING = "DRAINING"
 NODE_DOWN = "DOWN"
 NODE_STATES = (NODE_READY, NODE_DRAINING, NODE_DOWN)
 
+# Why an attempt never started where its job names a working directory the node does not have.
+WORKING_DIR_MISSING = "working directory {path} is not a directory on node {node}"
+
 # A log tail is a log's last this many characters: the agent sends no more, the portal keeps
 # no more.
 LOG_TAIL_CHARS = 8000

@@ -32,6 +32,7 @@ from scheduler.agent.protocol import (
     NODE_DOWN,
     NODE_DRAINING,
     NODE_READY,
+    WORKING_DIR_MISSING,
 )
 
 logger = logging.getLogger("scheduler.agent.slurm")
@@ -646,9 +647,12 @@ def batch_script(
     if working_dir:
         # As a node agent would say it, in the job's log (the attempt ends with exit code 1);
         # on every node of a gang, where slurmstepd would run a task in /tmp instead.
-        message = shlex.quote(f"gpu-portal: working directory {working_dir} is not a directory")
+        # The node's name is the shell's to fill in: echo puts it after the message.
+        message = shlex.quote(
+            "gpu-portal: " + WORKING_DIR_MISSING.format(path=working_dir, node="").rstrip()
+        )
         enter = (f'cd {shlex.quote(working_dir)} 2>/dev/null || '
-                 f'{{ echo {message} on node "$SLURMD_NODENAME" >&2; exit 1; }}')  # fmt: skip
+                 f'{{ echo {message} "$SLURMD_NODENAME" >&2; exit 1; }}')  # fmt: skip
         lines.append(enter)
         command = f"{enter}\n{command}" if gang else command
     if gang:

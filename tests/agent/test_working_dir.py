@@ -4,6 +4,7 @@ the node does not have fails the attempt before anything starts, saying which an
 
 from __future__ import annotations
 
+from scheduler.agent.protocol import WORKING_DIR_MISSING
 from tests.agent.offline import offline_agent, run_order
 
 # Says where it started and where its checkpoints go. Called as ./where.sh, so the agent must
@@ -46,7 +47,7 @@ def test_a_working_directory_the_node_does_not_have_fails_the_attempt_unstarted(
     agent.start({**run_order(1, 7, "touch started"), "working_dir": str(missing)})
     (event,) = agent.outbox
     assert (event["type"], event["end"]) == ("exited", "never_started")
-    assert event["detail"] == f"working directory {missing} is not a directory on node n"
+    assert event["detail"] == WORKING_DIR_MISSING.format(path=missing, node="n")
     assert not agent.processes and not missing.exists()
     a_file = tmp_path / "a-file"
     a_file.write_text("")
