@@ -26,10 +26,12 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from scheduler.version import VERSION
 
 DEFAULT_ADDRESS = "127.0.0.1:8000"
+SERVICE_TIMEOUT_SECONDS = 5
 REQUIRED = {
     "DATABASE_URL": "postgres://USER@HOST:5432/DB (the portal's PostgreSQL database)",
     "REDIS_URL": "redis://HOST:6379/0 (the Celery broker, the cycle's lock, the agents' wake-ups)",
@@ -83,10 +85,46 @@ def _address(env: dict[str, str]) -> tuple[str, int]:
 
 
 def _manage(env: dict[str, str], *args: str) -> None:
-    subprocess.run([sys.executable, "-m", "django", *args], check=True, env=env)
+    done = subprocess.run([sys.executable, "-m", "django", *args], env=env)
+    if done.returncode != 0:
+        sys.exit(f"gpu-portal-server: manage.py {args[0]} failed (exit {done.returncode}); "
+                 "its error is above.")  # fmt: skip
+
+
+def _where(url: str) -> str:
+    """A database or Redis URL without its user and password: host, port and what follows."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname or ''}{f':{parts.port}' if parts.port else ''}" + (
+        parts.path or ""
+    )
+
+
+def check_services(env: dict[str, str]) -> None:
+    """PostgreSQL and Redis answer, or one line says which does not and why: before `setup`,
+    where an unreachable database would otherwise be a pool's warnings for ten seconds, then
+    two tracebacks."""
+    import psycopg
+    import redis
+
+    try:
+        psycopg.connect(env["DATABASE_URL"].replace("pgsql://", "postgres://", 1),
+                        connect_timeout=SERVICE_TIMEOUT_SECONDS).close()  # fmt: skip
+    except psycopg.Error as error:
+        reason = str(error).strip().splitlines()[0]
+        sys.exit(f"gpu-portal-server: cannot reach PostgreSQL at DATABASE_URL "
+                 f"({_where(env['DATABASE_URL'])}): {reason}")  # fmt: skip
+    try:
+        client = redis.Redis.from_url(env["REDIS_URL"], socket_timeout=SERVICE_TIMEOUT_SECONDS,
+                                      socket_connect_timeout=SERVICE_TIMEOUT_SECONDS)  # fmt: skip
+        client.ping()
+        client.close()
+    except (redis.RedisError, ValueError) as error:
+        sys.exit(f"gpu-portal-server: cannot reach Redis at REDIS_URL "
+                 f"({_where(env['REDIS_URL'])}): {error}")  # fmt: skip
 
 
 def setup(env: dict[str, str]) -> None:
+    check_services(env)
     _manage(env, "migrate", "--no-input", "-v1")
     _manage(env, "collectstatic", "--no-input", "-v0")
 

@@ -100,6 +100,32 @@ def test_the_server_refuses_to_start_without_what_it_needs_and_says_what(env, sa
     assert result.returncode != 0 and says in result.stderr, result.stderr
 
 
+def test_setup_says_which_service_does_not_answer_without_a_traceback(tmp_path):
+    """Before migrating: one line naming PostgreSQL or Redis, where and why, and no password;
+    not ten seconds of a pool's warnings and two tracebacks."""
+    from django.conf import settings
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the production server runs on PostgreSQL (CI's database)")
+    port = free_port()  # nothing listens there
+    base = {**os.environ, "PORTAL_VAR_DIR": str(tmp_path), "REDIS_URL": settings.REDIS_URL}
+    cases = [
+        ({"DATABASE_URL": f"postgres://portal:s3cret@127.0.0.1:{port}/portal"},
+         f"gpu-portal-server: cannot reach PostgreSQL at DATABASE_URL "
+         f"(postgres://127.0.0.1:{port}/portal): connection failed: "),
+        ({"DATABASE_URL": database_url(), "REDIS_URL": f"redis://:s3cret@127.0.0.1:{port}/0"},
+         f"gpu-portal-server: cannot reach Redis at REDIS_URL (redis://127.0.0.1:{port}/0): "),
+    ]  # fmt: skip
+    for env, says in cases:
+        result = subprocess.run([sys.executable, "-m", "portal.server", "setup"], cwd=ROOT,
+                                env={**base, **env}, capture_output=True, text=True,
+                                timeout=60)  # fmt: skip
+        assert result.returncode == 1 and result.stderr.startswith(says), result.stderr
+        assert "Traceback" not in result.stderr and "s3cret" not in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+
+
 def _logged(tmp_path) -> list[dict]:
     lines = (tmp_path / "serve.log").read_text(errors="replace").splitlines()
     entries = []
