@@ -109,7 +109,8 @@ def test_setup_says_which_service_does_not_answer_without_a_traceback(tmp_path):
     if connection.vendor != "postgresql":
         pytest.skip("the production server runs on PostgreSQL (CI's database)")
     port = free_port()  # nothing listens there
-    base = {**os.environ, "PORTAL_VAR_DIR": str(tmp_path), "REDIS_URL": settings.REDIS_URL}
+    base = {**os.environ, "PORTAL_VAR_DIR": str(tmp_path), "REDIS_URL": settings.REDIS_URL,
+            "SECRET_KEY": "test-only-secret-key-0123456789-0123456789-0123456789"}  # fmt: skip
     cases = [
         ({"DATABASE_URL": f"postgres://portal:s3cret@127.0.0.1:{port}/portal"},
          f"gpu-portal-server: cannot reach PostgreSQL at DATABASE_URL "
