@@ -4,6 +4,7 @@ service; bad input is a 400 naming the field and the rule (the services' message
 
 from __future__ import annotations
 
+from django.db import models
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, serializers, status
@@ -53,16 +54,29 @@ class SubscriptionCreatedSerializer(SubscriptionSerializer):
         read_only_fields = fields
 
 
+def one_of(field: str, choices: type[models.TextChoices]) -> dict[str, str]:
+    """A ChoiceField's error that names the field and what it may be."""
+    allowed = ", ".join(choices.values)
+    return {"invalid_choice": f'{field}: "{{input}}" is none of {allowed}.'}
+
+
 class SubscriptionCreateSerializer(serializers.Serializer):
-    scope = serializers.ChoiceField(choices=Subscription.Scope.choices)
+    scope = serializers.ChoiceField(
+        choices=Subscription.Scope.choices, error_messages=one_of("scope", Subscription.Scope)
+    )
     share = serializers.CharField(
         max_length=63, required=False, allow_blank=True, default="",
         help_text="The share's name, for scope 'share': one of your teams' shares.",
     )  # fmt: skip
     kinds = serializers.ListField(
-        child=serializers.ChoiceField(choices=Kind.choices), allow_empty=False, max_length=20
+        child=serializers.ChoiceField(choices=Kind.choices, error_messages=one_of("kinds", Kind)),
+        allow_empty=False,
+        max_length=20,
     )
-    channel = serializers.ChoiceField(choices=Subscription.Channel.choices)
+    channel = serializers.ChoiceField(
+        choices=Subscription.Channel.choices,
+        error_messages=one_of("channel", Subscription.Channel),
+    )
     target = serializers.CharField(
         max_length=2000, required=False, allow_blank=True, default="",
         help_text="E-mail address (default: your account's) or the webhook's http(s) URL.",
@@ -87,7 +101,10 @@ class DeliverySerializer(serializers.ModelSerializer):
 
 
 class DeliveryFilterSerializer(serializers.Serializer):
-    state = serializers.ChoiceField(choices=Delivery.State.choices, required=False)
+    state = serializers.ChoiceField(
+        choices=Delivery.State.choices, required=False,
+        error_messages=one_of("state", Delivery.State),
+    )  # fmt: skip
 
 
 class SubscriptionListCreateView(generics.GenericAPIView):
