@@ -4,7 +4,6 @@ service; bad input is a 400 naming the field and the rule (the services' message
 
 from __future__ import annotations
 
-from django.db import models
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, serializers, status
@@ -14,6 +13,7 @@ from rest_framework.views import APIView
 
 from notifications import selectors, services
 from notifications.models import Delivery, Kind, Subscription
+from portal.choices import choice_errors
 from portal.pagination import Pagination
 
 SUBSCRIPTION_NOT_FOUND = "no subscription {subscription_id} among your subscriptions."
@@ -54,28 +54,25 @@ class SubscriptionCreatedSerializer(SubscriptionSerializer):
         read_only_fields = fields
 
 
-def one_of(field: str, choices: type[models.TextChoices]) -> dict[str, str]:
-    """A ChoiceField's error that names the field and what it may be."""
-    allowed = ", ".join(choices.values)
-    return {"invalid_choice": f'{field}: "{{input}}" is none of {allowed}.'}
-
-
 class SubscriptionCreateSerializer(serializers.Serializer):
     scope = serializers.ChoiceField(
-        choices=Subscription.Scope.choices, error_messages=one_of("scope", Subscription.Scope)
+        choices=Subscription.Scope.choices,
+        error_messages=choice_errors("scope", Subscription.Scope),
     )
     share = serializers.CharField(
         max_length=63, required=False, allow_blank=True, default="",
         help_text="The share's name, for scope 'share': one of your teams' shares.",
     )  # fmt: skip
     kinds = serializers.ListField(
-        child=serializers.ChoiceField(choices=Kind.choices, error_messages=one_of("kinds", Kind)),
+        child=serializers.ChoiceField(
+            choices=Kind.choices, error_messages=choice_errors("kinds", Kind)
+        ),
         allow_empty=False,
         max_length=20,
     )
     channel = serializers.ChoiceField(
         choices=Subscription.Channel.choices,
-        error_messages=one_of("channel", Subscription.Channel),
+        error_messages=choice_errors("channel", Subscription.Channel),
     )
     target = serializers.CharField(
         max_length=2000, required=False, allow_blank=True, default="",
@@ -103,7 +100,7 @@ class DeliverySerializer(serializers.ModelSerializer):
 class DeliveryFilterSerializer(serializers.Serializer):
     state = serializers.ChoiceField(
         choices=Delivery.State.choices, required=False,
-        error_messages=one_of("state", Delivery.State),
+        error_messages=choice_errors("state", Delivery.State),
     )  # fmt: skip
 
 

@@ -13,6 +13,7 @@ from rest_framework.fields import SkipField
 from rest_framework.relations import PKOnlyObject, RelatedField
 from rest_framework.utils.serializer_helpers import BindingDict
 
+from portal.choices import choice_errors
 from scheduler.engine import order
 from scheduler.models import (
     EXPECTED_RANGE,
@@ -627,7 +628,9 @@ class JobUpdateSerializer(serializers.Serializer):
 
 class JobListFilterSerializer(serializers.Serializer):
     share = serializers.CharField(required=False, max_length=63)
-    state = serializers.MultipleChoiceField(choices=Job.State.choices, required=False)
+    state = serializers.MultipleChoiceField(
+        choices=Job.State.choices, required=False, error_messages=choice_errors("state", Job.State)
+    )
     submitted_by = serializers.CharField(required=False, max_length=150)
     since = serializers.DateTimeField(required=False)
     gpu_type = serializers.CharField(required=False, max_length=32)
@@ -780,7 +783,10 @@ class ShareWriteSerializer(serializers.Serializer):
     team = serializers.SlugField(max_length=50, help_text="The team's slug.")
     capacity_limits = CapacityLimitsField(child=serializers.IntegerField(min_value=1))
     lend_limit = DocumentedLendLimitField(required=False, allow_null=True)
-    strategy = serializers.ChoiceField(choices=QuotaShare.Strategy.choices, required=False)
+    strategy = serializers.ChoiceField(
+        choices=QuotaShare.Strategy.choices, required=False,
+        error_messages=choice_errors("strategy", QuotaShare.Strategy),
+    )  # fmt: skip
     borrow_limit = serializers.IntegerField(required=False, min_value=-1, max_value=MAX_INT)
     in_share_preemption = serializers.BooleanField(required=False)
     grace_seconds = serializers.IntegerField(
@@ -792,7 +798,10 @@ class ShareWriteSerializer(serializers.Serializer):
         max_value=MAX_MIN_RUNTIME_SECONDS,
         help_text="A job of the share is no victim of a preemption before it has run this long.",
     )
-    state = serializers.ChoiceField(choices=QuotaShare.State.choices, required=False)
+    state = serializers.ChoiceField(
+        choices=QuotaShare.State.choices, required=False,
+        error_messages=choice_errors("state", QuotaShare.State),
+    )  # fmt: skip
     weight = serializers.FloatField(required=False, min_value=0.000001, max_value=1e6)
     strict_fifo = serializers.BooleanField(required=False)
 

@@ -247,7 +247,8 @@ def test_unknown_or_huge_job_id_is_404(world):
 
 def test_list_filters_are_checked(world):
     bob = world.client("bob")
-    assert bob.get(JOBS, {"state": "BOGUS"}).status_code == 400
+    assert_error(bob.get(JOBS, {"state": "BOGUS"}), 400, "state",
+                 'state: "BOGUS" is none of ' + ", ".join(Job.State.values) + ".")  # fmt: skip
     assert "since" in bob.get(JOBS, {"since": "yesterday"}).json()
     assert bob.get(JOBS, {"page": 99}).status_code == 404
 
@@ -338,6 +339,12 @@ def test_a_job_keeps_its_working_directory_and_shows_it(world):
     described = world.client("bob").get(f"{JOBS}{response.json()['id']}/").json()
     assert response.json()["working_dir"] == described["working_dir"] == path
     assert submit(world, name="anywhere").json()["working_dir"] == ""
+
+
+def test_a_share_strategy_that_is_none_is_refused_naming_the_three(world):
+    response = create_share(world, strategy="SHARE")
+    assert_error(response, 400, "strategy",
+                 'strategy: "SHARE" is none of RESERVE, LEND, LEND_AND_BORROW.')  # fmt: skip
 
 
 def test_share_create_rules(world):
