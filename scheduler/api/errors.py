@@ -7,6 +7,7 @@ from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import exceptions, status
+from rest_framework.exceptions import ErrorDetail
 from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
@@ -69,6 +70,22 @@ def django_validation_detail(error: DjangoValidationError) -> dict[str, list[str
     return {"non_field_errors": error.messages}
 
 
+# Keys of a 400's body that name no field.
+NOT_FIELDS = ("non_field_errors", "detail")
+
+
+def _named(field: str, detail):
+    """Each message under `field` begins with "field: ", as the API's own messages do, so
+    that one DRF writes itself ("A valid integer is required.") names its field too."""
+    if isinstance(detail, list):
+        return [_named(field, item) for item in detail]
+    if isinstance(detail, dict):
+        return {key: _named(field, value) for key, value in detail.items()}
+    if str(detail).startswith(f"{field}:"):
+        return detail
+    return ErrorDetail(f"{field}: {detail}", code=getattr(detail, "code", None))
+
+
 def api_exception_handler(exc, context):
     if isinstance(exc, RequestDataTooBig):
         # Django's own check fired first (the body was already read): same 413.
@@ -79,4 +96,9 @@ def api_exception_handler(exc, context):
         return Response(
             {"client_token": [str(exc)], "job_id": exc.job.pk}, status=status.HTTP_409_CONFLICT
         )
+    if isinstance(exc, exceptions.ValidationError) and isinstance(exc.detail, dict):
+        exc.detail = {
+            key: value if key in NOT_FIELDS else _named(key, value)
+            for key, value in exc.detail.items()
+        }
     return exception_handler(exc, context)

@@ -92,7 +92,9 @@ GPU_TYPE_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
 
 
 def _range(message: str) -> dict[str, str]:
-    return {"min_value": message, "max_value": message}
+    """An integer field's errors: whatever is not a whole number in its range breaks its rule."""
+    return {"min_value": message, "max_value": message, "invalid": message,
+            "max_string_length": message}  # fmt: skip
 
 
 # The mixins' docs are comments, not docstrings: drf-spectacular describes a serializer that has

@@ -341,6 +341,24 @@ def test_a_job_keeps_its_working_directory_and_shows_it(world):
     assert submit(world, name="anywhere").json()["working_dir"] == ""
 
 
+@pytest.mark.parametrize(
+    ("body", "field", "message"),
+    [
+        ({"gpus": "abc"}, "gpus", s.GPUS_RANGE),
+        ({"priority": "high"}, "priority", PRIORITY_RANGE),
+        ({"timeout_seconds": 1.5}, "timeout_seconds", TIMEOUT_RANGE),
+        ({"gpus": "9" * 1001}, "gpus", s.GPUS_RANGE),
+        ({"nodes": None}, "nodes", "nodes: This field may not be null."),
+        ({"preemptible": "maybe"}, "preemptible", "preemptible: Must be a valid boolean."),
+        ({"share": None}, "share", "share: This field may not be null."),
+    ],
+)
+def test_whatever_drf_itself_refuses_names_its_field_and_rule(world, body, field, message):
+    """A whole number that is none is refused with its range; DRF's own messages (a wrong
+    type, a null) begin with the field's name, as the API's do."""
+    assert_error(submit(world, **body), 400, field, message)
+
+
 def test_a_share_strategy_that_is_none_is_refused_naming_the_three(world):
     response = create_share(world, strategy="SHARE")
     assert_error(response, 400, "strategy",
