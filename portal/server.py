@@ -109,7 +109,9 @@ def check_services(env: dict[str, str]) -> None:
     try:
         psycopg.connect(env["DATABASE_URL"].replace("pgsql://", "postgres://", 1),
                         connect_timeout=SERVICE_TIMEOUT_SECONDS).close()  # fmt: skip
-    except psycopg.Error as error:
+    except psycopg.ProgrammingError:
+        pass  # options libpq does not take, Django's (?conn_max_age=...): migrate tells
+    except psycopg.OperationalError as error:  # refused, timed out, refused the login, no such db
         reason = str(error).strip().splitlines()[0]
         sys.exit(f"gpu-portal-server: cannot reach PostgreSQL at DATABASE_URL "
                  f"({_where(env['DATABASE_URL'])}): {reason}")  # fmt: skip

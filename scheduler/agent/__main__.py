@@ -280,7 +280,7 @@ def main_slurm(argv: list[str]) -> int:
     if slurm_conf and not Path(slurm_conf).is_file():
         # Slurm's own commands would retry reading it for a minute before saying so.
         print(f"error: SLURM_CONF={slurm_conf}: no such file; it names the cluster's "
-              "slurm.conf (unset, Slurm's commands find it as they do for any user).",
+              "slurm.conf (unset it, and Slurm's commands find theirs as for any user).",
               file=sys.stderr)  # fmt: skip
         return 2
     default_type, node_types = _gpu_types(args.gpu_type)
