@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -49,7 +50,10 @@ def main() -> int:
         if stop:
             break
         step += 1
-        tmp = directory / "checkpoint.tmp"
+        # A gang runs this on each of its nodes, all in the same checkpoint directory: each
+        # process writes its own file, then renames it over the checkpoint (atomic), so no
+        # process renames away a file another was about to rename.
+        tmp = directory / f"checkpoint.{socket.gethostname()}.{os.getpid()}.tmp"
         tmp.write_text(str(step))
         tmp.replace(checkpoint)
     if stop:
