@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from awsbatch.models import AccessKey
@@ -50,6 +50,30 @@ def _cipher_for(secret_key: str, fallbacks: tuple[str, ...]) -> MultiFernet:
 class NewKey:
     key: AccessKey
     secret: str  # shown once
+
+
+# As many as a user may make for themselves, revoked ones not counted (AWS's IAM allows two);
+# an admin may make more (the admin, `manage.py aws_access_key`).
+MAX_OWN_ACTIVE_KEYS = 2
+TOO_MANY_KEYS = (
+    f"You have {MAX_OWN_ACTIVE_KEYS} active access keys: revoke one before making another."
+)
+
+
+class TooManyKeys(Exception):
+    pass
+
+
+def access_key_create_own(*, user, description: str = "") -> NewKey:
+    """A new access key a user makes for themselves: TooManyKeys when they hold
+    MAX_OWN_ACTIVE_KEYS active ones already. Their user row is locked while the keys are
+    counted, so two requests at once cannot both pass the count."""
+    with transaction.atomic():
+        get_user_model().objects.select_for_update().only("pk").get(pk=user.pk)
+        active = AccessKey.objects.filter(user=user, revoked_at__isnull=True).count()
+        if active >= MAX_OWN_ACTIVE_KEYS:
+            raise TooManyKeys(TOO_MANY_KEYS)
+        return access_key_create(user=user, description=description)
 
 
 def access_key_create(*, user, description: str = "") -> NewKey:

@@ -10,15 +10,12 @@ from django.shortcuts import redirect, render
 from django.urls import reverse_lazy
 from django.views.decorators.http import require_http_methods, require_POST
 
-from awsbatch.keys import access_key_create, access_key_revoke
+from awsbatch.keys import TooManyKeys, access_key_create_own, access_key_revoke
 from awsbatch.models import AccessKey
 from dashboards.selectors import navigation
 
 login_required = _login_required(login_url=reverse_lazy("dashboards:login"))
 MAX_DESCRIPTION_CHARS = AccessKey._meta.get_field("description").max_length
-# As many as a user may hold at once, revoked ones not counted (AWS's IAM allows two).
-MAX_ACTIVE_KEYS = 2
-TOO_MANY_KEYS = f"You have {MAX_ACTIVE_KEYS} active access keys: revoke one before making another."
 
 
 @login_required
@@ -28,11 +25,11 @@ def access_keys(request: HttpRequest) -> HttpResponse:
     made, error, status = None, "", 200
     keys = AccessKey.objects.filter(user=request.user)
     if request.method == "POST":
-        if keys.filter(revoked_at__isnull=True).count() >= MAX_ACTIVE_KEYS:
-            error, status = TOO_MANY_KEYS, 400
-        else:
-            description = request.POST.get("description", "").strip()[:MAX_DESCRIPTION_CHARS]
-            made = access_key_create(user=request.user, description=description)
+        description = request.POST.get("description", "").strip()[:MAX_DESCRIPTION_CHARS]
+        try:
+            made = access_key_create_own(user=request.user, description=description)
+        except TooManyKeys as refused:
+            error, status = str(refused), 400
     context = {
         **navigation(request.user),
         "keys": keys.order_by("-created_at"),

@@ -94,9 +94,15 @@ def _manage(env: dict[str, str], *args: str) -> None:
 def _where(url: str) -> str:
     """A database or Redis URL without its user and password: host, port and what follows."""
     parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.hostname or ''}{f':{parts.port}' if parts.port else ''}" + (
-        parts.path or ""
-    )
+    port = _port(parts)
+    return f"{parts.scheme}://{parts.hostname or ''}{f':{port}' if port else ''}{parts.path}"
+
+
+def _port(parts) -> int | None:
+    try:
+        return parts.port
+    except ValueError:  # not a number: the error says why the URL is refused
+        return None
 
 
 def check_services(env: dict[str, str]) -> None:

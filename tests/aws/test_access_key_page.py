@@ -7,9 +7,8 @@ import re
 
 import pytest
 
-from awsbatch.keys import access_key_secret, active_key
+from awsbatch.keys import TOO_MANY_KEYS, access_key_secret, active_key
 from awsbatch.models import AccessKey
-from awsbatch.pages import TOO_MANY_KEYS
 
 pytestmark = pytest.mark.django_db
 
