@@ -14,14 +14,13 @@ from __future__ import annotations
 from rest_framework import permissions
 from rest_framework.exceptions import PermissionDenied
 
-from scheduler.jobs.selectors import user_role_for_share
+from scheduler.jobs.selectors import CANCEL_REFUSED, may_cancel, user_role_for_share
 from scheduler.models import Job
 from shares.models import Membership
 from shares.selectors import is_admin
 
 ADMIN_ONLY = "only admins may {action}."
 LEAD_ONLY = "only a lead of team {team} (or an admin) may {action} this job."
-OWN_OR_LEAD = "only the job's submitter, a lead of team {team} or an admin may {action} this job."
 
 
 class IsAdmin(permissions.BasePermission):
@@ -44,9 +43,6 @@ def require_can_update_job(user, job: Job) -> None:
 
 
 def require_can_cancel_job(user, job: Job) -> None:
-    role = user_role_for_share(user, job.share)
-    if role in ("ADMIN", Membership.Role.LEAD):
+    if may_cancel(user, job):
         return
-    if role == Membership.Role.MEMBER and job.submitted_by_id == user.pk:
-        return
-    raise PermissionDenied(OWN_OR_LEAD.format(team=job.share.team.slug, action="cancel"))
+    raise PermissionDenied(CANCEL_REFUSED.format(team=job.share.team.slug))

@@ -170,6 +170,17 @@ def user_role_for_share(user, share: QuotaShare) -> str | None:
     )
 
 
+CANCEL_REFUSED = "only the job's submitter, a lead of team {team} or an admin may cancel this job."
+
+
+def may_cancel(user, job: Job) -> bool:
+    """Who may cancel a job: its submitter, a lead of its share's team, or an admin."""
+    role = user_role_for_share(user, job.share)
+    if role in ("ADMIN", Membership.Role.LEAD):
+        return True
+    return role == Membership.Role.MEMBER and job.submitted_by_id == user.pk
+
+
 # --- Submit -----------------------------------------------------------------------------------
 
 
