@@ -817,7 +817,74 @@ def share_jobs(share: QuotaShare, limit: int = 100):
         .select_related("submitted_by")
         .order_by("-submitted_at")[: max(0, limit - len(active))]
     )
-    held = job_selectors.held_off(Job.objects.filter(pk__in=[job.pk for job in active]))
-    for job in active + ended:
-        job.held_off_until = held.get(job.pk)
+    mark_held_off(active + ended)
     return active + ended
+
+
+# --- Jobs, for everyone who submits -------------------------------------------------------------
+
+JOBS_PER_PAGE = 50
+AHEAD_SHOWN = 20  # jobs ahead listed on a waiting job's page
+
+
+def jobs_of(user, *, mine: bool, state: str | None) -> QuerySet[Job]:
+    """The jobs `user` submitted (`mine`), or every job they may see (their teams' shares;
+    every job for an admin), newest first, in `state` when given."""
+    return job_selectors.job_list(
+        user=user,
+        states=[state] if state else None,
+        submitted_by=user.get_username() if mine else None,
+    )
+
+
+def mark_held_off(jobs: Iterable[Job]) -> None:
+    """Set `held_off_until` on each job: until when the churn breaker keeps it off borrowed
+    GPUs, or None."""
+    jobs = list(jobs)
+    held = job_selectors.held_off(Job.objects.filter(pk__in=[job.pk for job in jobs]))
+    for job in jobs:
+        job.held_off_until = held.get(job.pk)
+
+
+@dataclass(frozen=True)
+class AttemptRow:
+    attempt: JobAttempt
+    gpus: list[tuple[str, list[int]]]  # (node, GPU indices), in the order given
+
+
+@dataclass(frozen=True)
+class JobPage:
+    """What a job's page shows: the job (with `held_off_until`), its attempts newest first,
+    its events in order, where it stands in the queue, and whether the viewer may cancel it
+    (`cancellable`: may, and there is something left to cancel)."""
+
+    job: Job
+    attempts: list[AttemptRow]
+    events: list
+    ahead: job_selectors.Ahead
+    may_cancel: bool
+
+    @property
+    def cancellable(self) -> bool:
+        return self.may_cancel and not self.job.is_final and not self.job.cancel_requested
+
+
+def job_page(user, job_id: int) -> JobPage | None:
+    """The job as `user` may see it (`job_selectors.job_detail`), or None."""
+    job = job_selectors.job_detail(user=user, job_id=job_id)
+    if job is None:
+        return None
+    mark_held_off([job])
+    attempts = []
+    for attempt in reversed(job.attempt_list):
+        by_node: dict[str, list[int]] = {}
+        for node, index in attempt.gpu_list:
+            by_node.setdefault(node, []).append(index)
+        attempts.append(AttemptRow(attempt, list(by_node.items())))
+    return JobPage(
+        job=job,
+        attempts=attempts,
+        events=job.event_list,
+        ahead=job_selectors.jobs_ahead(job, limit=AHEAD_SHOWN),
+        may_cancel=job_selectors.may_cancel(user, job),
+    )

@@ -7,17 +7,23 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required as _login_required
+from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.urls import reverse_lazy
 from django.utils import timezone
-from django.views.decorators.http import require_GET, require_http_methods
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from dashboards import figures, selectors, tokens
 from dashboards.metrics import metrics_allowed, metrics_text
+from scheduler.jobs.selectors import CANCEL_REFUSED
+from scheduler.jobs.services import job_cancel
+from scheduler.models import Job
 from shares.selectors import current_usage
 
 NOT_A_LEAD = "The dashboards are for team leads and admins."
+NO_SUCH_JOB = "No job {job} among the jobs you may see."
+UNKNOWN_STATE = "state: {value!r} is not a job state; showing jobs in every state."
 METRICS_FORBIDDEN = (
     "metrics: send Authorization: Bearer <METRICS_TOKEN>, or scrape from an address in "
     "METRICS_ALLOWED_NETS.\n"
@@ -65,8 +71,8 @@ def _nav(request: HttpRequest) -> dict:
 def overview(request: HttpRequest) -> HttpResponse:
     """Cluster overview: capacity against use now, use over time by share, idle lendable GPUs,
     the nodes that hold GPUs back, the queue."""
-    if refused := _not_for_this_user(request):
-        return refused
+    if not selectors.can_view_dashboards(request.user):
+        return redirect("dashboards:jobs")  # a member's own jobs are what they come for
     now, time_range, resolution, context = _range_context(request)
     usage = current_usage()
     gpu_now = selectors.cluster_now(usage)
@@ -220,6 +226,59 @@ def queue(request: HttpRequest) -> HttpResponse:
         visible_shares=set(selectors.visible_shares(request.user).values_list("name", flat=True)),
     )
     return render(request, "dashboards/queue.html", context)
+
+
+@login_required
+@require_GET
+def jobs(request: HttpRequest) -> HttpResponse:
+    """Everyone's jobs page: the jobs they submitted (`?whose=mine`, the default) or every job of
+    their teams' shares (`whose=teams`; every job for an admin), newest first, in one state
+    (`state=`) or all, 50 a page."""
+    mine = request.GET.get("whose") != "teams"
+    state = request.GET.get("state") or None
+    error = None
+    if state is not None and state not in Job.State.values:
+        error, state = UNKNOWN_STATE.format(value=state), None
+    page = Paginator(selectors.jobs_of(request.user, mine=mine, state=state),
+                     selectors.JOBS_PER_PAGE).get_page(request.GET.get("page"))  # fmt: skip
+    selectors.mark_held_off(page.object_list)
+    context = {
+        **_nav(request),
+        "page": page,
+        "mine": mine,
+        "state": state,
+        "states": Job.State.values,
+        "error": error,
+    }
+    return render(request, "dashboards/jobs.html", context)
+
+
+@login_required
+@require_GET
+def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
+    """One job as its submitter follows it: state and reason, estimated start, who is ahead,
+    its attempts (nodes, GPUs, outcome, the end of the log) and every state change with its
+    reason; a cancel button for whoever may cancel it."""
+    page = selectors.job_page(request.user, job_id)
+    if page is None:
+        raise Http404(NO_SUCH_JOB.format(job=job_id))
+    return render(request, "dashboards/job.html", {**_nav(request), "page": page})
+
+
+@login_required
+@require_POST
+def job_cancel_view(request: HttpRequest, job_id: int) -> HttpResponse:
+    """Cancel from the job's page (the rule and its effects are the API's: `job_cancel`)."""
+    page = selectors.job_page(request.user, job_id)
+    if page is None:
+        raise Http404(NO_SUCH_JOB.format(job=job_id))
+    if not page.may_cancel:
+        return render(request, "dashboards/job.html",
+                      {**_nav(request), "page": page,
+                       "error": CANCEL_REFUSED.format(team=page.job.share.team.slug)},
+                      status=403)  # fmt: skip
+    job_cancel(job=page.job, user=request.user)
+    return redirect("dashboards:job", job_id=job_id)
 
 
 @login_required

@@ -314,3 +314,31 @@ def test_the_queue_page_draws_the_next_hours_of_each_gpu_type(live_server, brows
     assert bars["x"] == [1_800_000]
     assert page.locator("#fig-queue-h100 .bars path").count() == 1
     page.screenshot(path=str(SCREENSHOTS / "queue-chart.png"), full_page=True)
+
+
+def test_a_member_follows_and_cancels_their_job_in_the_browser(
+    live_server, browser_page, research_share, bob
+):
+    """bob, a member, signs in, lands on his jobs, opens his waiting job (its reason on the
+    page), filters by state with the select (which submits itself), and cancels the job."""
+    Node.objects.create(name="h0", gpu_type="h100", gpus=8)
+    job = Job.objects.create(
+        share=research_share, submitted_by=bob, gpu_type="h100", gpus=8, command="train",
+        name="sweep", state=Job.State.RUNNABLE, reason="waiting for the next cycle",
+    )  # fmt: skip
+    page = browser_page
+    page.goto(f"{live_server.url}/dash/login/")
+    page.fill("input[name=username]", "bob")
+    page.fill("input[name=password]", "pw-bob-1234")
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{live_server.url}/dash/jobs/")
+    page.select_option("select[name=state]", "RUNNABLE")
+    page.wait_for_url(re.compile(r".*state=RUNNABLE.*"))
+    page.click(f"a[href='/dash/jobs/{job.pk}/']")
+    page.wait_for_url(f"{live_server.url}/dash/jobs/{job.pk}/")
+    assert "waiting for the next cycle" in page.inner_text("#state")
+    page.screenshot(path=str(SCREENSHOTS / "job.png"), full_page=True)
+    page.click("#cancel button")
+    page.wait_for_selector("#state >> text=CANCELLED")
+    assert "cancelled by bob" in page.inner_text("#state")
+    assert page.locator("#cancel").count() == 0

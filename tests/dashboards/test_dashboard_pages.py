@@ -81,16 +81,18 @@ def test_a_login_with_no_page_to_go_back_to_lands_on_the_dashboards(client, clus
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("url", ["/dash/", "/dash/queue/", "/dash/shares/research/"])
+@pytest.mark.parametrize("url", ["/dash/queue/", "/dash/shares/research/"])
 def test_members_and_outsiders_see_no_dashboard(client, cluster, bob, oscar, url):
     """bob is a member (not a lead) of ml-research; oscar belongs to no team. Their page says
-    why, and where they can go instead; their header links to no page they may not see."""
+    why, and where they can go instead (their jobs first); their header links to no page they
+    may not see. (The cluster page sends them to their jobs: test_job_pages.)"""
     for user in (bob, oscar):
         client.force_login(user)
         response = client.get(url)
         assert response.status_code == 403
         page = response.content.decode()
         assert NOT_A_LEAD in page and 'href="/dash/notifications/"' in page
+        assert 'href="/dash/jobs/"' in page
         assert 'href="/api/docs/"' in page
         assert 'href="/dash/queue/"' not in page and ">Cluster<" not in page
 

@@ -125,7 +125,7 @@ def test_groups_that_change_between_two_logins_change_teams_and_roles(
     assert second.groups == ["gpu-research"]
     assert second.memberships == {"ml-research": "MEMBER"} and not second.admin
     assert second.changes == ["joined ml-research as member", "left vision", "no longer an admin"]
-    assert page.goto(f"{live_server.url}/dash/").status == 403  # a member is no lead
+    assert page.goto(f"{live_server.url}/dash/queue/").status == 403  # a member is no lead
 
 
 def test_memberships_of_teams_no_mapping_names_are_left_alone(

@@ -1,0 +1,158 @@
+"""The jobs pages every signed-in user has (a member included): their jobs and their teams',
+one job's page (why it waits, until when, who is ahead, its attempts and state changes), and
+cancelling from it. The real database; cycles by `cycle_run()`, agents played through the node
+services."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+from django.utils.html import escape
+
+from dashboards.views import NO_SUCH_JOB, UNKNOWN_STATE
+from scheduler.cycle.estimates import estimates_refresh
+from scheduler.cycle.run import cycle_run
+from scheduler.jobs.selectors import CANCEL_REFUSED
+from scheduler.jobs.services import CANCELLED_BY_USER, job_submit
+from scheduler.models import Job, JobAttempt, Node
+from scheduler.nodes.attempts import attempt_started
+from scheduler.nodes.services import node_orders
+from tests.conftest import make_node
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def node(db):
+    """One node of 8 h100: a job of 8 runs, the next waits."""
+    return make_node("node-0")
+
+
+def submit(user, share: str = "research", gpus: int = 8, **fields) -> Job:
+    job, _ = job_submit(
+        user=user, share_name=share, gpu_type="h100", gpus=gpus, command="python train.py",
+        **fields,
+    )  # fmt: skip
+    return job
+
+
+def start(job: Job) -> JobAttempt:
+    attempt = JobAttempt.objects.filter(job=job).order_by("-number").first()
+    node = Node.objects.get(name=attempt.allocations[0]["node"])
+    node_orders(node=node)
+    attempt_started(node=node, attempt_id=attempt.pk)
+    return attempt
+
+
+def page_of(user, url: str):
+    client = Client()
+    client.force_login(user)
+    return client, client.get(url)
+
+
+def test_a_member_lands_on_their_jobs_and_may_show_their_teams(world):
+    """bob (a member of ml-research) signs in and lands on his own jobs, not on a refusal;
+    "my teams'" adds his lead's jobs, never another team's."""
+    mine = submit(world.bob, name="bob-sweep")
+    lead = submit(world.alice, name="alice-run")
+    other = submit(world.carol, "vision", name="carol-eval")
+    client = Client()
+    response = client.post("/dash/login/", {"username": "bob", "password": "pw-bob-1234"})
+    assert response.url == "/dash/"
+    response = client.get("/dash/", follow=True)
+    assert response.redirect_chain == [("/dash/jobs/", 302)]
+    page = response.content.decode()
+    assert f'href="/dash/jobs/{mine.pk}/"' in page and "bob-sweep" in page
+    assert "alice-run" not in page and "carol-eval" not in page
+    page = client.get("/dash/jobs/?whose=teams").content.decode()
+    assert f'href="/dash/jobs/{lead.pk}/"' in page and "bob-sweep" in page
+    assert f"/dash/jobs/{other.pk}/" not in page and "carol-eval" not in page
+
+
+def test_the_jobs_list_filters_by_state_and_says_when_the_state_is_none(world):
+    running = submit(world.bob, name="first")
+    waiting = submit(world.bob, name="second")
+    cycle_run(force=True)
+    start(running)
+    client, response = page_of(world.bob, "/dash/jobs/?state=RUNNABLE")
+    page = response.content.decode()
+    assert f"/dash/jobs/{waiting.pk}/" in page and f"/dash/jobs/{running.pk}/" not in page
+    page = client.get("/dash/jobs/?state=RUNNING").content.decode()
+    assert f"/dash/jobs/{running.pk}/" in page and f"/dash/jobs/{waiting.pk}/" not in page
+    response = client.get("/dash/jobs/?state=running")
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert escape(UNKNOWN_STATE.format(value="running")) in page
+    assert f"/dash/jobs/{running.pk}/" in page and f"/dash/jobs/{waiting.pk}/" in page
+
+
+def test_a_waiting_job_says_why_until_when_and_who_is_ahead(world):
+    """alice's job runs; alice's second and bob's job wait behind it, bob's second in line,
+    with the estimate the refresh made."""
+    running = submit(world.alice, expected_seconds=600)
+    cycle_run(force=True)
+    attempt = start(running)
+    first = submit(world.alice, expected_seconds=300)
+    mine = submit(world.bob, expected_seconds=300)
+    cycle_run(force=True)
+    estimates_refresh()
+    _client, response = page_of(world.bob, f"/dash/jobs/{mine.pk}/")
+    assert response.status_code == 200
+    page = response.content.decode()
+    mine.refresh_from_db()
+    assert mine.state == Job.State.RUNNABLE and mine.reason and escape(mine.reason) in page
+    assert f"{mine.estimated_start:%Y-%m-%d %H:%M} UTC" in page and "on node-0" in page
+    assert "Position <b>2</b> in the h100 queue" in page
+    assert "1 job ahead, asking for 8 GPUs" in page and f"<td>#{first.pk}</td>" in page
+    assert "python train.py" in page
+    # What happened to it, each change with its reason.
+    for event in mine.events.all():
+        assert escape(event.reason) in page
+    # The running job's page: its attempt's node and GPUs.
+    _client, response = page_of(world.bob, f"/dash/jobs/{running.pk}/")
+    page = response.content.decode()
+    assert "node-0: 0,1,2,3,4,5,6,7" in page and attempt.number == 1
+
+
+def test_a_member_cancels_their_own_job_but_not_their_leads(world):
+    mine = submit(world.bob)
+    leads = submit(world.alice)
+    client, response = page_of(world.bob, f"/dash/jobs/{mine.pk}/")
+    assert 'id="cancel"' in response.content.decode()
+    assert 'id="cancel"' not in client.get(f"/dash/jobs/{leads.pk}/").content.decode()
+
+    response = client.post(f"/dash/jobs/{mine.pk}/cancel/")
+    assert response.status_code == 302 and response.url == f"/dash/jobs/{mine.pk}/"
+    mine.refresh_from_db()
+    assert mine.state == Job.State.CANCELLED
+    assert mine.reason == CANCELLED_BY_USER.format(user=world.bob)
+    assert 'id="cancel"' not in client.get(response.url).content.decode()
+
+    response = client.post(f"/dash/jobs/{leads.pk}/cancel/")
+    assert response.status_code == 403
+    assert escape(CANCEL_REFUSED.format(team="ml-research")) in response.content.decode()
+    leads.refresh_from_db()
+    assert leads.state != Job.State.CANCELLED
+    # The lead may cancel a member's job.
+    client, _ = page_of(world.alice, "/dash/jobs/")
+    client.post(f"/dash/jobs/{leads.pk}/cancel/")
+    assert Job.objects.get(pk=leads.pk).state == Job.State.CANCELLED
+
+
+def test_another_teams_job_is_not_found(world):
+    job = submit(world.alice)
+    for user in (world.oscar, world.carol):
+        client, response = page_of(user, f"/dash/jobs/{job.pk}/")
+        assert response.status_code == 404
+        assert client.post(f"/dash/jobs/{job.pk}/cancel/").status_code == 404
+        assert Job.objects.get(pk=job.pk).state != Job.State.CANCELLED
+    assert NO_SUCH_JOB.format(job=job.pk) == f"No job {job.pk} among the jobs you may see."
+    _client, response = page_of(world.oscar, "/dash/jobs/")
+    assert "You have submitted no job" in response.content.decode()
+
+
+def test_cancelling_needs_a_post(world):
+    job = submit(world.bob)
+    client, _ = page_of(world.bob, "/dash/jobs/")
+    assert client.get(f"/dash/jobs/{job.pk}/cancel/").status_code == 405
+    assert Job.objects.get(pk=job.pk).state != Job.State.CANCELLED
