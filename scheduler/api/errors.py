@@ -10,6 +10,7 @@ from rest_framework import exceptions, status
 from rest_framework.exceptions import ErrorDetail
 from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
+from rest_framework.serializers import Serializer
 from rest_framework.views import exception_handler
 
 from scheduler.jobs.services import ClientTokenConflict
@@ -21,6 +22,13 @@ BODY_TOO_LARGE = (
 
 
 JSON_TOO_DEEP = "JSON parse error - the body nests arrays or objects too deeply."
+BODY_NOT_AN_OBJECT = "body: must be a JSON object of named fields, not {what}."
+BODY_EMPTY = "body: is empty or null; send a JSON object of named fields."
+# What DRF says of a body that is no JSON object ("... but got list.") or is none at all.
+_DRF_NOT_AN_OBJECT = str(Serializer.default_error_messages["invalid"]).split("{", 1)[0]
+_DRF_NO_DATA = "No data provided"
+_JSON_KINDS = {"list": "an array", "str": "a string", "int": "a number", "float": "a number",
+               "bool": "true or false"}  # fmt: skip
 
 
 class PayloadTooLarge(exceptions.APIException):
@@ -74,6 +82,17 @@ def django_validation_detail(error: DjangoValidationError) -> dict[str, list[str
 NOT_FIELDS = ("non_field_errors", "detail")
 
 
+def _about_the_body(detail):
+    """DRF's words for a body that is not a JSON object, or is empty, in the API's words."""
+    text = str(detail)
+    if text.startswith(_DRF_NOT_AN_OBJECT):
+        kind = text[len(_DRF_NOT_AN_OBJECT) :].rstrip(".")
+        return ErrorDetail(BODY_NOT_AN_OBJECT.format(what=_JSON_KINDS.get(kind, kind)), "invalid")
+    if text == _DRF_NO_DATA:
+        return ErrorDetail(BODY_EMPTY, "null")
+    return detail
+
+
 def _named(field: str, detail):
     """Each message under `field` begins with "field: ", as the API's own messages do, so
     that one DRF writes itself ("A valid integer is required.") names its field too."""
@@ -101,4 +120,8 @@ def api_exception_handler(exc, context):
             key: value if key in NOT_FIELDS else _named(key, value)
             for key, value in exc.detail.items()
         }
+        if isinstance(exc.detail.get("non_field_errors"), list):
+            exc.detail["non_field_errors"] = [
+                _about_the_body(item) for item in exc.detail["non_field_errors"]
+            ]
     return exception_handler(exc, context)

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from portal.pagination import PAGE_RULE, PAGE_SIZE_RULE, PAST_THE_LAST
 from scheduler.api import serializers as s
 from scheduler.api import views
+from scheduler.api.errors import BODY_EMPTY, BODY_NOT_AN_OBJECT
 from scheduler.jobs import services
 from scheduler.models import (
     GPUS_DIVISIBLE_BY_NODES,
@@ -199,9 +200,20 @@ def test_malformed_json(world):
     assert "JSON parse error" in response.json()["detail"]
 
 
-def test_body_that_is_not_an_object(world):
-    response = world.client("bob").post(JOBS, "[1, 2]", content_type="application/json")
+@pytest.mark.parametrize(
+    ("body", "what"),
+    [("[1, 2]", "an array"), ('"train"', "a string"), ("8", "a number"), ("true", "true or false")],
+)
+def test_body_that_is_not_an_object(world, body, what):
+    response = world.client("bob").post(JOBS, body, content_type="application/json")
     assert response.status_code == 400
+    assert response.json() == {"non_field_errors": [BODY_NOT_AN_OBJECT.format(what=what)]}
+
+
+def test_body_that_is_null(world):
+    response = world.client("bob").post(JOBS, "null", content_type="application/json")
+    assert response.status_code == 400
+    assert response.json() == {"non_field_errors": [BODY_EMPTY]}
 
 
 def test_patch_changes_only_priority(world):
