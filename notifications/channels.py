@@ -64,8 +64,15 @@ def webhook_body(message: Message) -> bytes:
     return json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
 
 
+def _job_page(message: Message) -> str | None:
+    """The job's page on the portal (`NOTIFICATIONS_PORTAL_URL` set), for a person to follow."""
+    return (message.payload.get("job") or {}).get("page")
+
+
 def slack_body(message: Message) -> bytes:
-    return json.dumps({"text": message.payload["text"]}).encode()
+    page = _job_page(message)
+    text = message.payload["text"] + (f"\n<{page}|the job's page>" if page else "")
+    return json.dumps({"text": text}).encode()
 
 
 def post(message: Message, session: requests.Session) -> Outcome:
@@ -103,6 +110,8 @@ def email_subject(message: Message) -> str:
 
 def email_body(message: Message) -> str:
     lines = [message.payload["text"], ""]
+    if page := _job_page(message):
+        lines += [f"The job's page: {page}", ""]
     for key in ("job", "preemption", "changes"):
         if message.payload.get(key):
             lines.append(f"{key}: {json.dumps(message.payload[key], indent=2, sort_keys=True)}")

@@ -87,6 +87,7 @@ def _job_payload(job: Job) -> dict:
         "nodes": job.nodes,
         "priority": job.priority,
         "url": _link(f"/api/v1/jobs/{job.pk}/"),
+        "page": _link(f"/dash/jobs/{job.pk}/"),
     }
 
 

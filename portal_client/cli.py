@@ -155,11 +155,15 @@ def job_row(job: dict) -> str:
 JOB_HEADER = f"{'ID':>6}  {'SHARE':<14} {'STATE':<10} {'GPUS':>14} {'PRIO':<6} {'NAME':<16} REASON"
 
 
-def print_job(job: dict, out=sys.stdout) -> None:
+def print_job(job: dict, out=sys.stdout, page: str | None = None) -> None:
+    """The job as `show` prints it; `page`: its page on the portal's dashboards."""
+
     def say(*parts: str) -> None:
         print(*parts, file=out)
 
     say(f"job {job['id']} {job['name']!r}: {job['state']} — {job['reason']}")
+    if page:
+        say(f"  page: {page}")
     say(
         f"  share {job['share']}, {job['gpus']} × {job['gpu_type']} on {job['nodes']} node(s), "
         f"priority {job['priority']}, submitted by {job['submitted_by']} at {job['submitted_at']}"
@@ -252,9 +256,10 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
     if args.command in ("show", "cancel", "wait"):
         if args.command == "show":
             job = client.job(args.job_id)
-            if job["state"] == "RUNNABLE" and not emit:
-                print_job(job, out)
-                print_ahead(client.ahead(args.job_id), out)
+            if not emit:
+                print_job(job, out, page=f"{client.url}/dash/jobs/{job['id']}/")
+                if job["state"] == "RUNNABLE":
+                    print_ahead(client.ahead(args.job_id), out)
                 return 0
         elif args.command == "cancel":
             job = client.cancel(args.job_id)

@@ -146,6 +146,7 @@ def test_cli_round_trip(world, live_server):
     assert listing.returncode == 0 and f"{job['id']:>6}  research" in listing.stdout
     shown = cli(live_server, token, "show", str(job["id"]))
     assert "command: python train.py --lr 0.1" in shown.stdout
+    assert f"page: {live_server.url}/dash/jobs/{job['id']}/" in shown.stdout
     queue = cli(live_server, token, "queue")
     assert "1 runnable job(s)" in queue.stdout and "[within_limit]" in queue.stdout
     shares = cli(live_server, token, "shares")

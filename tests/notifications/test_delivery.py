@@ -72,9 +72,13 @@ def two_nodes(world):
     return make_node("node-0"), make_node("node-1")
 
 
-def test_a_member_hears_by_email_that_their_job_started_and_finished(world, two_nodes, smtp_server):
+def test_a_member_hears_by_email_that_their_job_started_and_finished(
+    world, two_nodes, smtp_server, settings
+):
     """bob subscribes to his own jobs by e-mail (his account's address); his job starts and
-    succeeds: two e-mails reach the SMTP server, each saying what happened to which job."""
+    succeeds: two e-mails reach the SMTP server, each saying what happened to which job, with
+    a link to the job's page."""
+    settings.NOTIFICATIONS_PORTAL_URL = "https://gpu.example.com"
     world.bob.email = "bob@example.com"
     world.bob.save()
     subscribe(world.bob, [Kind.JOB_STARTED, Kind.JOB_FINISHED], channel="email")
@@ -92,6 +96,7 @@ def test_a_member_hears_by_email_that_their_job_started_and_finished(world, two_
     assert all(m["To"] == "bob@example.com" for m in smtp_server.messages)
     started = smtp_server.messages[0].get_content()
     assert f"job {job.pk} (bobs-train) of share research started (attempt 1)" in started
+    assert f"The job's page: https://gpu.example.com/dash/jobs/{job.pk}/" in started
     assert set(Delivery.objects.values_list("state", flat=True)) == {Delivery.State.SENT}
     # Read once: a second beat sends nothing again.
     dispatch()
@@ -99,12 +104,13 @@ def test_a_member_hears_by_email_that_their_job_started_and_finished(world, two_
 
 
 def test_a_reclaim_tells_both_shares_and_the_borrower_who_took_its_gpus_and_what_was_lost(
-    world, two_nodes, receiver
+    world, two_nodes, receiver, settings
 ):
     """alice's two borrowers fill both nodes: carol (vision) hears that her share lends. carol
     submits: she hears that vision reclaimed, and research's Slack channel hears it too. When
     the victim has stopped, alice's webhook hears that her job was preempted for carol's job,
     why, and the GPU time lost since its last checkpoint; every message is signed."""
+    settings.NOTIFICATIONS_PORTAL_URL = "https://gpu.example.com"
     lender = subscribe(
         world.carol, [Kind.SHARE_LENT, Kind.SHARE_RECLAIMED], share="vision",
         target=receiver.url("/carol"),
@@ -137,6 +143,7 @@ def test_a_reclaim_tells_both_shares_and_the_borrower_who_took_its_gpus_and_what
     assert slack.json == {
         "text": f"share vision reclaimed 8 h100 from share research: job {victim.pk} "
         f"(sweep-{borrowers.index(victim)}) stops for job {owner.pk} (detector)"
+        f"\n<https://gpu.example.com/dash/jobs/{victim.pk}/|the job's page>"
     }
     assert receiver.to("/alice") == []  # not until the victim has stopped
 
