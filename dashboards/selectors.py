@@ -856,13 +856,14 @@ class AttemptRow:
 class JobPage:
     """What a job's page shows: the job (with `held_off_until`), its attempts newest first,
     its events in order, where it stands in the queue, and whether the viewer may cancel it
-    (`cancellable`: may, and there is something left to cancel)."""
+    (`cancellable`: may, and there is something left to cancel) or change its priority."""
 
     job: Job
     attempts: list[AttemptRow]
     events: list
     ahead: job_selectors.Ahead
     may_cancel: bool
+    may_change_priority: bool
 
     @property
     def cancellable(self) -> bool:
@@ -887,4 +888,5 @@ def job_page(user, job_id: int) -> JobPage | None:
         events=job.event_list,
         ahead=job_selectors.jobs_ahead(job, limit=AHEAD_SHOWN),
         may_cancel=job_selectors.may_cancel(user, job),
+        may_change_priority=job_selectors.may_change_priority(user, job),
     )

@@ -24,6 +24,7 @@ urlpatterns = [
     path("dash/jobs/", views.jobs, name="jobs"),
     path("dash/jobs/<int:job_id>/", views.job_detail, name="job"),
     path("dash/jobs/<int:job_id>/cancel/", views.job_cancel_view, name="job_cancel"),
+    path("dash/jobs/<int:job_id>/priority/", views.job_priority_view, name="job_priority"),
     path("dash/token/", views.api_token, name="api_token"),
     path("dash/shares/<slug:name>/", views.share_detail, name="share"),
     path("dash/teams/<slug:slug>/", views.team_detail, name="team"),

@@ -7,6 +7,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required as _login_required
+from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -16,9 +17,9 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from dashboards import figures, selectors, tokens
 from dashboards.metrics import metrics_allowed, metrics_text
-from scheduler.jobs.selectors import CANCEL_REFUSED
-from scheduler.jobs.services import job_cancel
-from scheduler.models import Job
+from scheduler.jobs.selectors import CANCEL_REFUSED, PRIORITY_REFUSED
+from scheduler.jobs.services import job_cancel, job_set_priority
+from scheduler.models import MAX_PRIORITY, PRIORITY_RANGE, Job
 from shares.selectors import current_usage
 
 NOT_A_LEAD = "The dashboards are for team leads and admins."
@@ -273,12 +274,40 @@ def job_cancel_view(request: HttpRequest, job_id: int) -> HttpResponse:
     if page is None:
         raise Http404(NO_SUCH_JOB.format(job=job_id))
     if not page.may_cancel:
-        return render(request, "dashboards/job.html",
-                      {**_nav(request), "page": page,
-                       "error": CANCEL_REFUSED.format(team=page.job.share.team.slug)},
-                      status=403)  # fmt: skip
+        return _job_refused(
+            request, page, CANCEL_REFUSED.format(team=page.job.share.team.slug), 403
+        )
     job_cancel(job=page.job, user=request.user)
     return redirect("dashboards:job", job_id=job_id)
+
+
+@login_required
+@require_POST
+def job_priority_view(request: HttpRequest, job_id: int) -> HttpResponse:
+    """Change a job's priority from its page (a lead's or an admin's call, as in the API)."""
+    page = selectors.job_page(request.user, job_id)
+    if page is None:
+        raise Http404(NO_SUCH_JOB.format(job=job_id))
+    if not page.may_change_priority:
+        error = PRIORITY_REFUSED.format(team=page.job.share.team.slug)
+        return _job_refused(request, page, error, 403)
+    try:
+        priority = int(request.POST.get("priority", ""))
+    except ValueError:
+        priority = -1
+    if not 0 <= priority <= MAX_PRIORITY:
+        return _job_refused(request, page, PRIORITY_RANGE, 400)
+    try:
+        job_set_priority(job=page.job, priority=priority)
+    except ValidationError as error:  # it ended meanwhile
+        return _job_refused(request, page, " ".join(error.messages), 400)
+    return redirect("dashboards:job", job_id=job_id)
+
+
+def _job_refused(request: HttpRequest, page, error: str, status: int) -> HttpResponse:
+    """The job's page again, saying why what was asked was not done."""
+    return render(request, "dashboards/job.html",
+                  {**_nav(request), "page": page, "error": error}, status=status)  # fmt: skip
 
 
 @login_required

@@ -14,13 +14,16 @@ from __future__ import annotations
 from rest_framework import permissions
 from rest_framework.exceptions import PermissionDenied
 
-from scheduler.jobs.selectors import CANCEL_REFUSED, may_cancel, user_role_for_share
+from scheduler.jobs.selectors import (
+    CANCEL_REFUSED,
+    PRIORITY_REFUSED,
+    may_cancel,
+    may_change_priority,
+)
 from scheduler.models import Job
-from shares.models import Membership
 from shares.selectors import is_admin
 
 ADMIN_ONLY = "only admins may {action}."
-LEAD_ONLY = "only a lead of team {team} (or an admin) may {action} this job."
 
 
 class IsAdmin(permissions.BasePermission):
@@ -36,10 +39,9 @@ def require_admin(user, action: str) -> None:
 
 
 def require_can_update_job(user, job: Job) -> None:
-    """Changing a job's priority is the lead's call: it reorders the team's queue."""
-    if user_role_for_share(user, job.share) in ("ADMIN", Membership.Role.LEAD):
+    if may_change_priority(user, job):
         return
-    raise PermissionDenied(LEAD_ONLY.format(team=job.share.team.slug, action="change"))
+    raise PermissionDenied(PRIORITY_REFUSED.format(team=job.share.team.slug))
 
 
 def require_can_cancel_job(user, job: Job) -> None:

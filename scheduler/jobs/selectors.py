@@ -171,6 +171,12 @@ def user_role_for_share(user, share: QuotaShare) -> str | None:
 
 
 CANCEL_REFUSED = "only the job's submitter, a lead of team {team} or an admin may cancel this job."
+PRIORITY_REFUSED = "only a lead of team {team} (or an admin) may change this job."
+
+
+def may_change_priority(user, job: Job) -> bool:
+    """Changing a job's priority is the lead's call: it reorders the team's queue."""
+    return user_role_for_share(user, job.share) in ("ADMIN", Membership.Role.LEAD)
 
 
 def may_cancel(user, job: Job) -> bool:

@@ -12,9 +12,9 @@ from django.utils.html import escape
 from dashboards.views import NO_SUCH_JOB, UNKNOWN_STATE
 from scheduler.cycle.estimates import estimates_refresh
 from scheduler.cycle.run import cycle_run
-from scheduler.jobs.selectors import CANCEL_REFUSED
-from scheduler.jobs.services import CANCELLED_BY_USER, job_submit
-from scheduler.models import Job, JobAttempt, Node
+from scheduler.jobs.selectors import CANCEL_REFUSED, PRIORITY_REFUSED
+from scheduler.jobs.services import CANCELLED_BY_USER, PRIORITY_OF_ENDED_JOB, job_submit
+from scheduler.models import PRIORITY_RANGE, Job, JobAttempt, Node
 from scheduler.nodes.attempts import attempt_started
 from scheduler.nodes.services import node_orders
 from tests.conftest import make_node
@@ -156,3 +156,37 @@ def test_cancelling_needs_a_post(world):
     client, _ = page_of(world.bob, "/dash/jobs/")
     assert client.get(f"/dash/jobs/{job.pk}/cancel/").status_code == 405
     assert Job.objects.get(pk=job.pk).state != Job.State.CANCELLED
+
+
+def test_a_lead_changes_a_jobs_priority_on_its_page_and_a_member_may_not(world):
+    job = submit(world.bob)
+    client, response = page_of(world.alice, f"/dash/jobs/{job.pk}/")
+    assert 'id="priority"' in response.content.decode()
+    response = client.post(f"/dash/jobs/{job.pk}/priority/", {"priority": "7"})
+    assert response.status_code == 302 and response.url == f"/dash/jobs/{job.pk}/"
+    assert Job.objects.get(pk=job.pk).priority == 7
+    for bad in ("abc", "-1", "10000", ""):
+        response = client.post(f"/dash/jobs/{job.pk}/priority/", {"priority": bad})
+        assert response.status_code == 400
+        assert escape(PRIORITY_RANGE) in response.content.decode()
+    assert Job.objects.get(pk=job.pk).priority == 7
+
+    client, response = page_of(world.bob, f"/dash/jobs/{job.pk}/")
+    assert 'id="priority"' not in response.content.decode()
+    response = client.post(f"/dash/jobs/{job.pk}/priority/", {"priority": "9"})
+    assert response.status_code == 403
+    assert escape(PRIORITY_REFUSED.format(team="ml-research")) in response.content.decode()
+    assert Job.objects.get(pk=job.pk).priority == 7
+
+
+def test_an_ended_jobs_priority_is_not_offered_and_not_changed(world):
+    job = submit(world.bob)
+    client, _ = page_of(world.alice, "/dash/jobs/")
+    client.post(f"/dash/jobs/{job.pk}/cancel/")
+    assert 'id="priority"' not in client.get(f"/dash/jobs/{job.pk}/").content.decode()
+    response = client.post(f"/dash/jobs/{job.pk}/priority/", {"priority": "5"})
+    assert response.status_code == 400
+    assert escape(PRIORITY_OF_ENDED_JOB.format(job=job.pk, state="CANCELLED")) in (
+        response.content.decode()
+    )
+    assert Job.objects.get(pk=job.pk).priority == 0
