@@ -22,6 +22,7 @@ urlpatterns = [
     ),
     path("dash/queue/", views.queue, name="queue"),
     path("dash/jobs/", views.jobs, name="jobs"),
+    path("dash/jobs/estimate/", views.job_estimate_view, name="job_estimate"),
     path("dash/jobs/<int:job_id>/", views.job_detail, name="job"),
     path("dash/jobs/<int:job_id>/cancel/", views.job_cancel_view, name="job_cancel"),
     path("dash/jobs/<int:job_id>/priority/", views.job_priority_view, name="job_priority"),

@@ -16,14 +16,18 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from dashboards import figures, selectors, tokens
+from dashboards.forms import EstimateForm
 from dashboards.metrics import metrics_allowed, metrics_text
 from scheduler.jobs.selectors import CANCEL_REFUSED, PRIORITY_REFUSED
-from scheduler.jobs.services import job_cancel, job_set_priority
+from scheduler.jobs.services import ShareNotVisible, job_cancel, job_estimate, job_set_priority
 from scheduler.models import MAX_PRIORITY, PRIORITY_RANGE, Job
-from shares.selectors import current_usage
+from shares.selectors import current_usage, shares_visible_to
 
 NOT_A_LEAD = "The dashboards are for team leads and admins."
 NO_SUCH_JOB = "No job {job} among the jobs you may see."
+# A what-if runs nothing and stores nothing, but is checked as a submit, which needs a command.
+WHAT_IF_COMMAND = "true"
+SHARE_NOT_YOURS = "share {name!r} is not a share of your teams."
 UNKNOWN_STATE = "state: {value!r} is not a job state; showing jobs in every state."
 METRICS_FORBIDDEN = (
     "metrics: send Authorization: Bearer <METRICS_TOKEN>, or scrape from an address in "
@@ -252,6 +256,34 @@ def jobs(request: HttpRequest) -> HttpResponse:
         "error": error,
     }
     return render(request, "dashboards/jobs.html", context)
+
+
+@login_required
+@require_GET
+def job_estimate_view(request: HttpRequest) -> HttpResponse:
+    """What-if before submitting: when a job of this shape would start if it were submitted now,
+    behind the queue as it is, and why it would wait (the API's `POST jobs/estimate/`)."""
+    shares = list(shares_visible_to(request.user).order_by("name"))
+    answer = None
+    if "share" in request.GET:
+        form = EstimateForm(request.GET, shares=shares)
+        if form.is_valid():
+            data = dict(form.cleaned_data)
+            share_name = data.pop("share")
+            try:
+                answer = job_estimate(
+                    user=request.user, share_name=share_name, command=WHAT_IF_COMMAND,
+                    members_only=True, **data,
+                )  # fmt: skip
+            except ShareNotVisible:
+                form.add_error("share", SHARE_NOT_YOURS.format(name=share_name))
+            except ValidationError as error:
+                for field, messages in error.message_dict.items():
+                    form.add_error(field if field in form.fields else None, messages)
+    else:
+        form = EstimateForm(shares=shares)
+    context = {**_nav(request), "form": form, "answer": answer, "has_shares": bool(shares)}
+    return render(request, "dashboards/estimate.html", context)
 
 
 @login_required

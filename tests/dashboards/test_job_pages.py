@@ -190,3 +190,27 @@ def test_an_ended_jobs_priority_is_not_offered_and_not_changed(world):
         response.content.decode()
     )
     assert Job.objects.get(pk=job.pk).priority == 0
+
+
+def test_a_member_asks_when_a_job_would_start_before_submitting(world):
+    """One node of 8 h100 runs alice's job (expected 600 s): a job of 8 would wait for it and
+    start on node-0 when it ends; one of 16 on a node is refused by the submit's rule; nothing
+    is stored."""
+    running = submit(world.alice, expected_seconds=600)
+    cycle_run(force=True)
+    start(running)
+    jobs = Job.objects.count()
+    client, response = page_of(world.bob, "/dash/jobs/estimate/")
+    page = response.content.decode()
+    assert '<option value="research"' in page and '<option value="vision"' not in page
+    asked = {"share": "research", "gpu_type": "h100", "gpus": "8", "nodes": "1",
+             "priority": "0", "expected_seconds": "300", "preemptible": "on"}  # fmt: skip
+    page = client.get("/dash/jobs/estimate/", asked).content.decode()
+    assert 'id="answer"' in page and "It would start at <b>" in page and "on node-0" in page
+    assert "Until then it would wait:" in page
+    page = client.get("/dash/jobs/estimate/", {**asked, "gpus": "16"}).content.decode()
+    assert 'id="answer"' not in page
+    assert "is more than any h100 node has (largest: 8)" in page
+    page = client.get("/dash/jobs/estimate/", {**asked, "share": "vision"}).content.decode()
+    assert 'id="answer"' not in page and "Select a valid choice" in page
+    assert Job.objects.count() == jobs
