@@ -12,6 +12,7 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Mod
 from django.db.models.lookups import Exact
+from django.urls import reverse
 
 from scheduler.engine import outcomes
 from scheduler.engine.snapshot import CHURN_PREEMPTIONS, CHURN_WINDOW_SECONDS
@@ -282,6 +283,10 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return self.name or f"job {self.pk}"
+
+    def get_absolute_url(self) -> str:
+        """The job's page on the dashboards (the admin's "view on site" leads there)."""
+        return reverse("dashboards:job", args=[self.pk])
 
     def clean(self) -> None:
         errors: dict[str, str] = {}

@@ -5,6 +5,8 @@ services."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.test import Client
 from django.utils.html import escape
@@ -214,3 +216,13 @@ def test_a_member_asks_when_a_job_would_start_before_submitting(world):
     page = client.get("/dash/jobs/estimate/", {**asked, "share": "vision"}).content.decode()
     assert 'id="answer"' not in page and "Select a valid choice" in page
     assert Job.objects.count() == jobs
+
+
+def test_the_admins_job_view_leads_to_the_jobs_page(world):
+    job = submit(world.bob)
+    client, response = page_of(world.root, f"/admin/scheduler/job/{job.pk}/change/")
+    assert response.status_code == 200
+    link = re.search(r'href="([^"]+)" class="viewsitelink"', response.content.decode())
+    assert link is not None
+    response = client.get(link.group(1))
+    assert response.status_code == 302 and response.url.endswith(f"/dash/jobs/{job.pk}/")
