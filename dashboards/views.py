@@ -18,9 +18,15 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from dashboards import figures, selectors, tokens
 from dashboards.forms import EstimateForm
 from dashboards.metrics import metrics_allowed, metrics_text
-from scheduler.jobs.selectors import CANCEL_REFUSED, PRIORITY_REFUSED
+from scheduler.jobs.selectors import (
+    CANCEL_REFUSED,
+    PRIORITY_REFUSED,
+    job_detail,
+    may_cancel,
+    may_change_priority,
+)
 from scheduler.jobs.services import ShareNotVisible, job_cancel, job_estimate, job_set_priority
-from scheduler.models import MAX_PRIORITY, PRIORITY_RANGE, Job
+from scheduler.models import PRIORITY_RANGE, Job, priority_in_range
 from shares.selectors import current_usage, shares_visible_to
 
 NOT_A_LEAD = "The dashboards are for team leads and admins."
@@ -278,7 +284,8 @@ def job_estimate_view(request: HttpRequest) -> HttpResponse:
             except ShareNotVisible:
                 form.add_error("share", SHARE_NOT_YOURS.format(name=share_name))
             except ValidationError as error:
-                for field, messages in error.message_dict.items():
+                by_field = error.message_dict if hasattr(error, "error_dict") else {None: error}
+                for field, messages in by_field.items():
                     form.add_error(field if field in form.fields else None, messages)
     else:
         form = EstimateForm(shares=shares)
@@ -288,7 +295,7 @@ def job_estimate_view(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_GET
-def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
+def job_view(request: HttpRequest, job_id: int) -> HttpResponse:
     """One job as its submitter follows it: state and reason, estimated start, who is ahead,
     its attempts (nodes, GPUs, outcome, the end of the log) and every state change with its
     reason; a cancel button for whoever may cancel it."""
@@ -302,14 +309,10 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
 @require_POST
 def job_cancel_view(request: HttpRequest, job_id: int) -> HttpResponse:
     """Cancel from the job's page (the rule and its effects are the API's: `job_cancel`)."""
-    page = selectors.job_page(request.user, job_id)
-    if page is None:
-        raise Http404(NO_SUCH_JOB.format(job=job_id))
-    if not page.may_cancel:
-        return _job_refused(
-            request, page, CANCEL_REFUSED.format(team=page.job.share.team.slug), 403
-        )
-    job_cancel(job=page.job, user=request.user)
+    job = _visible_job(request, job_id)
+    if not may_cancel(request.user, job):
+        return _job_refused(request, job_id, CANCEL_REFUSED.format(team=job.share.team.slug), 403)
+    job_cancel(job=job, user=request.user)
     return redirect("dashboards:job", job_id=job_id)
 
 
@@ -317,27 +320,35 @@ def job_cancel_view(request: HttpRequest, job_id: int) -> HttpResponse:
 @require_POST
 def job_priority_view(request: HttpRequest, job_id: int) -> HttpResponse:
     """Change a job's priority from its page (a lead's or an admin's call, as in the API)."""
-    page = selectors.job_page(request.user, job_id)
-    if page is None:
-        raise Http404(NO_SUCH_JOB.format(job=job_id))
-    if not page.may_change_priority:
-        error = PRIORITY_REFUSED.format(team=page.job.share.team.slug)
-        return _job_refused(request, page, error, 403)
+    job = _visible_job(request, job_id)
+    if not may_change_priority(request.user, job):
+        error = PRIORITY_REFUSED.format(team=job.share.team.slug)
+        return _job_refused(request, job_id, error, 403)
     try:
         priority = int(request.POST.get("priority", ""))
     except ValueError:
-        priority = -1
-    if not 0 <= priority <= MAX_PRIORITY:
-        return _job_refused(request, page, PRIORITY_RANGE, 400)
+        priority = None
+    if priority is None or not priority_in_range(priority):
+        return _job_refused(request, job_id, PRIORITY_RANGE, 400)
     try:
-        job_set_priority(job=page.job, priority=priority)
+        job_set_priority(job=job, priority=priority)
     except ValidationError as error:  # it ended meanwhile
-        return _job_refused(request, page, " ".join(error.messages), 400)
+        return _job_refused(request, job_id, " ".join(error.messages), 400)
     return redirect("dashboards:job", job_id=job_id)
 
 
-def _job_refused(request: HttpRequest, page, error: str, status: int) -> HttpResponse:
+def _visible_job(request: HttpRequest, job_id: int) -> Job:
+    job = job_detail(user=request.user, job_id=job_id)
+    if job is None:
+        raise Http404(NO_SUCH_JOB.format(job=job_id))
+    return job
+
+
+def _job_refused(request: HttpRequest, job_id: int, error: str, status: int) -> HttpResponse:
     """The job's page again, saying why what was asked was not done."""
+    page = selectors.job_page(request.user, job_id)
+    if page is None:  # gone from the user's sight meanwhile
+        raise Http404(NO_SUCH_JOB.format(job=job_id))
     return render(request, "dashboards/job.html",
                   {**_nav(request), "page": page, "error": error}, status=status)  # fmt: skip
 

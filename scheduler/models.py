@@ -27,6 +27,12 @@ GPUS_DIVISIBLE_BY_NODES = (
     "gpus: must be divisible by nodes (each of the {nodes} nodes gets the same number of GPUs)."
 )
 PRIORITY_RANGE = f"priority: must be between 0 and {MAX_PRIORITY}."
+
+
+def priority_in_range(priority: int) -> bool:
+    return 0 <= priority <= MAX_PRIORITY
+
+
 TIMEOUT_RANGE = f"timeout_seconds: must be between 1 and {MAX_TIMEOUT_SECONDS} seconds (90 days)."
 EXPECTED_RANGE = f"expected_seconds: must be between 1 and {MAX_TIMEOUT_SECONDS} seconds (90 days)."
 NODE_GPUS_RANGE = f"gpus: a node has between 1 and {MAX_GPUS_PER_NODE} GPUs."
@@ -292,7 +298,7 @@ class Job(models.Model):
         errors: dict[str, str] = {}
         if self.gpus and self.nodes and self.gpus % self.nodes:
             errors["gpus"] = GPUS_DIVISIBLE_BY_NODES.format(nodes=self.nodes)
-        if self.priority is not None and not 0 <= self.priority <= MAX_PRIORITY:
+        if self.priority is not None and not priority_in_range(self.priority):
             errors["priority"] = PRIORITY_RANGE
         if self.timeout_seconds is not None and not (
             1 <= self.timeout_seconds <= MAX_TIMEOUT_SECONDS
