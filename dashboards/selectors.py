@@ -861,7 +861,7 @@ class JobPage:
     job: Job
     attempts: list[AttemptRow]
     events: list
-    ahead: job_selectors.Ahead
+    ahead: job_selectors.SeenAhead
     may_cancel: bool
     may_change_priority: bool
 
@@ -886,7 +886,7 @@ def job_page(user, job_id: int) -> JobPage | None:
         job=job,
         attempts=attempts,
         events=job.event_list,
-        ahead=job_selectors.jobs_ahead(job, limit=AHEAD_SHOWN),
+        ahead=job_selectors.ahead_seen_by(user, job, limit=AHEAD_SHOWN),
         may_cancel=job_selectors.may_cancel(user, job),
         may_change_priority=job_selectors.may_change_priority(user, job),
     )

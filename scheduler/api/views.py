@@ -21,7 +21,7 @@ from scheduler.api.permissions import (
     require_can_update_job,
 )
 from scheduler.jobs import services as job_services
-from scheduler.jobs.selectors import job_detail, job_list, jobs_ahead, queue_snapshot
+from scheduler.jobs.selectors import ahead_seen_by, job_detail, job_list, queue_snapshot
 from scheduler.models import Job, Node
 from scheduler.nodes import services as node_services
 from scheduler.nodes.selectors import node_list
@@ -215,13 +215,7 @@ class JobAheadView(APIView):
         responses={200: s.AheadSerializer, **errors(404)},
     )
     def get(self, request, job_id: int):
-        job = visible_job(request, job_id)
-        where = jobs_ahead(job)
-        visible = None if is_admin(request.user) else _visible_share_names(request.user)
-
-        def shown(share: str, job_id: int) -> int | None:
-            return job_id if visible is None or share in visible else None
-
+        where = ahead_seen_by(request.user, visible_job(request, job_id))
         data = {
             "position": where.position,
             "count": where.count,
@@ -230,22 +224,17 @@ class JobAheadView(APIView):
                 {
                     "position": entry.position,
                     "considered_as": entry.pass_,
-                    "job": shown(entry.job.share.name, entry.job.pk),
-                    "share": entry.job.share.name,
-                    "gpus": entry.job.gpus,
-                    "priority": entry.job.priority,
+                    "job": entry.job_id,
+                    "share": entry.share,
+                    "gpus": entry.gpus,
+                    "priority": entry.priority,
                 }
                 for entry in where.ahead
             ],
             "holders": [
-                {
-                    "job": shown(h.share, h.job_id),
-                    "share": h.share,
-                    "gpus": h.gpus,
-                    "stopping": h.stopping,
-                }
+                {"job": h.job_id, "share": h.share, "gpus": h.gpus, "stopping": h.stopping}
                 for h in where.holders
-            ],  # fmt: skip
+            ],
         }
         return Response(s.AheadSerializer(data).data)
 

@@ -16,7 +16,7 @@ from scheduler.cycle.snapshot import cycle_snapshot
 from scheduler.engine import churn, order
 from scheduler.models import ClusterSettings, GpuAssignment, Job, JobAttempt, JobEvent, Node
 from shares.models import CapacityLimit, Membership, QuotaShare, Team
-from shares.selectors import UsageReport, is_admin, share_usage
+from shares.selectors import UsageReport, is_admin, share_usage, shares_visible_to
 
 QUEUE_FRONT_SIZE = 100
 
@@ -343,10 +343,11 @@ def held_off(jobs: QuerySet[Job] | None = None, now: datetime | None = None) -> 
 @dataclass(frozen=True)
 class Holder:
     """Placed jobs a waiting job waits for: its victims stopping for it (`stopping`), or the
-    jobs of a share that hold its GPU type above the share's limit (borrowers)."""
+    jobs of a share that hold its GPU type above the share's limit (borrowers). `job_id` is
+    None where the viewer may not see the job (`ahead_seen_by`)."""
 
     share: str
-    job_id: int
+    job_id: int | None
     gpus: int
     stopping: bool
 
@@ -410,4 +411,58 @@ def jobs_ahead(job: Job, *, limit: int = QUEUE_FRONT_SIZE) -> Ahead:
         count=len(before),
         gpus=sum(entry.job.gpus for entry in before),
         holders=holders,
+    )
+
+
+@dataclass(frozen=True)
+class AheadEntry:
+    """A job ahead, as a viewer sees it: `job_id` None for another team's job."""
+
+    position: int
+    pass_: str
+    job_id: int | None
+    share: str
+    gpus: int
+    priority: int
+
+
+@dataclass(frozen=True)
+class SeenAhead:
+    position: int | None
+    ahead: list[AheadEntry]
+    count: int
+    gpus: int
+    holders: list[Holder]
+
+
+def ahead_seen_by(user, job: Job, *, limit: int = QUEUE_FRONT_SIZE) -> SeenAhead:
+    """`jobs_ahead` as `user` may see it: the jobs ahead and the holders of shares not on the
+    user's teams keep their share, size and priority, never their job's id (an admin sees
+    every id)."""
+    where = jobs_ahead(job, limit=limit)
+    visible = (
+        None if is_admin(user) else set(shares_visible_to(user).values_list("name", flat=True))
+    )
+
+    def shown(share: str, job_id: int | None) -> int | None:
+        return job_id if visible is None or share in visible else None
+
+    return SeenAhead(
+        position=where.position,
+        ahead=[
+            AheadEntry(
+                entry.position,
+                entry.pass_,
+                shown(entry.job.share.name, entry.job.pk),
+                entry.job.share.name,
+                entry.job.gpus,
+                entry.job.priority,
+            )  # fmt: skip
+            for entry in where.ahead
+        ],
+        count=where.count,
+        gpus=where.gpus,
+        holders=[
+            Holder(h.share, shown(h.share, h.job_id), h.gpus, h.stopping) for h in where.holders
+        ],
     )

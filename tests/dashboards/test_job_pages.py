@@ -105,7 +105,8 @@ def test_a_waiting_job_says_why_until_when_and_who_is_ahead(world):
     assert mine.state == Job.State.RUNNABLE and mine.reason and escape(mine.reason) in page
     assert f"{mine.estimated_start:%Y-%m-%d %H:%M} UTC" in page and "on node-0" in page
     assert "Position <b>2</b> in the h100 queue" in page
-    assert "1 job ahead, asking for 8 GPUs" in page and f"<td>#{first.pk}</td>" in page
+    assert "1 job ahead, asking for 8 GPUs" in page
+    assert f'<td><a href="/dash/jobs/{first.pk}/">#{first.pk}</a></td>' in page
     assert "python train.py" in page
     # What happened to it, each change with its reason.
     for event in mine.events.all():
@@ -226,3 +227,21 @@ def test_the_admins_job_view_leads_to_the_jobs_page(world):
     assert link is not None
     response = client.get(link.group(1))
     assert response.status_code == 302 and response.url.endswith(f"/dash/jobs/{job.pk}/")
+
+
+def test_another_teams_job_ahead_is_shown_without_its_id(world):
+    """alice's job fills the node; carol's vision job waits ahead of bob's (within its limit,
+    while bob's would borrow): bob sees a vision job of 8 GPUs ahead, not which one; an admin
+    sees its id."""
+    running = submit(world.alice)
+    cycle_run(force=True)
+    start(running)
+    theirs = submit(world.carol, "vision")
+    mine = submit(world.bob)
+    cycle_run(force=True)
+    _client, response = page_of(world.bob, f"/dash/jobs/{mine.pk}/")
+    page = response.content.decode()
+    assert "Position <b>2</b>" in page and "another team's</span></td><td>vision" in page
+    assert f"#{theirs.pk}<" not in page and f"/dash/jobs/{theirs.pk}/" not in page
+    _client, response = page_of(world.root, f"/dash/jobs/{mine.pk}/")
+    assert f'<a href="/dash/jobs/{theirs.pk}/">#{theirs.pk}</a>' in response.content.decode()
