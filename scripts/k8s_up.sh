@@ -263,7 +263,16 @@ spawn() {
   shift
   # (8>&-: not our lock; a daemon holding it would block every later start.)
   env "$MARK" "$(role_mark "$role")" setsid "$@" </dev/null >>"$LOG_DIR/$role.log" 2>&1 8>&- &
-  echo $! >"$RUN_DIR/$role.pid"
+  local pid=$! i
+  echo "$pid" >"$RUN_DIR/$role.pid"
+  # Until env has exec'd, the child carries this shell's environment, not the marker: a check
+  # of `alive` in that moment (longer on a loaded machine) took a starting daemon for a dead
+  # one. Return once it carries the marker, or once it is gone.
+  for ((i = 0; i < 100; i++)); do
+    is_ours "$pid" "$role" && return 0
+    { [ -d "/proc/$pid" ] && ! grep -q '^State:.*Z' "/proc/$pid/status" 2>/dev/null; } || return 0
+    sleep 0.1
+  done
 }
 
 # Waits up to $2 seconds for the command $3... to succeed while daemon $1 stays alive.
