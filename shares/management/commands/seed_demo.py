@@ -80,7 +80,11 @@ class Command(BaseCommand):
         self.stdout.write(
             f"Demo data ready. Log in to the admin as admin / {password}\n"
             f"Team users {', '.join(u for u, *_ in USERS)} share that password "
-            f"(saved in {self._password_file()})."
+            f"(saved in {self._password_file()}): at /dash/ leads "
+            f"({', '.join(u for u, _, role in USERS if role == Membership.Role.LEAD)}) see the "
+            f"dashboards and members "
+            f"({', '.join(u for u, _, role in USERS if role == Membership.Role.MEMBER)}) "
+            f"their own jobs."
         )
 
     def _password_file(self):
