@@ -21,7 +21,9 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from scheduler.models import Node
+from scheduler.models import JobAttempt, Node
+from scheduler.nodes.attempts import attempt_started
+from scheduler.nodes.services import node_orders
 from shares.models import Membership, QuotaShare, ShareChange, Team
 from shares.services import share_create
 
@@ -206,6 +208,15 @@ def make_node(name: str, gpu_type: str = "h100", gpus: int = 8, **fields) -> Nod
     return Node.objects.create(
         name=name, gpu_type=gpu_type, gpus=gpus, last_heartbeat=timezone.now(), **fields
     )
+
+
+def start_latest_attempt(job) -> None:
+    """The job's agents receive their orders and start its latest attempt, on every node."""
+    attempt = JobAttempt.objects.filter(job=job).order_by("-number").first()
+    for allocation in attempt.allocations:
+        node = Node.objects.get(name=allocation["node"])
+        node_orders(node=node)
+        attempt_started(node=node, attempt_id=attempt.pk)
 
 
 @pytest.fixture

@@ -457,7 +457,7 @@ def ahead_seen_by(user, job: Job, *, limit: int = QUEUE_FRONT_SIZE) -> SeenAhead
                 entry.job.share.name,
                 entry.job.gpus,
                 entry.job.priority,
-            )  # fmt: skip
+            )
             for entry in where.ahead
         ],
         count=where.count,

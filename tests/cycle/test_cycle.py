@@ -22,11 +22,11 @@ from scheduler.nodes.attempts import (
     END_NEVER_STARTED,
     END_TIMEOUT,
     attempt_exited,
-    attempt_started,
 )
 from scheduler.nodes.services import node_orders, node_set_state
 from shares.services import share_update
 from tests.conftest import make_node
+from tests.conftest import start_latest_attempt as run
 
 pytestmark = pytest.mark.django_db
 
@@ -45,15 +45,6 @@ def reload(job: Job) -> Job:
 
 def attempt_of(job: Job) -> JobAttempt:
     return JobAttempt.objects.filter(job=job).order_by("-number").first()
-
-
-def run(job: Job) -> None:
-    """The job's agents receive the order and start the command."""
-    attempt = attempt_of(job)
-    for allocation in attempt.allocations:
-        node = Node.objects.get(name=allocation["node"])
-        node_orders(node=node)
-        attempt_started(node=node, attempt_id=attempt.pk)
 
 
 def exit_everywhere(job: Job, *, end: str = END_EXIT, exit_code: int | None = 0, signalled=False):

@@ -21,10 +21,9 @@ from scheduler.cycle.estimates import (
 )
 from scheduler.cycle.run import cycle_run
 from scheduler.jobs.services import job_submit
-from scheduler.models import Job, JobAttempt, Node
-from scheduler.nodes.attempts import attempt_started
-from scheduler.nodes.services import node_orders
+from scheduler.models import Job, JobAttempt
 from tests.conftest import make_node
+from tests.conftest import start_latest_attempt as run
 
 pytestmark = pytest.mark.django_db
 
@@ -34,13 +33,6 @@ def submit(user, share: str, gpus: int = 8, **fields) -> Job:
         user=user, share_name=share, gpu_type="h100", gpus=gpus, command="true", **fields
     )
     return job
-
-
-def run(job: Job) -> None:
-    attempt = JobAttempt.objects.filter(job=job).order_by("-number").first()
-    node = Node.objects.get(name=attempt.allocations[0]["node"])
-    node_orders(node=node)
-    attempt_started(node=node, attempt_id=attempt.pk)
 
 
 def test_each_waiting_job_gets_when_and_where_it_would_start(world):

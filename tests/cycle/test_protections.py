@@ -15,11 +15,10 @@ from dashboards.metrics import metrics_text
 from scheduler.cycle.run import cycle_run
 from scheduler.jobs.selectors import held_off
 from scheduler.jobs.services import job_submit
-from scheduler.models import ClusterSettings, Job, JobAttempt, Node
-from scheduler.nodes.attempts import attempt_started
-from scheduler.nodes.services import node_orders
+from scheduler.models import ClusterSettings, Job, JobAttempt
 from shares.services import share_update
 from tests.conftest import make_node
+from tests.conftest import start_latest_attempt as run
 
 pytestmark = pytest.mark.django_db
 
@@ -31,13 +30,6 @@ def submit(user, share: str, gpus: int = 8) -> Job:
 
 def attempt_of(job: Job) -> JobAttempt:
     return JobAttempt.objects.filter(job=job).order_by("-number").first()
-
-
-def run(job: Job) -> None:
-    attempt = attempt_of(job)
-    node = Node.objects.get(name=attempt.allocations[0]["node"])
-    node_orders(node=node)
-    attempt_started(node=node, attempt_id=attempt.pk)
 
 
 def started_ago(job: Job, seconds: float) -> None:

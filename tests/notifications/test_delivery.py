@@ -19,11 +19,11 @@ from portal.celery import app
 from scheduler.cycle.run import cycle_run
 from scheduler.jobs.services import job_submit
 from scheduler.models import Job, JobAttempt, Node
-from scheduler.nodes.attempts import END_EXIT, attempt_exited, attempt_started
-from scheduler.nodes.services import node_orders
+from scheduler.nodes.attempts import END_EXIT, attempt_exited
 from shares.models import Membership
 from shares.services import share_update
 from tests.conftest import make_node
+from tests.conftest import start_latest_attempt as run
 
 pytestmark = pytest.mark.django_db
 
@@ -37,14 +37,6 @@ def submit(user, share: str, gpus: int = 8, **fields) -> Job:
 
 def attempt_of(job: Job) -> JobAttempt:
     return JobAttempt.objects.filter(job=job).order_by("-number").first()
-
-
-def run(job: Job) -> None:
-    """The job's agent receives its order and starts it."""
-    attempt = attempt_of(job)
-    node = Node.objects.get(name=attempt.allocations[0]["node"])
-    node_orders(node=node)
-    attempt_started(node=node, attempt_id=attempt.pk)
 
 
 def exit_(job: Job, *, exit_code: int = 0, signalled: bool = False) -> None:
