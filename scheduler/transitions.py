@@ -45,6 +45,8 @@ class Transitions:
 
     def move(self, job: Job, *, to_state: str, reason: str, **fields) -> Transitions:
         """`job` goes to `to_state` because of `reason`, with `fields` set."""
+        if job.state == Job.State.RUNNABLE and to_state != Job.State.RUNNABLE:
+            fields = {**Job.no_estimate(), **fields}  # it leaves the queue
         self.events.append((job.pk, job.state, to_state, reason))
         job.state = to_state
         job.reason = reason
@@ -71,6 +73,10 @@ class Transitions:
         if not changes:
             return self
         values = {"state": to_state, **fields}
+        if to_state != Job.State.RUNNABLE and any(
+            state == Job.State.RUNNABLE for _id, state, _reason in changes
+        ):
+            values = {**Job.no_estimate(), **values}  # they leave the queue
         if job_reason is not None:
             values["reason"] = job_reason
         ids = [job_id for job_id, _state, _reason in changes]

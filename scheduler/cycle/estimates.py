@@ -141,8 +141,9 @@ def estimates_refresh(*, horizon: float | None = None) -> EstimateRun:
             rows.append((int(job.id), start, list(estimate.nodes), basis))
     fields = ("estimated_start", "estimated_nodes", "estimate_basis")
     rows_update(Job, fields, rows, where=("state", Job.State.RUNNABLE))
+    # Jobs leave the queue without their estimates (scheduler.transitions); these are older.
     Job.objects.exclude(state=Job.State.RUNNABLE).exclude(estimate_basis="").update(
-        estimated_start=None, estimated_nodes=[], estimate_basis=""
+        **Job.no_estimate()
     )
     run = EstimateRun(len(snapshot.runnable), len(estimates), time.perf_counter() - started,
                       result.replayed)  # fmt: skip

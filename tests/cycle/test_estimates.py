@@ -10,6 +10,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from scheduler.agent.protocol import END_EXIT
 from scheduler.cycle.estimates import (
     BASIS_DEFAULT,
     BASIS_EXPECTED,
@@ -22,6 +23,7 @@ from scheduler.cycle.estimates import (
 from scheduler.cycle.run import cycle_run
 from scheduler.jobs.services import job_submit
 from scheduler.models import Job, JobAttempt
+from scheduler.nodes.attempts import attempt_exited
 from tests.conftest import make_node
 from tests.conftest import start_latest_attempt as run
 
@@ -38,7 +40,7 @@ def submit(user, share: str, gpus: int = 8, **fields) -> Job:
 def test_each_waiting_job_gets_when_and_where_it_would_start(world):
     """One node of 8 h100, research's job runs (expected 600 s); two more wait behind it, one
     expecting 300 s, the other giving only a timeout: they start in 600 and 900 s, on the node,
-    each saying what its estimate counts on. A job that starts loses its estimate."""
+    each saying what its estimate counts on."""
     make_node("node-0")
     first = submit(world.alice, "research", expected_seconds=600)
     cycle_run(force=True)
@@ -63,11 +65,43 @@ def test_each_waiting_job_gets_when_and_where_it_would_start(world):
     queue = page.get("/dash/queue/").content.decode()
     assert "<th>estimated start</th>" in queue
     assert f"<td>{third.estimated_start:%Y-%m-%d %H:%M}</td>" in queue
-    Job.objects.filter(pk=first.pk).update(state=Job.State.SUCCEEDED)
-    Job.objects.filter(pk=second.pk).update(state=Job.State.RUNNING)
+
+
+def test_a_job_that_leaves_the_queue_loses_its_estimate_at_once(world):
+    """Placed by a cycle or cancelled, a job shows no estimated start from that moment, not
+    only after the next refresh (which runs seconds later)."""
+    node = make_node("node-0")
+    first = submit(world.alice, "research", expected_seconds=600)
+    cycle_run(force=True)
+    run(first)
+    second = submit(world.alice, "research", expected_seconds=300)
+    third = submit(world.alice, "research", expected_seconds=300)
+    cycle_run(force=True)
     estimates_refresh()
+    assert all(job.estimated_start for job in Job.objects.filter(pk__in=[second.pk, third.pk]))
+    attempt = JobAttempt.objects.get(job=first)
+    attempt_exited(node=node, attempt_id=attempt.pk, end=END_EXIT, exit_code=0)
+    cycle_run(force=True)
     second = Job.objects.get(pk=second.pk)
-    assert second.estimated_start is None and second.estimate_basis == ""
+    assert second.state == Job.State.SCHEDULED
+    assert (second.estimated_start, second.estimated_nodes, second.estimate_basis) == (None, [], "")
+    shown = world.client("alice").get(f"/api/v1/jobs/{second.pk}/").json()
+    assert shown["estimated_start"] is None and shown["estimate_basis"] == ""
+    world.client("alice").post(f"/api/v1/jobs/{third.pk}/cancel/")
+    third = Job.objects.get(pk=third.pk)
+    assert third.state == Job.State.CANCELLED and third.estimated_start is None
+
+
+def test_a_refresh_clears_estimates_left_on_jobs_no_longer_waiting(world):
+    """Rows written before jobs lost their estimates on leaving the queue are mended."""
+    make_node("node-0")
+    job = submit(world.alice, "research")
+    Job.objects.filter(pk=job.pk).update(
+        state=Job.State.RUNNING, estimated_start=timezone.now(), estimate_basis="old"
+    )
+    estimates_refresh()
+    job = Job.objects.get(pk=job.pk)
+    assert job.estimated_start is None and job.estimate_basis == ""
 
 
 def test_a_job_beyond_the_horizon_has_no_estimate(world):
