@@ -31,8 +31,6 @@ from shares.selectors import current_usage, shares_visible_to
 
 NOT_A_LEAD = "The dashboards are for team leads and admins."
 NO_SUCH_JOB = "No job {job} among the jobs you may see."
-# A what-if runs nothing and stores nothing, but is checked as a submit, which needs a command.
-WHAT_IF_COMMAND = "true"
 SHARE_NOT_YOURS = "share {name!r} is not a share of your teams."
 UNKNOWN_STATE = "state: {value!r} is not a job state; showing jobs in every state."
 METRICS_FORBIDDEN = (
@@ -278,7 +276,7 @@ def job_estimate_view(request: HttpRequest) -> HttpResponse:
             share_name = data.pop("share")
             try:
                 answer = job_estimate(
-                    user=request.user, share_name=share_name, command=WHAT_IF_COMMAND,
+                    user=request.user, share_name=share_name,
                     members_only=True, **data,
                 )  # fmt: skip
             except ShareNotVisible:

@@ -44,7 +44,9 @@ def parser() -> argparse.ArgumentParser:
 
     submit = commands.add_parser("submit", help="submit a job; the command goes after --")
     estimate = commands.add_parser(
-        "estimate", help="when would this job start? (the arguments of submit; nothing stored)"
+        "estimate",
+        help="when would this job start? (the arguments of submit, the command optional; "
+        "nothing stored)",
     )
     for command in (submit, estimate):
         job_arguments(command)
@@ -102,10 +104,11 @@ def job_arguments(command: argparse.ArgumentParser) -> None:
     command.add_argument("job_command", nargs=argparse.REMAINDER)
 
 
-def job_request(args: argparse.Namespace) -> dict:
-    """The request `job_arguments` read, as `Client.submit` and `Client.estimate` take it."""
+def job_request(args: argparse.Namespace, *, command_required: bool = True) -> dict:
+    """The request `job_arguments` read, as `Client.submit` and `Client.estimate` take it (an
+    estimate's command may be left out: it changes no estimate)."""
     command = args.job_command[1:] if args.job_command[:1] == ["--"] else args.job_command
-    if not command:
+    if not command and command_required:
         raise SystemExit(NO_COMMAND)
     env = {}
     for item in args.env:
@@ -117,7 +120,7 @@ def job_request(args: argparse.Namespace) -> dict:
         "share": args.share,
         "gpus": args.gpus,
         "gpu_type": args.gpu_type,
-        "command": command if len(command) > 1 else command[0],
+        "command": (command if len(command) > 1 else command[0]) if command else None,
         "nodes": args.nodes,
         "priority": args.priority,
         "name": args.name,
@@ -219,7 +222,7 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
     emit = (lambda data: print(json.dumps(data, indent=2), file=out)) if args.json else None
 
     if args.command == "estimate":
-        answer = client.estimate(**job_request(args))
+        answer = client.estimate(**job_request(args, command_required=False))
         if emit:
             emit(answer)
             return 0

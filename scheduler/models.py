@@ -180,12 +180,6 @@ class Job(models.Model):
     PLACED_STATES = (State.SCHEDULED, State.STARTING, State.RUNNING, State.PREEMPTING)
     FINAL_STATES = (State.SUCCEEDED, State.FAILED, State.CANCELLED)
 
-    @staticmethod
-    def no_estimate() -> dict:
-        """The estimate fields of a job that has none: only a waiting (RUNNABLE) job has an
-        estimated start, and a job that leaves the queue loses it (`scheduler.transitions`)."""
-        return {"estimated_start": None, "estimated_nodes": [], "estimate_basis": ""}
-
     name = models.CharField(max_length=200, blank=True)
     # No index of its own: job_share_recent (share, -submitted_at) serves lookups by share, and
     # one index less is one write less per submit.
@@ -299,6 +293,12 @@ class Job(models.Model):
     def get_absolute_url(self) -> str:
         """The job's page on the dashboards (the admin's "view on site" leads there)."""
         return reverse("dashboards:job", args=[self.pk])
+
+    @staticmethod
+    def no_estimate() -> dict:
+        """The estimate fields of a job that has none: only a waiting (RUNNABLE) job has an
+        estimated start, and a job that leaves the queue loses it (`scheduler.transitions`)."""
+        return {"estimated_start": None, "estimated_nodes": [], "estimate_basis": ""}
 
     def clean(self) -> None:
         errors: dict[str, str] = {}

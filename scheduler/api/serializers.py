@@ -598,6 +598,16 @@ class JobSubmitSerializer(SharedFieldsMixin, serializers.Serializer):
     )
 
 
+class JobEstimateRequestSerializer(JobSubmitSerializer):
+    """What a what-if asks about: the body of a submit, the command optional (it changes no
+    estimate)."""
+
+    def get_fields(self) -> dict:
+        fields = super().get_fields()
+        fields["command"].required = False
+        return fields
+
+
 class JobEstimateSerializer(serializers.Serializer):
     """What-if: when a job would start if it were submitted now (nothing is stored)."""
 

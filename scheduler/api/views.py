@@ -163,14 +163,15 @@ class JobEstimateView(APIView):
     @extend_schema(
         operation_id="jobs_estimate",
         summary="When would this job start? (what-if: nothing is stored)",
-        description="The same body as a submit, checked by the same rules; the answer is when "
-        "the job would start if it were submitted now, behind the queue as it is and assuming "
-        "no other new job, and why it would wait (docs/estimates.md).",
-        request=s.JobSubmitSerializer,
+        description="The same body as a submit, checked by the same rules, the command "
+        "optional; the answer is when the job would start if it were submitted now, behind the "
+        "queue as it is and assuming no other new job, and why it would wait "
+        "(docs/estimates.md).",
+        request=s.JobEstimateRequestSerializer,
         responses={200: s.JobEstimateSerializer, **errors(400, 404)},
     )
     def post(self, request):
-        serializer = s.JobSubmitSerializer(data=request.data)
+        serializer = s.JobEstimateRequestSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
         share_name = data.pop("share")

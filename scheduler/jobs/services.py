@@ -306,10 +306,17 @@ def _checked_job(user, share_name: str, target, request: dict, client_token: str
     return job
 
 
-def job_estimate(*, user, share_name: str, gpu_type: str, gpus: int, command: str, **fields):
+# What a what-if runs when it is given no command: it runs nothing, and a command changes no
+# estimate, but the request is checked as a submit.
+WHAT_IF_COMMAND = "true"
+
+
+def job_estimate(
+    *, user, share_name: str, gpu_type: str, gpus: int, command: str = WHAT_IF_COMMAND, **fields
+):
     """What-if: when a job of this request would start if it were submitted now (nothing is
     stored), and why it would wait; the same checks as `job_submit` (ValidationError,
-    ShareNotVisible). Returns `scheduler.cycle.estimates.WhatIf`."""
+    ShareNotVisible), the command optional. Returns `scheduler.cycle.estimates.WhatIf`."""
     fields.pop("client_token", None)
     request = {
         "name": fields.get("name", ""),

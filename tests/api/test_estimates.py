@@ -46,6 +46,11 @@ def test_what_if_says_when_a_job_would_start_and_stores_nothing(world, bob_clien
     owner = carol.post(ESTIMATE, job_request(share="vision"), format="json").json()
     soon = datetime.fromisoformat(owner["estimated_start"]) - datetime.now(start.tzinfo)
     assert soon <= timedelta(seconds=3) and owner["reason"].startswith("reclaiming 8 h100")
+    # The command changes no estimate: a what-if may leave it out.
+    body = {k: v for k, v in job_request(share="vision").items() if k != "command"}
+    without = carol.post(ESTIMATE, body, format="json")
+    assert without.status_code == 200 and without.json()["reason"] == owner["reason"]
+    assert bob_client.estimate(share="research", gpus=8, gpu_type="h100")["reason"]
     assert Job.objects.count() == before
 
 
@@ -81,7 +86,7 @@ def test_a_waiting_job_shows_its_estimate_in_the_api_and_the_cli(world, bob_clie
     described = cli(live_server, token, "show", str(waiting["id"]))
     assert "estimated start" in described.stdout and "no new job" in described.stdout
     what_if = cli(live_server, token, "estimate", "--share", "research", "--gpus", "8",
-                  "--gpu-type", "h100", "--expected-seconds", "60", "--", "true")  # fmt: skip
+                  "--gpu-type", "h100", "--expected-seconds", "60")  # fmt: skip
     assert what_if.returncode == 0, what_if.stderr
     assert what_if.stdout.startswith("would start: ") and "no new job" in what_if.stdout
 
