@@ -27,7 +27,7 @@ EXIT_STATUS = (
     "3 wait timed out; 4 the portal could not be reached."
 )
 UNREACHABLE_HINT = "check --url or PORTAL_URL"
-NO_LOG = "job {job} has no log yet: it has not started, or its command has written nothing."
+NO_LOG = "job {job} has no log: it has not started yet, or its command wrote nothing."
 
 
 def parser() -> argparse.ArgumentParser:
@@ -164,7 +164,8 @@ def print_job(job: dict, out=sys.stdout, page: str | None = None) -> None:
     def say(*parts: str) -> None:
         print(*parts, file=out)
 
-    say(f"job {job['id']} {job['name']!r}: {job['state']} — {job['reason']}")
+    named = f" {job['name']!r}" if job["name"] else ""
+    say(f"job {job['id']}{named}: {job['state']} — {job['reason']}")
     if page:
         say(f"  page: {page}")
     say(

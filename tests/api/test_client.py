@@ -145,6 +145,7 @@ def test_cli_round_trip(world, live_server):
     listing = cli(live_server, token, "ls", "--share", "research")
     assert listing.returncode == 0 and f"{job['id']:>6}  research" in listing.stdout
     shown = cli(live_server, token, "show", str(job["id"]))
+    assert shown.stdout.startswith(f"job {job['id']}: RUNNABLE")  # unnamed: no empty name
     assert "command: python train.py --lr 0.1" in shown.stdout
     assert f"page: {live_server.url}/dash/jobs/{job['id']}/" in shown.stdout
     queue = cli(live_server, token, "queue")
