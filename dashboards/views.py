@@ -300,7 +300,8 @@ def job_view(request: HttpRequest, job_id: int) -> HttpResponse:
     page = selectors.job_page(request.user, job_id)
     if page is None:
         raise Http404(NO_SUCH_JOB.format(job=job_id))
-    return render(request, "dashboards/job.html", {**_nav(request), "page": page})
+    context = {**_nav(request), "page": page, "follow_every": settings.JOB_PAGE_FOLLOW_SECONDS}
+    return render(request, "dashboards/job.html", context)
 
 
 @login_required

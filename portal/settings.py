@@ -239,6 +239,8 @@ CYCLE_FULL_EVERY_SECONDS = env.float("CYCLE_FULL_EVERY_SECONDS", default=60.0)
 # the queue this far ahead.
 ESTIMATES_ENABLED = env.bool("ESTIMATES_ENABLED", default=True)
 ESTIMATE_EVERY_SECONDS = env.float("ESTIMATE_EVERY_SECONDS", default=10.0)
+# How often a job's page in the browser looks whether its job changed (0: it does not follow).
+JOB_PAGE_FOLLOW_SECONDS = env.float("JOB_PAGE_FOLLOW_SECONDS", default=10.0)
 ESTIMATE_HORIZON_SECONDS = env.float("ESTIMATE_HORIZON_SECONDS", default=7 * 86400.0)
 # ... within this much of the worker's time: a longer queue is replayed less far ahead.
 ESTIMATE_BUDGET_SECONDS = env.float("ESTIMATE_BUDGET_SECONDS", default=2.0)

@@ -13,9 +13,14 @@ from django.db import connections
 from django.utils import timezone
 
 from dashboards.services import history_rollup, history_sample
+from scheduler.agent.protocol import END_EXIT
+from scheduler.cycle.run import cycle_run
+from scheduler.jobs.services import job_submit
 from scheduler.models import GpuAssignment, Job, JobAttempt, Node
+from scheduler.nodes.attempts import attempt_exited
 from shares.models import QuotaShare, ShareChange
 from shares.services import share_create, share_update
+from tests.conftest import make_node, start_latest_attempt
 
 CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "screenshots"
@@ -342,3 +347,29 @@ def test_a_member_follows_and_cancels_their_job_in_the_browser(
     page.wait_for_selector("#state >> text=CANCELLED")
     assert "cancelled by bob" in page.inner_text("#state")
     assert page.locator("#cancel").count() == 0
+
+
+def test_a_job_page_follows_its_job_until_it_ends(
+    live_server, browser_page, research_share, bob, settings
+):
+    """bob keeps his waiting job's page open: it shows the job placed, then running, then
+    succeeded, each without his reloading it, and stops following once the job has ended."""
+    settings.JOB_PAGE_FOLLOW_SECONDS = 0.3
+    node = make_node("h0")
+    job, _ = job_submit(user=bob, share_name="research", gpu_type="h100", gpus=8, command="x")
+    page = browser_page
+    page.goto(f"{live_server.url}/dash/login/?next=/dash/jobs/{job.pk}/")
+    page.fill("input[name=username]", "bob")
+    page.fill("input[name=password]", "pw-bob-1234")
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{live_server.url}/dash/jobs/{job.pk}/")
+    assert page.inner_text("#state").startswith("RUNNABLE")
+    assert "follows the job" in page.inner_text("#follow")
+    cycle_run(force=True)
+    page.wait_for_selector("#state >> text=SCHEDULED")
+    start_latest_attempt(job)
+    page.wait_for_selector("#state >> text=RUNNING")
+    attempt = JobAttempt.objects.get(job=job)
+    attempt_exited(node=node, attempt_id=attempt.pk, end=END_EXIT, exit_code=0)
+    page.wait_for_selector("#state >> text=SUCCEEDED")
+    assert page.locator("#follow").count() == 0
