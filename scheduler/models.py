@@ -26,15 +26,21 @@ MAX_RETRY_ATTEMPTS = 20
 GPUS_DIVISIBLE_BY_NODES = (
     "gpus: must be divisible by nodes (each of the {nodes} nodes gets the same number of GPUs)."
 )
-PRIORITY_RANGE = f"priority: must be between 0 and {MAX_PRIORITY}."
+PRIORITY_RANGE = f"priority: must be a whole number between 0 and {MAX_PRIORITY}."
 
 
 def priority_in_range(priority: int) -> bool:
     return 0 <= priority <= MAX_PRIORITY
 
 
-TIMEOUT_RANGE = f"timeout_seconds: must be between 1 and {MAX_TIMEOUT_SECONDS} seconds (90 days)."
-EXPECTED_RANGE = f"expected_seconds: must be between 1 and {MAX_TIMEOUT_SECONDS} seconds (90 days)."
+TIMEOUT_RANGE = (
+    f"timeout_seconds: must be a whole number between 1 and {MAX_TIMEOUT_SECONDS} seconds "
+    "(90 days)."
+)
+EXPECTED_RANGE = (
+    f"expected_seconds: must be a whole number between 1 and {MAX_TIMEOUT_SECONDS} seconds "
+    "(90 days)."
+)
 NODE_GPUS_RANGE = f"gpus: a node has between 1 and {MAX_GPUS_PER_NODE} GPUs."
 MAX_IMAGE_CHARS = 512
 IMAGE_INVALID = (

@@ -23,8 +23,12 @@ BORROW_LIMIT_ONLY_WITH_LEND_AND_BORROW = (
     "RESERVE and LEND shares."
 )
 BORROW_LIMIT_RANGE = "borrow_limit: must be -1 (no cap beyond the cluster) or a percent ≥ 0."
-GRACE_SECONDS_RANGE = f"grace_seconds: must be between 0 and {MAX_GRACE_SECONDS} seconds."
-MIN_RUNTIME_RANGE = f"min_runtime_seconds: must be between 0 and {MAX_MIN_RUNTIME_SECONDS} seconds."
+GRACE_SECONDS_RANGE = (
+    f"grace_seconds: must be a whole number between 0 and {MAX_GRACE_SECONDS} seconds."
+)
+MIN_RUNTIME_RANGE = (
+    f"min_runtime_seconds: must be a whole number between 0 and {MAX_MIN_RUNTIME_SECONDS} seconds."
+)
 WEIGHT_POSITIVE = "weight: must be greater than 0."
 MAX_GPUS_POSITIVE = "max_gpus: a capacity limit must be at least 1 GPU."
 LEND_LIMIT_ABOVE_LIMIT = "lend_limit: cannot lend more than the limit ({max_gpus} {gpu_type} GPUs)."

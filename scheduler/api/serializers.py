@@ -77,13 +77,16 @@ ENV_NAME = (
 )
 ENV_VALUE_TOO_LONG = f"env: the value of {{name}} is longer than {MAX_ENV_VALUE_CHARS} characters."
 ENV_VALUE_TYPE = "env: the value of {name} must be a string."
-GPUS_RANGE = f"gpus: must be between 1 and {MAX_GPUS_ASKED}."
-NODES_RANGE = f"nodes: must be between 1 and {MAX_NODES_ASKED}."
-MAX_PREEMPTIONS_RANGE = f"max_preemptions: must be between 0 and {MAX_PREEMPTIONS}, or null."
-RETRY_ATTEMPTS_RANGE = f"retry_attempts: must be between 0 and {MAX_RETRY_ATTEMPTS}."
+GPUS_RANGE = f"gpus: must be a whole number between 1 and {MAX_GPUS_ASKED}."
+NODES_RANGE = f"nodes: must be a whole number between 1 and {MAX_NODES_ASKED}."
+MAX_PREEMPTIONS_RANGE = (
+    f"max_preemptions: must be a whole number between 0 and {MAX_PREEMPTIONS}, or null."
+)
+RETRY_ATTEMPTS_RANGE = f"retry_attempts: must be a whole number between 0 and {MAX_RETRY_ATTEMPTS}."
 NAME_TOO_LONG = f"name: at most {MAX_NAME_CHARS} characters."
 CLIENT_TOKEN_TOO_LONG = f"client_token: at most {MAX_CLIENT_TOKEN_CHARS} characters."
 ONLY_PRIORITY = "{fields}: only priority can be changed on a submitted job."
+UNKNOWN_JOB_FIELD = "{field}: not a field of a job (misspelled?); a job has: {known}."
 LIMITS_RANGE = f"capacity_limits: each limit is between 1 and {MAX_LIMIT_GPUS} GPUs."
 LEND_LIMIT_TYPE = "lend_limit: a number of GPUs for every type, or a map {gpu_type: GPUs}, or null."
 
@@ -596,6 +599,23 @@ class JobSubmitSerializer(SharedFieldsMixin, serializers.Serializer):
         help_text="false: the job runs only within its share's limit (it never borrows) and is "
         "never preempted, by a reclaim or in its share (docs/semantics.md).",
     )
+
+    def to_internal_value(self, data):
+        # A field the API does not know is refused, not ignored: a misspelled "preemptible"
+        # would otherwise leave the job preemptible without a word.
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields) - _FORM_ONLY_FIELDS)
+            if unknown:
+                known = ", ".join(self.fields)
+                raise serializers.ValidationError(
+                    {name: [UNKNOWN_JOB_FIELD.format(field=name[:100], known=known)]
+                     for name in unknown[:10]}
+                )  # fmt: skip
+        return super().to_internal_value(data)
+
+
+# What a form post carries beside the job's fields.
+_FORM_ONLY_FIELDS = frozenset({"csrfmiddlewaretoken"})
 
 
 class JobEstimateRequestSerializer(JobSubmitSerializer):

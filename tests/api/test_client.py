@@ -62,7 +62,7 @@ def test_errors_carry_the_apis_message(bob_client):
     with pytest.raises(PortalError) as error:
         bob_client.submit(share="research", gpus=8, gpu_type="h100", command="x", priority=10000)
     assert error.value.status == 400
-    assert str(error.value) == "HTTP 400: priority: must be between 0 and 9999."
+    assert str(error.value) == "HTTP 400: priority: must be a whole number between 0 and 9999."
 
 
 def test_jobs_follows_next_links(bob_client):

@@ -194,6 +194,22 @@ def test_wrong_types(world, field, value):
     assert field in response.json()
 
 
+def test_a_field_a_job_does_not_have_is_refused_naming_it(world):
+    """A misspelled field is not ignored: "preemtible": false would leave the job preemptible
+    without a word. The what-if refuses it too; a form's CSRF token is no job field."""
+    response = submit(world, preemtible=False)
+    known = ", ".join(s.JobSubmitSerializer().fields)
+    assert_error(response, 400, "preemtible", s.UNKNOWN_JOB_FIELD.format(field="preemtible",
+                                                                          known=known))  # fmt: skip
+    assert "preemptible" in response.json()["preemtible"][0]
+    both = world.client("bob").post(
+        "/api/v1/jobs/estimate/", job_request(priorty=5, gpu=2), format="json"
+    )
+    assert both.status_code == 400 and set(both.json()) == {"gpu", "priorty"}
+    form = world.client("bob").post(JOBS, {**job_request(), "csrfmiddlewaretoken": "x"})
+    assert form.status_code == 201, form.content
+
+
 def test_malformed_json(world):
     response = world.client("bob").post(JOBS, "{not json", content_type="application/json")
     assert response.status_code == 400
