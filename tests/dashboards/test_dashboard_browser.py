@@ -365,6 +365,16 @@ def test_a_job_page_follows_its_job_until_it_ends(
     page.wait_for_url(f"{live_server.url}/dash/jobs/{job.pk}/")
     assert page.inner_text("#state").startswith("RUNNABLE")
     assert "follows the job" in page.inner_text("#follow")
+    # An estimate moved by seconds shows the same minute: no reload. Moved by an hour: reload.
+    soon = timezone.now().replace(second=0, microsecond=0) + timedelta(hours=1)
+    Job.objects.filter(pk=job.pk).update(estimated_start=soon, estimate_basis="b")
+    page.wait_for_selector("#estimate >> text=Estimated start")
+    page.evaluate("window.notReloaded = true")
+    Job.objects.filter(pk=job.pk).update(estimated_start=soon + timedelta(seconds=20))
+    page.wait_for_timeout(1500)  # five looks
+    assert page.evaluate("window.notReloaded === true")
+    Job.objects.filter(pk=job.pk).update(estimated_start=soon + timedelta(hours=1))
+    page.wait_for_function("window.notReloaded === undefined")
     cycle_run(force=True)
     page.wait_for_selector("#state >> text=SCHEDULED")
     start_latest_attempt(job)

@@ -1,8 +1,8 @@
 // A job's page follows the job while it is not final: every `data-every` seconds it reads the
 // job from the API (`data-url`, with the page's own session) and reloads the page when the
-// state, the reason, the number of attempts or the estimated start differ from what the page
-// shows (`data-state`, `data-reason`, `data-attempts`, `data-estimate`). It waits while the tab
-// is hidden, and while someone is typing in a field, so that nothing typed is lost.
+// state, the reason, the number of attempts or the estimated start (to the minute) differ from
+// what the page shows (`data-state`, `data-reason`, `data-attempts`, `data-estimate`). It waits
+// while the tab is hidden, and while someone is typing in a field, so nothing typed is lost.
 (function () {
   "use strict";
   var shown = document.getElementById("follow");
@@ -10,9 +10,11 @@
   var every = parseFloat(shown.dataset.every) * 1000;
   if (!(every > 0)) return;
 
-  function sameTime(a, b) {
+  // The page shows the estimated start to the minute: a refresh that moves it by seconds
+  // changes nothing shown.
+  function sameMinute(a, b) {
     if (!a || !b) return !a && !b;
-    return Date.parse(a) === Date.parse(b);
+    return Math.floor(Date.parse(a) / 60000) === Math.floor(Date.parse(b) / 60000);
   }
 
   function changed(job) {
@@ -20,7 +22,7 @@
       job.state !== shown.dataset.state ||
       (job.reason || "") !== shown.dataset.reason ||
       String(job.attempt_count) !== shown.dataset.attempts ||
-      !sameTime(job.estimated_start, shown.dataset.estimate)
+      !sameMinute(job.estimated_start, shown.dataset.estimate)
     );
   }
 
