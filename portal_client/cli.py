@@ -22,12 +22,16 @@ NO_TOKEN = "no API token: pass --token or set PORTAL_TOKEN (manage.py drf_create
 NO_COMMAND = "no command: put it after --, like: submit ... -- python train.py"
 BAD_ENV = "--env takes NAME=VALUE, not {value!r}."
 EXIT_STATUS = (
-    "exit status: 0 done; 1 the job failed (submit --wait), or ended in another state than "
-    "the one waited for (wait --state); 2 the portal refused the request (the error says why); "
+    "exit status: 0 done; 1 the job failed (submit --wait), did not succeed (logs --follow), "
+    "or ended in another state than the one waited for (wait --state); 2 the portal refused "
+    "the request (the error says why); "
     "3 wait timed out; 4 the portal could not be reached."
 )
 UNREACHABLE_HINT = "check --url or PORTAL_URL"
 NO_LOG = "job {job} has no log: it has not started yet, or its command wrote nothing."
+LOG_SKIPPED = "[... more than the portal keeps of a log was written since the last look ...]"
+LOG_ATTEMPT = "[--- attempt {number}: a new log ---]"
+LOG_ENDED = "[job {job} ended {state}: {reason}]"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -64,6 +68,13 @@ def parser() -> argparse.ArgumentParser:
                        ("logs", "print the end of a job's log")):  # fmt: skip
         command = commands.add_parser(name, help=text)
         command.add_argument("job_id", type=int)
+    logs = commands.choices["logs"]
+    logs.add_argument(
+        "-f", "--follow", action="store_true",
+        help="then print what the log adds until the job ends (exit status 0 if it succeeded, "
+        "else 1); the agents send it every 15 s or so",
+    )  # fmt: skip
+    logs.add_argument("--every", type=float, default=5.0, help="seconds between looks (5)")
     wait = commands.add_parser("wait", help="wait until a job reaches a state")
     wait.add_argument("job_id", type=int)
     wait.add_argument("--state", action="append", help=f"default: {', '.join(FINAL_STATES)}")
@@ -102,6 +113,22 @@ def job_arguments(command: argparse.ArgumentParser) -> None:
         help="run only within the share's limit, never preempted",
     )  # fmt: skip
     command.add_argument("job_command", nargs=argparse.REMAINDER)
+
+
+def follow_logs(client: Client, job_id: int, every: float, out) -> int:
+    """`logs --follow`: the log on `out` as it grows; what is not the log on stderr."""
+    for kind, value in client.follow_logs(job_id, poll=every):
+        if kind == "text":
+            print(value, end="", file=out, flush=True)
+        elif kind == "skipped":
+            print(LOG_SKIPPED, file=sys.stderr, flush=True)
+        elif kind == "attempt":
+            print(LOG_ATTEMPT.format(number=value), file=sys.stderr, flush=True)
+        else:
+            print(LOG_ENDED.format(job=job_id, state=value["state"], reason=value["reason"]),
+                  file=sys.stderr)  # fmt: skip
+            return 0 if value["state"] == "SUCCEEDED" else 1
+    return 1
 
 
 def job_request(args: argparse.Namespace, *, command_required: bool = True) -> dict:
@@ -275,6 +302,8 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
             print_job(job, out)
         return 0
     if args.command == "logs":
+        if args.follow:
+            return follow_logs(client, args.job_id, args.every, out)
         log = client.logs(args.job_id)
         print(log, end="", file=out)
         if not log:  # said on stderr: what a script reads stays the log

@@ -4,12 +4,34 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import requests
 
 FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
+
+
+# Below this much text in common, the end of a log seen before and the end seen now are not
+# taken for overlapping: the log grew by more than the portal keeps in between.
+_LEAST_OVERLAP = 32
+
+
+def log_growth(shown: str, tail: str) -> tuple[str, bool]:
+    """What `tail`, the end of a log as the portal keeps it now, adds to `shown`, the end of the
+    same log seen earlier: (the new text, whether the log grew by more than the portal keeps in
+    between, so that some of it was never seen). The end the portal keeps is cut at a byte, so
+    it may begin with the remains of a character, which count for nothing."""
+    tail = tail.lstrip("\ufffd")
+    shown = shown.lstrip("\ufffd")
+    if not shown or tail == shown:
+        return ("" if tail == shown else tail), False
+    least = min(_LEAST_OVERLAP, len(shown), len(tail))
+    # The longest start of `tail` that `shown` ends with: the rest of `tail` is new.
+    for kept in range(min(len(shown), len(tail)), least - 1, -1):
+        if shown.endswith(tail[:kept]):
+            return tail[kept:], False
+    return tail, True
 
 
 class JobEnded(RuntimeError):
@@ -216,6 +238,32 @@ class Client:
     def logs(self, job_id: int) -> str:
         """The end of the job's log (latest attempt)."""
         return self.job(job_id)["log_tail"]
+
+    def follow_logs(self, job_id: int, poll: float = 5.0) -> Iterator[tuple[str, Any]]:
+        """The job's log as it grows, until the job ends: yields ("text", what the log added),
+        ("skipped", None) when it grew by more than the portal keeps of it between two looks
+        (that part is only on the node), ("attempt", n) when attempt n starts a new log (after
+        a preemption or a retry), and last ("ended", the job). The portal holds the end of the
+        latest attempt's log, which agents send every 15 s or so; `poll`: seconds between
+        looks."""
+        attempt, shown = None, ""
+        while True:
+            job = self.job(job_id)
+            number, tail = job["attempt_count"], job["log_tail"]
+            if number != attempt:
+                if attempt is not None:
+                    yield "attempt", number
+                attempt, shown = number, ""
+            added, skipped = log_growth(shown, tail)
+            if skipped:
+                yield "skipped", None
+            if added:
+                yield "text", added
+                shown = tail
+            if job["state"] in FINAL_STATES:
+                yield "ended", job
+                return
+            time.sleep(poll)
 
     # --- queue, shares, nodes -----------------------------------------------------------------
 
