@@ -29,6 +29,7 @@ EXIT_STATUS = (
 )
 UNREACHABLE_HINT = "check --url or PORTAL_URL"
 NO_LOG = "job {job} has no log: it has not started yet, or its command wrote nothing."
+FOLLOW_EVERY = 5.0  # seconds between two looks at a log followed
 LOG_SKIPPED = "[... more than the portal keeps of a log was written since the last look ...]"
 LOG_ATTEMPT = "[--- attempt {number}: a new log ---]"
 LOG_ENDED = "[job {job} ended {state}: {reason}]"
@@ -55,6 +56,10 @@ def parser() -> argparse.ArgumentParser:
     for command in (submit, estimate):
         job_arguments(command)
     submit.add_argument("--wait", action="store_true", help="wait until the job ends")
+    submit.add_argument(
+        "-f", "--follow", action="store_true",
+        help="then print its log as it grows until it ends, as logs --follow does",
+    )  # fmt: skip
 
     ls = commands.add_parser("ls", help="list jobs, newest first")
 
@@ -74,7 +79,12 @@ def parser() -> argparse.ArgumentParser:
         help="then print what the log adds until the job ends (exit status 0 if it succeeded, "
         "else 1); the agents send it every 15 s or so",
     )  # fmt: skip
-    logs.add_argument("--every", type=float, default=5.0, help="seconds between looks (5)")
+    logs.add_argument(
+        "--every",
+        type=float,
+        default=FOLLOW_EVERY,
+        help=f"seconds between looks ({FOLLOW_EVERY:g})",
+    )
     wait = commands.add_parser("wait", help="wait until a job reaches a state")
     wait.add_argument("job_id", type=int)
     wait.add_argument("--state", action="append", help=f"default: {', '.join(FINAL_STATES)}")
@@ -262,7 +272,10 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
         return 0
     if args.command == "submit":
         job = client.submit(**job_request(args))
-        if args.wait:
+        if args.follow and not emit:
+            print(f"job {job['id']} {job['state']}: {job['reason']}", file=sys.stderr)
+            return follow_logs(client, job["id"], FOLLOW_EVERY, out)
+        if args.wait or args.follow:
             job = client.wait(job["id"])
         if emit:
             emit(job)

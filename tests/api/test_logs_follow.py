@@ -16,7 +16,7 @@ from portal_client.client import log_growth
 from scheduler.agent.protocol import END_EXIT, LOG_TAIL_CHARS
 from scheduler.cycle.run import cycle_run
 from scheduler.jobs.services import job_submit
-from scheduler.models import JobAttempt
+from scheduler.models import Job, JobAttempt
 from scheduler.nodes.attempts import attempt_exited, attempt_log
 from tests.api.test_client import ROOT
 from tests.conftest import make_node, start_latest_attempt
@@ -91,6 +91,32 @@ def test_the_cli_follows_a_log_through_a_retry_until_the_job_ends(world, live_se
         assert process.wait(timeout=30) == 0
         ended = LOG_ENDED.format(job=job.pk, state="SUCCEEDED", reason="exited with code 0")
         assert process.stderr.read() == ended + "\n"
+    finally:
+        process.kill()
+        process.wait()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_submit_follow_prints_the_new_jobs_log_until_it_ends(world, live_server):
+    node = make_node("f0")
+    env = {**os.environ, "PORTAL_URL": live_server.url, "PORTAL_TOKEN": world.tokens["bob"]}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "portal_client", "submit", "--share", "research", "--gpus", "8",
+         "--gpu-type", "h100", "--follow", "--", "python", "train.py"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
+    )  # fmt: skip
+    try:
+        said = read_line(process, process.stderr)
+        assert said.startswith("job ") and " RUNNABLE: " in said
+        job_id = int(said.split()[1])
+        cycle_run(force=True)
+        job = Job.objects.get(pk=job_id, submitted_by=world.bob)
+        start_latest_attempt(job)
+        attempt = JobAttempt.objects.get(job=job)
+        attempt_exited(node=node, attempt_id=attempt.pk, end=END_EXIT, exit_code=3,
+                       log_tail="epoch 1\nout of memory\n")  # fmt: skip
+        assert process.wait(timeout=30) == 1  # it did not succeed
+        assert process.stdout.read() == "epoch 1\nout of memory\n"
     finally:
         process.kill()
         process.wait()
