@@ -3,6 +3,7 @@ the queue as the engine considers it, and who may see what."""
 
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -844,6 +845,23 @@ def mark_held_off(jobs: Iterable[Job]) -> None:
     held = job_selectors.held_off(Job.objects.filter(pk__in=[job.pk for job in jobs]))
     for job in jobs:
         job.held_off_until = held.get(job.pk)
+
+
+def jobs_shown(jobs: Iterable[Job], count: int) -> str:
+    """What a jobs page shows of its `jobs` (with `held_off_until`, as `mark_held_off` sets
+    it) and of the `count` of jobs its filter finds, as one string that changes when any of
+    it does: the page follows its jobs by comparing it (times to the minute, as shown)."""
+
+    def minute(at: datetime | None) -> str:
+        return f"{at:%Y-%m-%d %H:%M}" if at is not None else ""
+
+    digest = hashlib.sha256(str(count).encode())
+    for job in jobs:
+        estimate = job.estimated_start if job.state == Job.State.RUNNABLE else None
+        row = (job.pk, job.state, job.reason, minute(estimate), minute(job.held_off_until),
+               minute(job.started_at), minute(job.finished_at), job.priority)  # fmt: skip
+        digest.update(repr(row).encode())
+    return digest.hexdigest()[:16]
 
 
 @dataclass(frozen=True)

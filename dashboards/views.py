@@ -9,7 +9,7 @@ from django.conf import settings
 from django.contrib.auth.decorators import login_required as _login_required
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse_lazy
 from django.utils import timezone
@@ -251,6 +251,9 @@ def jobs(request: HttpRequest) -> HttpResponse:
     page = Paginator(selectors.jobs_of(request.user, mine=mine, state=state),
                      selectors.JOBS_PER_PAGE).get_page(request.GET.get("page"))  # fmt: skip
     selectors.mark_held_off(page.object_list)
+    shown = selectors.jobs_shown(page.object_list, page.paginator.count)
+    if request.GET.get("look"):  # the page following its jobs (static/dashboards/follow.js)
+        return JsonResponse({"shown": shown})
     context = {
         **_nav(request),
         "page": page,
@@ -258,6 +261,8 @@ def jobs(request: HttpRequest) -> HttpResponse:
         "state": state,
         "states": Job.State.values,
         "error": error,
+        "shown": shown,
+        "follow_every": settings.JOB_PAGE_FOLLOW_SECONDS,
     }
     return render(request, "dashboards/jobs.html", context)
 

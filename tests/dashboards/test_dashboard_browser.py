@@ -349,6 +349,14 @@ def test_a_member_follows_and_cancels_their_job_in_the_browser(
     assert page.locator("#cancel").count() == 0
 
 
+def log_in_as_bob(page, live_server, *, next_url: str) -> None:
+    page.goto(f"{live_server.url}/dash/login/?next={next_url}")
+    page.fill("input[name=username]", "bob")
+    page.fill("input[name=password]", "pw-bob-1234")
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{live_server.url}{next_url}")
+
+
 def test_a_job_page_follows_its_job_until_it_ends(
     live_server, browser_page, research_share, bob, settings
 ):
@@ -358,11 +366,7 @@ def test_a_job_page_follows_its_job_until_it_ends(
     node = make_node("h0")
     job, _ = job_submit(user=bob, share_name="research", gpu_type="h100", gpus=8, command="x")
     page = browser_page
-    page.goto(f"{live_server.url}/dash/login/?next=/dash/jobs/{job.pk}/")
-    page.fill("input[name=username]", "bob")
-    page.fill("input[name=password]", "pw-bob-1234")
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{live_server.url}/dash/jobs/{job.pk}/")
+    log_in_as_bob(page, live_server, next_url=f"/dash/jobs/{job.pk}/")
     assert page.inner_text("#state").startswith("RUNNABLE")
     assert "follows the job" in page.inner_text("#follow")
     # An estimate moved by seconds shows the same minute: no reload. Moved by an hour: reload.
@@ -383,3 +387,19 @@ def test_a_job_page_follows_its_job_until_it_ends(
     attempt_exited(node=node, attempt_id=attempt.pk, end=END_EXIT, exit_code=0)
     page.wait_for_selector("#state >> text=SUCCEEDED")
     assert page.locator("#follow").count() == 0
+
+
+def test_the_jobs_page_follows_its_jobs(live_server, browser_page, research_share, bob, settings):
+    """bob's jobs page shows his job placed, and his next job when it comes, without his
+    reloading it."""
+    settings.JOB_PAGE_FOLLOW_SECONDS = 0.3
+    make_node("h0")
+    job, _ = job_submit(user=bob, share_name="research", gpu_type="h100", gpus=8, command="x")
+    page = browser_page
+    log_in_as_bob(page, live_server, next_url="/dash/jobs/")
+    row = f"tr:has(a[href='/dash/jobs/{job.pk}/'])"
+    assert "RUNNABLE" in page.inner_text(row)
+    cycle_run(force=True)
+    page.wait_for_selector(f"{row} >> text=SCHEDULED")
+    second, _ = job_submit(user=bob, share_name="research", gpu_type="h100", gpus=4, command="y")
+    page.wait_for_selector(f"a[href='/dash/jobs/{second.pk}/']")

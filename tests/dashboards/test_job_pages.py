@@ -78,6 +78,27 @@ def test_the_jobs_list_filters_by_state_and_says_when_the_state_is_none(world):
     assert f"/dash/jobs/{running.pk}/" in page and f"/dash/jobs/{waiting.pk}/" in page
 
 
+def test_what_a_jobs_page_shows_changes_with_its_jobs_and_nothing_else(world):
+    """The string a jobs page follows (`?look=1`, what the page embeds) stays the same while
+    its jobs do, and changes when one is placed or a new one comes; another team's new job,
+    not on the page, changes nothing."""
+    first = submit(world.bob)
+    client, response = page_of(world.bob, "/dash/jobs/")
+    embedded = re.search(r'data-shown="(\w+)"', response.content.decode())[1]
+
+    def shown() -> str:
+        return client.get("/dash/jobs/?look=1").json()["shown"]
+
+    assert shown() == embedded
+    submit(world.carol, "vision")
+    assert shown() == embedded
+    cycle_run(force=True)
+    placed = shown()
+    assert Job.objects.get(pk=first.pk).state == Job.State.SCHEDULED and placed != embedded
+    submit(world.bob, gpus=4)
+    assert shown() != placed
+
+
 def test_a_waiting_job_says_why_until_when_and_who_is_ahead(world):
     """alice's job runs; alice's second and bob's job wait behind it, bob's second in line,
     with the estimate the refresh made."""
