@@ -22,7 +22,7 @@ from scheduler.cycle.estimates import (
 )
 from scheduler.cycle.run import cycle_run
 from scheduler.jobs.services import job_submit
-from scheduler.models import Job, JobAttempt
+from scheduler.models import Job, JobAttempt, Node
 from scheduler.nodes.attempts import attempt_exited
 from tests.conftest import make_node
 from tests.conftest import start_latest_attempt as run
@@ -37,17 +37,24 @@ def submit(user, share: str, gpus: int = 8, **fields) -> Job:
     return job
 
 
-def test_each_waiting_job_gets_when_and_where_it_would_start(world):
-    """One node of 8 h100, research's job runs (expected 600 s); two more wait behind it, one
-    expecting 300 s, the other giving only a timeout: they start in 600 and 900 s, on the node,
-    each saying what its estimate counts on."""
-    make_node("node-0")
+def one_running_two_waiting(world, **third_fields) -> tuple[Node, Job, Job, Job]:
+    """On one node of 8 h100, research's first job runs (expected 600 s) and two more wait
+    behind it, the second expecting 300 s, the third with `third_fields`: (node, jobs)."""
+    node = make_node("node-0")
     first = submit(world.alice, "research", expected_seconds=600)
     cycle_run(force=True)
     run(first)
     second = submit(world.alice, "research", expected_seconds=300)
-    third = submit(world.alice, "research", timeout_seconds=7200)
+    third = submit(world.alice, "research", **third_fields)
     cycle_run(force=True)
+    return node, first, second, third
+
+
+def test_each_waiting_job_gets_when_and_where_it_would_start(world):
+    """One node of 8 h100, research's job runs (expected 600 s); two more wait behind it, one
+    expecting 300 s, the other giving only a timeout: they start in 600 and 900 s, on the node,
+    each saying what its estimate counts on."""
+    _node, _first, second, third = one_running_two_waiting(world, timeout_seconds=7200)
     before = timezone.now()
     refresh = estimates_refresh()
     assert (refresh.runnable, refresh.estimated) == (2, 2)
@@ -70,13 +77,7 @@ def test_each_waiting_job_gets_when_and_where_it_would_start(world):
 def test_a_job_that_leaves_the_queue_loses_its_estimate_at_once(world):
     """Placed by a cycle or cancelled, a job shows no estimated start from that moment, not
     only after the next refresh (which runs seconds later)."""
-    node = make_node("node-0")
-    first = submit(world.alice, "research", expected_seconds=600)
-    cycle_run(force=True)
-    run(first)
-    second = submit(world.alice, "research", expected_seconds=300)
-    third = submit(world.alice, "research", expected_seconds=300)
-    cycle_run(force=True)
+    node, first, second, third = one_running_two_waiting(world, expected_seconds=300)
     estimates_refresh()
     assert all(job.estimated_start for job in Job.objects.filter(pk__in=[second.pk, third.pk]))
     attempt = JobAttempt.objects.get(job=first)
