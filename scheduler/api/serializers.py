@@ -618,7 +618,7 @@ class JobSubmitSerializer(SharedFieldsMixin, serializers.Serializer):
 _FORM_ONLY_FIELDS = frozenset({"csrfmiddlewaretoken"})
 
 
-class JobEstimateRequestSerializer(JobSubmitSerializer):
+class JobWhatIfSerializer(JobSubmitSerializer):
     """What a what-if asks about: the body of a submit, the command optional (it changes no
     estimate)."""
 

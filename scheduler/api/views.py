@@ -167,11 +167,11 @@ class JobEstimateView(APIView):
         "optional; the answer is when the job would start if it were submitted now, behind the "
         "queue as it is and assuming no other new job, and why it would wait "
         "(docs/estimates.md).",
-        request=s.JobEstimateRequestSerializer,
+        request=s.JobWhatIfSerializer,
         responses={200: s.JobEstimateSerializer, **errors(400, 404)},
     )
     def post(self, request):
-        serializer = s.JobEstimateRequestSerializer(data=request.data)
+        serializer = s.JobWhatIfSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
         share_name = data.pop("share")
