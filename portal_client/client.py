@@ -251,7 +251,7 @@ class Client:
             job = self.job(job_id)
             number, tail = job["attempt_count"], job["log_tail"]
             if number != attempt:
-                if attempt is not None:
+                if attempt:  # a log was followed before: this one is another attempt's
                     yield "attempt", number
                 attempt, shown = number, ""
             added, skipped = log_growth(shown, tail)

@@ -117,6 +117,7 @@ def test_submit_follow_prints_the_new_jobs_log_until_it_ends(world, live_server)
                        log_tail="epoch 1\nout of memory\n")  # fmt: skip
         assert process.wait(timeout=30) == 1  # it did not succeed
         assert process.stdout.read() == "epoch 1\nout of memory\n"
+        assert "attempt" not in process.stderr.read()  # its first attempt is no news
     finally:
         process.kill()
         process.wait()
