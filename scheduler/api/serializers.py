@@ -759,13 +759,21 @@ class LendLimitField(serializers.Field):
         return value
 
 
+# What the keys of a map by GPU type are. Said in words: OpenAPI 3.0, which the schema is,
+# has no propertyNames, and a schema using it fails validation.
+_GPU_TYPE_KEYS = (
+    f"GPUs by GPU type; a GPU type matches ^{GPU_TYPE_RE.pattern}$ (lowercase letters, digits "
+    "and '-')."
+)
+
+
 @extend_schema_field(
     {
         "oneOf": [
             {"type": "integer", "minimum": 0, "maximum": MAX_LIMIT_GPUS},
             {
                 "type": "object",
-                "propertyNames": {"pattern": f"^{GPU_TYPE_RE.pattern}$"},
+                "description": _GPU_TYPE_KEYS,
                 "additionalProperties": {
                     "type": "integer",
                     "minimum": 0,
@@ -785,7 +793,7 @@ class DocumentedLendLimitField(LendLimitField):
         "type": "object",
         "minProperties": 1,
         "maxProperties": MAX_GPU_TYPES_PER_SHARE,
-        "propertyNames": {"pattern": f"^{GPU_TYPE_RE.pattern}$"},
+        "description": _GPU_TYPE_KEYS,
         "additionalProperties": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT_GPUS},
         "example": {"h100": 8},
     }

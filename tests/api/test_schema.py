@@ -36,6 +36,15 @@ def keep_the_test_connection():
     request_finished.connect(close_old_connections)
 
 
+def test_the_schema_is_valid_openapi():
+    """What `manage.py spectacular --validate` checks: the schema is valid OpenAPI 3.0, so
+    client generators and validators take it as it is."""
+    from drf_spectacular.generators import SchemaGenerator
+    from drf_spectacular.validation import validate_schema
+
+    validate_schema(SchemaGenerator().get_schema(request=None, public=True))
+
+
 @schema.parametrize()
 @settings(
     max_examples=EXAMPLES_PER_OPERATION,
