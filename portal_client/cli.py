@@ -125,6 +125,11 @@ def job_arguments(command: argparse.ArgumentParser) -> None:
     command.add_argument("job_command", nargs=argparse.REMAINDER)
 
 
+def submitted_line(job: dict) -> str:
+    """What `submit` says of the job it submitted."""
+    return f"job {job['id']} {job['state']}: {job['reason']}"
+
+
 def follow_logs(client: Client, job_id: int, every: float, out) -> int:
     """`logs --follow`: the log on `out` as it grows; what is not the log on stderr."""
     for kind, value in client.follow_logs(job_id, poll=every):
@@ -273,14 +278,14 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
     if args.command == "submit":
         job = client.submit(**job_request(args))
         if args.follow and not emit:
-            print(f"job {job['id']} {job['state']}: {job['reason']}", file=sys.stderr)
+            print(submitted_line(job), file=sys.stderr)
             return follow_logs(client, job["id"], FOLLOW_EVERY, out)
         if args.wait or args.follow:
             job = client.wait(job["id"])
         if emit:
             emit(job)
         else:
-            print(f"job {job['id']} {job['state']}: {job['reason']}", file=out)
+            print(submitted_line(job), file=out)
         return 0 if job["state"] != "FAILED" else 1
     if args.command == "ls":
         jobs = client.jobs(

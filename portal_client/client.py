@@ -24,8 +24,10 @@ def log_growth(shown: str, tail: str) -> tuple[str, bool]:
     it may begin with the remains of a character, which count for nothing."""
     tail = tail.lstrip("\ufffd")
     shown = shown.lstrip("\ufffd")
-    if not shown or tail == shown:
-        return ("" if tail == shown else tail), False
+    if tail == shown:
+        return "", False
+    if not shown:
+        return tail, False
     least = min(_LEAST_OVERLAP, len(shown), len(tail))
     # The longest start of `tail` that `shown` ends with: the rest of `tail` is new.
     for kept in range(min(len(shown), len(tail)), least - 1, -1):

@@ -128,12 +128,12 @@ def browser_page(monkeypatch):
         browser.close()
 
 
-def log_in(page, live_server, username: str, password: str) -> None:
-    page.goto(f"{live_server.url}/dash/login/?next=/dash/")
+def log_in(page, live_server, username: str, password: str, next_url: str = "/dash/") -> None:
+    page.goto(f"{live_server.url}/dash/login/?next={next_url}")
     page.fill("input[name=username]", username)
     page.fill("input[name=password]", password)
     page.click("button[type=submit]")
-    page.wait_for_url(f"{live_server.url}/dash/")
+    page.wait_for_url(f"{live_server.url}{next_url}")
 
 
 def trace_names(page, div_id: str) -> list[str]:
@@ -349,14 +349,6 @@ def test_a_member_follows_and_cancels_their_job_in_the_browser(
     assert page.locator("#cancel").count() == 0
 
 
-def log_in_as_bob(page, live_server, *, next_url: str) -> None:
-    page.goto(f"{live_server.url}/dash/login/?next={next_url}")
-    page.fill("input[name=username]", "bob")
-    page.fill("input[name=password]", "pw-bob-1234")
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{live_server.url}{next_url}")
-
-
 def test_a_job_page_follows_its_job_until_it_ends(
     live_server, browser_page, research_share, bob, settings
 ):
@@ -366,7 +358,7 @@ def test_a_job_page_follows_its_job_until_it_ends(
     node = make_node("h0")
     job, _ = job_submit(user=bob, share_name="research", gpu_type="h100", gpus=8, command="x")
     page = browser_page
-    log_in_as_bob(page, live_server, next_url=f"/dash/jobs/{job.pk}/")
+    log_in(page, live_server, "bob", "pw-bob-1234", f"/dash/jobs/{job.pk}/")
     assert page.inner_text("#state").startswith("RUNNABLE")
     assert "follows the job" in page.inner_text("#follow")
     # An estimate moved by seconds shows the same minute: no reload. Moved by an hour: reload.
@@ -396,7 +388,7 @@ def test_the_jobs_page_follows_its_jobs(live_server, browser_page, research_shar
     make_node("h0")
     job, _ = job_submit(user=bob, share_name="research", gpu_type="h100", gpus=8, command="x")
     page = browser_page
-    log_in_as_bob(page, live_server, next_url="/dash/jobs/")
+    log_in(page, live_server, "bob", "pw-bob-1234", "/dash/jobs/")
     row = f"tr:has(a[href='/dash/jobs/{job.pk}/'])"
     assert "RUNNABLE" in page.inner_text(row)
     cycle_run(force=True)
