@@ -13,6 +13,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 from portal_client.client import FINAL_STATES, Client, JobEnded, PortalError, PortalUnreachable
 from scheduler.version import VERSION
@@ -25,7 +26,8 @@ EXIT_STATUS = (
     "exit status: 0 done; 1 the job failed (submit --wait), did not succeed (logs --follow), "
     "or ended in another state than the one waited for (wait --state); 2 the portal refused "
     "the request (the error says why); "
-    "3 wait timed out; 4 the portal could not be reached."
+    "3 wait timed out; 4 the portal could not be reached; 141 what read the output went away "
+    "(| head)."
 )
 UNREACHABLE_HINT = "check --url or PORTAL_URL"
 NO_LOG = "job {job} has no log: it has not started yet, or its command wrote nothing."
@@ -91,6 +93,12 @@ def parser() -> argparse.ArgumentParser:
     wait.add_argument("--timeout", type=float, default=3600)
     commands.add_parser("queue", help="the front of the queue and per-share usage")
     commands.add_parser("shares", help="your shares and their usage")
+    for command in commands.choices.values():
+        # Also after the command (`gpu-portal show 8 --json`), as people type it; not given
+        # there, the one before the command stands.
+        command.add_argument(
+            "--json", action="store_true", default=argparse.SUPPRESS, help="print the API's JSON"
+        )
     return main
 
 
@@ -178,18 +186,42 @@ def job_request(args: argparse.Namespace, *, command_required: bool = True) -> d
     }
 
 
+def span(seconds: float) -> str:
+    """A length of time as people say it: 40 s, 20 min, 3 h 5 min, 4 days."""
+    seconds = round(abs(seconds))
+    if seconds < 90:
+        return f"{seconds} s"
+    minutes = round(seconds / 60)
+    if minutes < 90:
+        return f"{minutes} min"
+    if minutes < 48 * 60:
+        hours, minutes = divmod(minutes, 60)
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    return f"{round(minutes / 1440)} days"
+
+
+def moment(iso: str, now: datetime | None = None) -> str:
+    """A time of the API (ISO 8601) as people read it: to the second, in UTC, and how far from
+    now (`now`: this machine's clock): "2026-12-05 18:04:30 UTC (in 20 min)". --json keeps the
+    API's own."""
+    at = datetime.fromisoformat(iso).astimezone(UTC)
+    delta = (at - (now or datetime.now(UTC))).total_seconds()
+    when = "now" if abs(delta) < 1 else f"in {span(delta)}" if delta > 0 else f"{span(delta)} ago"
+    return f"{at:%Y-%m-%d %H:%M:%S} UTC ({when})"
+
+
 def estimate_line(job: dict) -> str:
     """When a waiting job is estimated to start (or an empty string)."""
     if job.get("estimated_start"):
         nodes = ", ".join(job.get("estimated_nodes") or [])
-        return f"estimated start {job['estimated_start']} on {nodes or '?'}"
+        return f"estimated start {moment(job['estimated_start'])} on {nodes or '?'}"
     if job.get("estimate_basis"):
         return "estimated start: not within the estimate's horizon"
     return ""
 
 
 def job_row(job: dict) -> str:
-    estimate = f" ({estimate_line(job)})" if job.get("estimated_start") else ""
+    estimate = f" — {estimate_line(job)}" if job.get("estimated_start") else ""
     return (
         f"{job['id']:>6}  {job['share']:<14} {job['state']:<10} {job['gpus']:>3} × "
         f"{job['gpu_type']:<8} p{job['priority']:<5} {job['name'] or '-':<16} {job['reason']}"
@@ -212,22 +244,31 @@ def print_job(job: dict, out=sys.stdout, page: str | None = None) -> None:
         say(f"  page: {page}")
     say(
         f"  share {job['share']}, {job['gpus']} × {job['gpu_type']} on {job['nodes']} node(s), "
-        f"priority {job['priority']}, submitted by {job['submitted_by']} at {job['submitted_at']}"
+        f"priority {job['priority']}, submitted by {job['submitted_by']} at "
+        f"{moment(job['submitted_at'])}"
     )
     say(f"  command: {job['command']}")
     if job.get("working_dir"):
         say(f"  starts in: {job['working_dir']}")
     if estimate_line(job):
         say(f"  {estimate_line(job)} ({job['estimate_basis']})")
+    latest = job["attempts"][-1] if job.get("attempts") else None
+    if latest is not None and latest["started_at"] and latest["ended_at"] is None:
+        say(f"  attempt {latest['number']} running since {moment(latest['started_at'])}")
+    if job["state"] in FINAL_STATES and job.get("finished_at"):
+        started = f"started at {moment(job['started_at'])}, " if job.get("started_at") else ""
+        say(f"  {started}ended at {moment(job['finished_at'])}")
     if "allocations" in job:
+        # The latest attempt's GPUs: held now, or where it last ran.
+        where = "on" if latest is not None and latest["ended_at"] is None else "last ran on"
         for allocation in job["allocations"]:
             indices = ",".join(str(i) for i in allocation["gpu_indices"])
-            say(f"  node {allocation['node']}: GPUs {indices}")
+            say(f"  {where} node {allocation['node']}: GPUs {indices}")
         preemptions = job["preemptions"]
         say(f"  attempts {job['attempt_count']}, preemptions {preemptions['count']}")
         for attempt in preemptions["recent"]:
             say(
-                f"    attempt {attempt['number']} preempted at {attempt['ended_at']}"
+                f"    attempt {attempt['number']} preempted at {moment(attempt['ended_at'])}"
                 f" for job {attempt['preempted_for']}: {attempt['end_reason']}"
             )
 
@@ -269,7 +310,8 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
         if emit:
             emit(answer)
             return 0
-        when = answer["estimated_start"] or "not within the estimate's horizon"
+        start = answer["estimated_start"]
+        when = moment(start) if start else "not within the estimate's horizon"
         nodes = ", ".join(answer["estimated_nodes"])
         print(f"would start: {when}" + (f" on {nodes}" if nodes else ""), file=out)
         print(f"  {answer['reason'] or 'at once, at the next cycle'}", file=out)
@@ -367,7 +409,14 @@ FAILURES: dict[type[Exception], int] = {
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return run(args)
+        status = run(args)
+        sys.stdout.flush()  # here, where a reader gone away is heard (below)
+        return status
+    except BrokenPipeError:
+        # What read the output went away (`gpu-portal ls | head`): stop quietly, as the shell's
+        # own tools do, and keep Python from failing again as it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except tuple(FAILURES) as error:
         hint = f"; {UNREACHABLE_HINT}" if isinstance(error, PortalUnreachable) else ""
         print(f"error: {error}{hint}", file=sys.stderr)

@@ -159,6 +159,32 @@ def test_cli_round_trip(world, live_server):
     assert "CANCELLED" in cancelled.stdout
 
 
+def test_the_cli_takes_json_after_the_command_too(world, live_server):
+    token = world.tokens["bob"]
+    job = json.loads(
+        cli(live_server, token, "submit", "--share", "research", "--gpus", "8", "--gpu-type",
+            "h100", "--json", "--", "python", "train.py").stdout
+    )  # fmt: skip
+    for args in (("show", str(job["id"]), "--json"), ("--json", "show", str(job["id"]))):
+        shown = cli(live_server, token, *args)
+        assert shown.returncode == 0, shown.stderr
+        assert json.loads(shown.stdout)["id"] == job["id"]
+    listed = cli(live_server, token, "ls", "--json")
+    assert [entry["id"] for entry in json.loads(listed.stdout)] == [job["id"]]
+
+
+def test_the_cli_stops_quietly_when_what_reads_its_output_goes_away(world, live_server):
+    """`gpu-portal ls | head`: head leaves before the list is written; no traceback."""
+    env = {**os.environ, "PORTAL_URL": live_server.url, "PORTAL_TOKEN": world.tokens["bob"]}
+    listing = subprocess.Popen(
+        [sys.executable, "-m", "portal_client", "ls"], cwd=ROOT, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    listing.stdout.close()  # before it has written anything: it asks the portal first
+    _, stderr = listing.communicate(timeout=60)
+    assert listing.returncode == 141 and stderr == b""
+
+
 def test_the_cli_sends_the_working_directory_as_an_absolute_path(world, live_server, tmp_path):
     """`--working-dir` (or sbatch's `--chdir`) is where the command starts on the node: a
     relative one is taken from where the CLI runs; `show` says it."""
