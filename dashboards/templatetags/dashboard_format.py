@@ -1,6 +1,8 @@
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from django import template
+from django.utils import dateformat
+from django.utils.html import format_html
 
 register = template.Library()
 
@@ -21,3 +23,19 @@ def duration(value: timedelta | None) -> str:
     if minutes:
         return f"{minutes} min {seconds:02d} s"
     return f"{seconds} s"
+
+
+@register.filter
+def moment(value: datetime | None, shown: str = "Y-m-d H:i") -> str:
+    """A time as the pages show it (`shown`: a `date` format, and " UTC" at its end to say so
+    where no column header does), marked so that times.js adds how far it is from now
+    ("in 20 min", "3 min ago") and keeps that current; "—" for none."""
+    if value is None:
+        return "—"
+    shown, utc, _ = shown.partition(" UTC")
+    return format_html(
+        '<time datetime="{}" data-from-now>{}{}</time>',
+        value.astimezone(UTC).isoformat(),
+        dateformat.format(value.astimezone(UTC), shown),
+        utc,
+    )

@@ -70,8 +70,8 @@ def test_each_waiting_job_gets_when_and_where_it_would_start(world):
     page = Client()
     page.force_login(world.alice)
     queue = page.get("/dash/queue/").content.decode()
-    assert "<th>estimated start</th>" in queue
-    assert f"<td>{third.estimated_start:%Y-%m-%d %H:%M}</td>" in queue
+    assert "<th>estimated start (UTC)</th>" in queue
+    assert f" data-from-now>{third.estimated_start:%Y-%m-%d %H:%M}</time></td>" in queue
 
 
 def test_a_job_that_leaves_the_queue_loses_its_estimate_at_once(world):

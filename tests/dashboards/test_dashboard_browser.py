@@ -395,3 +395,26 @@ def test_the_jobs_page_follows_its_jobs(live_server, browser_page, research_shar
     page.wait_for_selector(f"{row} >> text=SCHEDULED")
     second, _ = job_submit(user=bob, share_name="research", gpu_type="h100", gpus=4, command="y")
     page.wait_for_selector(f"a[href='/dash/jobs/{second.pk}/']")
+
+
+def test_a_job_page_says_how_far_its_times_are_from_now(
+    live_server, browser_page, research_share, bob
+):
+    """bob's waiting job: its page shows the estimated start and the submission in UTC, each
+    with how far it is from now by the browser's clock; so does his jobs page."""
+    make_node("h0")
+    now = timezone.now()
+    job, _ = job_submit(user=bob, share_name="research", gpu_type="h100", gpus=8, command="x")
+    Job.objects.filter(pk=job.pk).update(
+        submitted_at=now - timedelta(minutes=3),
+        estimated_start=now + timedelta(minutes=20, seconds=10),
+        estimated_nodes=["h0"],
+        estimate_basis="b",
+    )
+    page = browser_page
+    log_in(page, live_server, "bob", "pw-bob-1234", f"/dash/jobs/{job.pk}/")
+    estimate = page.inner_text("#estimate")
+    assert re.search(r"Estimated start: \d{4}-\d\d-\d\d \d\d:\d\d UTC \(in 20 min\) on", estimate)
+    assert re.search(r"bob at [-\d]+ [:\d]+ UTC \(3 min ago\)", page.inner_text("table.job"))
+    page.goto(f"{live_server.url}/dash/jobs/")
+    assert "(in 20 min)" in page.inner_text(f"tr:has(a[href='/dash/jobs/{job.pk}/'])")
