@@ -232,8 +232,11 @@ class Client:
             if job["state"] in FINAL_STATES:
                 raise JobEnded(job)
             if deadline is not None and time.monotonic() >= deadline:
+                *others, last = sorted(wanted)
+                either = f"{', '.join(others)} or {last}" if others else last
                 raise TimeoutError(
-                    f"job {job_id} is {job['state']} after {timeout}s, not in {sorted(wanted)}"
+                    f"job {job_id} is still {job['state']} after {timeout:g} s of waiting for "
+                    f"{either}"
                 )
             time.sleep(poll)
 

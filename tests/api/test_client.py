@@ -255,3 +255,11 @@ def test_cli_says_plainly_when_the_portal_cannot_be_reached_or_the_job_ended(wor
     assert waited.returncode == 1
     assert waited.stderr.startswith(f"error: job {job['id']} ended CANCELLED")
     assert "Traceback" not in waited.stderr + unreachable.stderr
+    waiting = Client(live_server.url, token).submit(share="research", gpus=8, gpu_type="h100",
+                                                    command="x")  # fmt: skip
+    timed_out = cli(live_server, token, "wait", str(waiting["id"]), "--timeout", "0.5")
+    assert timed_out.returncode == 3
+    assert timed_out.stderr == (
+        f"error: job {waiting['id']} is still RUNNABLE after 0.5 s of waiting for CANCELLED, "
+        "FAILED or SUCCEEDED\n"
+    )
