@@ -254,7 +254,9 @@ def print_job(job: dict, out=sys.stdout, page: str | None = None) -> None:
         say(f"  {estimate_line(job)} ({job['estimate_basis']})")
     latest = job["attempts"][-1] if job.get("attempts") else None
     if latest is not None and latest["started_at"] and latest["ended_at"] is None:
-        say(f"  attempt {latest['number']} running since {moment(latest['started_at'])}")
+        stopping = latest.get("stop_requested_at")
+        stop = f"; told to stop at {moment(stopping)}" if stopping else ""
+        say(f"  attempt {latest['number']} running since {moment(latest['started_at'])}{stop}")
     if job["state"] in FINAL_STATES and job.get("finished_at"):
         started = f"started at {moment(job['started_at'])}, " if job.get("started_at") else ""
         say(f"  {started}ended at {moment(job['finished_at'])}")

@@ -4,6 +4,7 @@ read them (the API's ISO 8601 stays in --json)."""
 from __future__ import annotations
 
 import io
+import re
 from datetime import UTC, datetime
 
 import pytest
@@ -70,6 +71,20 @@ def test_show_says_since_when_a_job_runs_and_where():
     assert "  attempt 1 running since 2026-12-05 17:41:00 UTC (" in running
     assert "  on node node-0: GPUs 0,1" in running
     assert "ended at" not in running
+
+
+def test_show_says_when_a_running_job_was_told_to_stop():
+    stopping = shown(
+        job(
+            "PREEMPTING",
+            [attempt(1, "2026-12-05T17:41:00Z", None, stop_requested_at="2026-12-05T17:44:00Z")],
+        )
+    )
+    assert re.search(
+        r"  attempt 1 running since 2026-12-05 17:41:00 UTC \(.+\); told to stop at "
+        r"2026-12-05 17:44:00 UTC \(",
+        stopping,
+    )
 
 
 def test_show_says_when_an_ended_job_ran_and_where_it_last_ran():
