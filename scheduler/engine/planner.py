@@ -431,12 +431,22 @@ class _TypePlan:
         change). `held_off`: until when the churn breaker keeps it off borrowed GPUs."""
         share = self.shares[job.share]
         limit = self.ledger.limit(job.share)
-        if job.gpus > limit and share.strategy != LEND_AND_BORROW:
-            # It stays RUNNABLE (an admin may raise the limit), but say plainly why it waits.
-            self.waiting[job.id] = reasons.larger_than_limit(
-                job.gpus, self.gpu_type, job.share, limit, share.strategy
-            )
-            return WAITS_ON_SHARE
+        if job.gpus > limit:
+            most = self.ledger.usage_cap(job.share, within_limit=False)
+            if most is not None and job.gpus > most:
+                # More than its share may ever use (its limit, plus its borrow limit if it
+                # borrows). It stays RUNNABLE (an admin may raise either), but say plainly why
+                # it waits.
+                self.waiting[job.id] = (
+                    reasons.larger_than_limit(
+                        job.gpus, self.gpu_type, job.share, limit, share.strategy
+                    )
+                    if share.strategy != LEND_AND_BORROW
+                    else reasons.larger_than_borrow_limit(
+                        job.gpus, self.gpu_type, job.share, limit, most - limit
+                    )
+                )
+                return WAITS_ON_SHARE
         if not job.preemptible and not self.ledger.fits_limit(job.share, job.gpus):
             # It never borrows: it waits for its share's own GPUs.
             self.waiting[job.id] = reasons.not_preemptible(

@@ -27,6 +27,19 @@ def larger_than_limit(gpus: int, gpu_type: str, share: str, limit: int, strategy
     )
 
 
+def larger_than_borrow_limit(gpus: int, gpu_type: str, share: str, limit: int, cap: int) -> str:
+    """A job larger than its share may ever use: its limit plus `cap`, its borrow limit."""
+    if not cap:
+        return (
+            f"needs {gpus} {gpu_type} but share {share} may use at most its limit of {limit} "
+            "(its borrow limit is 0)"
+        )
+    return (
+        f"needs {gpus} {gpu_type} but share {share} may use at most {limit + cap}: its limit "
+        f"of {limit} and a borrow limit of {cap} more"
+    )
+
+
 def not_preemptible(share: str, used: int, limit: int, gpu_type: str, gpus: int) -> str:
     """A job that is not preemptible never borrows: it runs only within its share's limit."""
     if gpus > limit:

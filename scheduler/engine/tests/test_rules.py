@@ -60,6 +60,28 @@ def test_lend_lends_but_never_borrows():
     assert outcome.waiting == {"vision-8": reasons.larger_than_limit(8, H100, "vision", 4, LEND)}
 
 
+def test_job_larger_than_its_shares_limit_and_borrow_limit_together_says_so():
+    """A LEND_AND_BORROW share with a borrow limit may use its limit plus that much: a job
+    larger than both together can never start while they stand. It stays RUNNABLE, saying so,
+    not "borrow limit reached" (which it says of a job that fits them once others end)."""
+    snapshot = Snapshot(
+        nodes(3),
+        (share("nlp", 8, LAB, borrow_limit=50),),  # at most 8 + 4
+        runnable=(
+            job("big", "nlp", 16, nodes=2),
+            job("fits", "nlp", 12, nodes=2, submitted=1),
+        ),
+    )
+    outcome = plan(snapshot)
+    assert outcome.rejections == ()
+    assert outcome.waiting == {"big": reasons.larger_than_borrow_limit(16, H100, "nlp", 8, 4)}
+    assert outcome.waiting["big"] == (
+        "needs 16 h100 but share nlp may use at most 12: its limit of 8 and a borrow limit of "
+        "4 more"
+    )
+    assert [p.job_id for p in outcome.placements] == ["fits"]
+
+
 def test_job_larger_than_the_limit_of_a_share_that_cannot_borrow_says_so():
     """A LEND or RESERVE share never borrows: a job larger than its limit can never start while
     the limit stands. It stays RUNNABLE (the limit may be raised) with a reason that says so,
@@ -791,7 +813,10 @@ def test_rejections_for_jobs_that_could_never_run():
         "huge": reasons.node_too_small(16, H100, 8),
         "wide": reasons.too_few_nodes(3, 8, H100, 2),
     }
-    assert outcome.waiting == {"quota": reasons.borrow_limit_reached(0, 0, H100)}
+    assert outcome.waiting == {"quota": reasons.larger_than_borrow_limit(8, H100, "nlp", 4, 0)}
+    assert outcome.waiting["quota"] == (
+        "needs 8 h100 but share nlp may use at most its limit of 4 (its borrow limit is 0)"
+    )
 
 
 def test_same_snapshot_gives_the_same_plan():
