@@ -43,6 +43,8 @@
     }
   }
 
-  update();
-  setInterval(update, EVERY);
+  if (document.querySelector("time[data-from-now]")) {
+    update();
+    setInterval(update, EVERY);
+  }
 })();
