@@ -173,7 +173,10 @@ def test_a_gpu_pod_the_portal_did_not_create_is_never_planned_on(world, live, ku
         lambda: Node.objects.get(name=REAL_NODE).outside_gpus == 6,
         what="kube1's GPUs used outside the portal",
     )
-    jobs = [submit(world.alice, "research", shell_job(100), gpus=4) for _ in range(3)]
+    # The two that run on sim1 last 40 s: far longer than the foreign pod takes to go, so the
+    # third starts on kube1 because kube1 is free again, not because sim1 freed first (with
+    # 10 s jobs, a slow deletion under load let it start on sim1).
+    jobs = [submit(world.alice, "research", shell_job(steps), gpus=4) for steps in (400, 400, 100)]
     wait_for(
         lambda: (
             Job.objects.filter(pk__in=[j.pk for j in jobs], state=Job.State.RUNNING).count() == 2
