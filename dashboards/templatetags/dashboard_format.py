@@ -32,10 +32,11 @@ def moment(value: datetime | None, shown: str = "Y-m-d H:i") -> str:
     ("in 20 min", "3 min ago") and keeps that current; "—" for none."""
     if value is None:
         return "—"
+    at = value.astimezone(UTC)
     shown, utc, _ = shown.partition(" UTC")
     return format_html(
         '<time datetime="{}" data-from-now>{}{}</time>',
-        value.astimezone(UTC).isoformat(),
-        dateformat.format(value.astimezone(UTC), shown),
+        at.isoformat(),
+        dateformat.format(at, shown),
         utc,
     )
