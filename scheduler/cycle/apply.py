@@ -101,11 +101,7 @@ def _apply_preemptions(preemptions: tuple[engine.Preemption, ...], *, result: Cy
         ],
     ).save()
     result.preempted += len(stopping_jobs)
-    result.nodes_to_notify.update(
-        GpuAssignment.objects.filter(
-            attempt_id__in=[a.pk for a in attempts], released=False
-        ).values_list("node_id", flat=True)
-    )
+    result.stops_given(a.pk for a in attempts)
 
 
 def _describe(allocations: tuple[engine.Allocation, ...]) -> str:

@@ -118,11 +118,7 @@ def cancels_to_stop_orders(*, now: datetime, result: CycleResult) -> None:
             stop_requested_at=now
         )
         result.stop_orders += len(to_stop)
-        result.nodes_to_notify.update(
-            GpuAssignment.objects.filter(attempt_id__in=to_stop, released=False).values_list(
-                "node_id", flat=True
-            )
-        )
+        result.stops_given(to_stop)
     orphans = [
         (job_id, state, CANCELLED_NOT_RUNNING)
         for job_id, state in pending.items()

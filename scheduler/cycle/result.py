@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+
+from scheduler.cycle.stops import stop_orders_by_node
 
 
 @dataclass
@@ -22,7 +25,10 @@ class CycleResult:
     attempts_lost: int = 0
     reasons_updated: int = 0
     stale: list[str] = field(default_factory=list)  # plan entries refused at apply
+    # Nodes whose orders changed: their polls read them again.
     nodes_to_notify: set[int] = field(default_factory=set)
+    # The stop orders given, by node: the nodes' wake-up carries them (scheduler.cycle.wake).
+    stops_to_send: dict[int, list[dict]] = field(default_factory=dict)
     # Seconds spent in each step, for the benchmark and for logs of slow cycles.
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -33,6 +39,11 @@ class CycleResult:
             self.placed or self.preempted or self.rejected or self.stop_orders
             or self.nodes_lost or self.attempts_lost
         )  # fmt: skip
+
+    def stops_given(self, attempt_ids: Iterable[int]) -> None:
+        """These attempts were just given their stop orders: send them to their nodes."""
+        for node_id, orders in stop_orders_by_node(attempt_ids).items():
+            self.stops_to_send.setdefault(node_id, []).extend(orders)
 
     @contextmanager
     def timed(self, step: str):

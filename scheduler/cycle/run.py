@@ -78,7 +78,8 @@ def _cycle(*, force: bool, result: CycleResult) -> CycleResult:
             # after applying the plan would already show, though the plan did not see it)
             # changes the count, so the next cycle plans instead of skipping.
             changes = idle.changes_seen()
-            if not force and not result.nodes_to_notify and idle.unchanged(changes):
+            notifying = result.nodes_to_notify or result.stops_to_send
+            if not force and not notifying and idle.unchanged(changes):
                 result.skipped = True
                 cycle_done.send(sender=cycle_run, result=result, locked_ns=locked_ns)
                 return result
@@ -93,8 +94,8 @@ def _cycle(*, force: bool, result: CycleResult) -> CycleResult:
             # state this cycle read, whose fingerprint differs from the one remembered unless
             # this cycle changed nothing.
             idle.remember(changes, changed=result.changed, wake_at=plan.wake_at)
-        nodes = set(result.nodes_to_notify)
-        transaction.on_commit(lambda: notify_nodes(nodes))
+        nodes, stops = set(result.nodes_to_notify), dict(result.stops_to_send)
+        transaction.on_commit(lambda: notify_nodes(nodes, stops=stops))
         transaction.on_commit(lambda: idle.cover(changes))
         cycle_done.send(sender=cycle_run, result=result, locked_ns=locked_ns)
     if result.placed or result.preempted or result.rejected or result.attempts_lost:

@@ -1,14 +1,18 @@
-"""Wake node agents' long polls when their orders change (Redis pub/sub, one channel a node)."""
+"""Wake node agents' long polls when their orders change (Redis pub/sub, one channel a node).
+A notification says "read your orders again", or, when a node's only change is new stop
+orders, carries them: a woken poll then answers without a database step, which is what a stop
+order's delivery time is made of under load."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import redis
 
@@ -19,6 +23,8 @@ logger = logging.getLogger(__name__)
 # Channels are global to a Redis server: they carry the portal's database index, so portals
 # sharing a server (on different indexes) do not wake each other's agents.
 CHANNEL = "portal:{db}:agent:node:{node_id}"
+# The message of a notification that carries nothing: the polls read their orders again.
+READ_AGAIN = b"1"
 
 
 def _channel(node_id: int | str) -> str:
@@ -26,41 +32,64 @@ def _channel(node_id: int | str) -> str:
     return CHANNEL.format(db=db, node_id=node_id)
 
 
-def notify_nodes(node_ids: Iterable[int]) -> None:
-    """Tell the agents of these nodes that their orders changed. Best effort: an agent that
-    misses it sees the change at its next poll."""
-    ids = sorted(set(node_ids))
-    if not ids:
+def notify_nodes(
+    node_ids: Iterable[int], *, stops: Mapping[int, Sequence[dict]] | None = None
+) -> None:
+    """Tell the agents of these nodes that their orders changed, and those of the nodes in
+    `stops` that they have these new stop orders (`scheduler.cycle.stops`), which is all that
+    changed for them unless they are in `node_ids` too. Best effort: an agent that misses it
+    sees the change at its next poll."""
+    ids = set(node_ids)
+    stops = stops or {}
+    if not ids and not stops:
         return
     try:
         pipe = redis_client().pipeline(transaction=False)
-        for node_id in ids:
-            pipe.publish(_channel(node_id), b"1")
+        for node_id in sorted(ids | set(stops)):
+            if node_id in ids:
+                message = READ_AGAIN
+            else:
+                message = json.dumps({"stop": list(stops[node_id])}).encode()
+            pipe.publish(_channel(node_id), message)
         pipe.execute()
     except redis.RedisError:
-        logger.warning("could not notify nodes %s", ids, exc_info=True)
+        logger.warning("could not notify nodes %s", sorted(ids | set(stops)), exc_info=True)
+
+
+def _carried(message: bytes) -> tuple[dict, ...] | None:
+    """The stop orders a notification carries, or None when its polls must read their orders
+    again."""
+    if message == READ_AGAIN:
+        return None
+    try:
+        stops = json.loads(message)["stop"]
+    except (ValueError, TypeError, KeyError):
+        logger.warning("unreadable order notification %r: reading the orders again", message)
+        return None
+    return tuple(stops) if isinstance(stops, list) else None
 
 
 class _Listener:
     """One Redis subscription per process (a pattern over every node's channel), in a thread of
     its own, shared by all the long polls waiting in the process: a poll registers a waker for
-    its node, without a Redis connection or a thread of its own."""
+    its node, without a Redis connection or a thread of its own. A waker is given the stop
+    orders the notification carries, or None (read the orders again)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.waiting: dict[int, set[Callable[[], None]]] = defaultdict(set)
+        self.waiting: dict[int, set[Callable[[tuple[dict, ...] | None], None]]] = defaultdict(set)
         # Set at the first outcome of the first subscription (subscribed, or Redis down).
         self.settled = threading.Event()
         self.thread: threading.Thread | None = None
 
-    def add(self, node_id: int, wake: Callable[[], None]) -> None:
+    def add(self, node_id: int, wake: Callable[[tuple[dict, ...] | None], None]) -> None:
         with self.lock:
             self.waiting[node_id].add(wake)
             if self.thread is None or not self.thread.is_alive():
                 self.thread = threading.Thread(target=self._run, name="order-listener", daemon=True)
                 self.thread.start()
 
-    def remove(self, node_id: int, wake: Callable[[], None]) -> None:
+    def remove(self, node_id: int, wake: Callable[[tuple[dict, ...] | None], None]) -> None:
         with self.lock:
             wakers = self.waiting.get(node_id)
             if wakers is not None:
@@ -68,15 +97,16 @@ class _Listener:
                 if not wakers:
                     del self.waiting[node_id]
 
-    def _wake(self, node_id: int | None) -> None:
-        """Wake the polls of one node, or of every node (None)."""
+    def _wake(self, node_id: int | None, carried: tuple[dict, ...] | None = None) -> None:
+        """Wake the polls of one node, or of every node (None), with the stop orders the
+        notification carried (None: read the orders again)."""
         with self.lock:
             if node_id is None:
                 wakers = [w for node_wakers in self.waiting.values() for w in node_wakers]
             else:
                 wakers = list(self.waiting.get(node_id, ()))
         for wake in wakers:
-            wake()
+            wake(carried)
 
     def _run(self) -> None:
         delay = 0.5
@@ -98,7 +128,7 @@ class _Listener:
                     elif message["type"] == "pmessage":
                         node_id = message["channel"].rsplit(b":", 1)[-1]
                         if node_id.isdigit():
-                            self._wake(int(node_id))
+                            self._wake(int(node_id), _carried(message["data"]))
             except redis.RedisError:
                 self.settled.set()
                 logger.warning("lost the Redis subscription for agent polls; retrying in %.1f s",
@@ -119,7 +149,8 @@ class OrderWaiter:
     it waits it holds no thread and no database connection, only this object. Made on the
     loop; `watch` (from any thread) registers it before the orders are read, so that a change
     committed in between is not missed. Without Redis (or before the process's subscription is
-    in place, at most a moment) the wait is a plain sleep of the whole time."""
+    in place, at most a moment) the wait is a plain sleep of the whole time. Once woken,
+    `carried` says what the notifications said."""
 
     SUBSCRIBE_WAIT_SECONDS = 3.0  # longest a process's first poll waits for the subscription
 
@@ -127,6 +158,9 @@ class OrderWaiter:
         self.loop = asyncio.get_running_loop()
         self.event = asyncio.Event()
         self.node_ids: list[int] = []
+        # The stop orders the notifications that came carried; None once one of them (or the
+        # process's subscription coming up) said to read the orders again.
+        self.carried: list[dict] | None = []
 
     def watch(self, node_ids: int | Iterable[int]) -> None:
         """Start listening for the changes of a node (an agent's poll), or of several (a
@@ -137,10 +171,17 @@ class OrderWaiter:
             _listener.add(node_id, self._wake)
         _listener.settled.wait(self.SUBSCRIBE_WAIT_SECONDS)
 
-    def _wake(self) -> None:
+    def _wake(self, carried: tuple[dict, ...] | None) -> None:
         # From the listener's thread; the loop may be gone (the poll answered and ended).
         with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(self.event.set)
+            self.loop.call_soon_threadsafe(self._woken, carried)
+
+    def _woken(self, carried: tuple[dict, ...] | None) -> None:
+        if carried is None or self.carried is None:
+            self.carried = None
+        else:
+            self.carried.extend(carried)
+        self.event.set()
 
     async def wait(self, seconds: float) -> bool:
         """Wait up to `seconds` for a notification; True if one came."""

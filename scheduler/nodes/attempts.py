@@ -27,6 +27,7 @@ from scheduler.agent.protocol import (
     EVENT_STARTED,
     LOG_TAIL_CHARS,
 )
+from scheduler.cycle.stops import stop_orders_by_node
 from scheduler.cycle.trigger import request_cycle
 from scheduler.cycle.wake import notify_nodes
 from scheduler.engine import outcomes
@@ -208,7 +209,7 @@ def _apply_changes(node: Node, events: list[dict]) -> list[str]:
     now = timezone.now()
     changes = Transitions()
     written: dict[int, set[str]] = defaultdict(set)  # attempt id → the fields events changed
-    notify: set[int] = set()
+    gang_stops: set[int] = set()  # attempts whose other nodes get their stop orders now
     ended = False
     results = []
     for event in events:
@@ -235,7 +236,7 @@ def _apply_changes(node: Node, events: list[dict]) -> list[str]:
             others = holders[attempt.pk] - {node.pk}
             fields = _mark_exited(attempt, event, changes, node=node, others=others, now=now)
             if "stop_requested_at" in fields:
-                notify |= others  # the gang's other nodes get their stop orders now
+                gang_stops.add(attempt.pk)
             written[attempt.pk] |= fields
             ended = ended or attempt.ended_at is not None
         results.append("ok")
@@ -246,8 +247,10 @@ def _apply_changes(node: Node, events: list[dict]) -> list[str]:
     for names, group in by_fields.items():
         rows_update(JobAttempt, names, [(a.pk, *(getattr(a, n) for n in names)) for a in group])
     changes.save()
-    if notify:
-        transaction.on_commit(lambda: notify_nodes(notify))
+    if gang_stops:
+        stops = stop_orders_by_node(gang_stops)
+        stops.pop(node.pk, None)
+        transaction.on_commit(lambda: notify_nodes((), stops=stops))
     if ended:
         request_cycle()
     return results

@@ -14,6 +14,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, transaction
 from django.utils import timezone
 
 from portal.db.sql import json_value, prepared_cursor, select_rows
+from scheduler.cycle.stops import stop_order
 from scheduler.cycle.trigger import request_cycle
 from scheduler.cycle.wake import OrderWaiter
 from scheduler.models import ClusterSettings, JobAttempt, Node
@@ -132,11 +133,7 @@ def node_orders(*, node: Node, running: set[int] = frozenset()) -> Orders:
             continue
         previous = attempt_id
         if stop_requested_at is not None:
-            order = {
-                "attempt": attempt_id,
-                "grace_seconds": grace,
-                "started": started_at is not None,
-            }
+            order = stop_order(attempt_id, grace_seconds=grace, started=started_at is not None)
             stop.append(order)
             continue
         to_run.add(attempt_id)
@@ -211,6 +208,19 @@ def node_poll_start(
 def node_poll_orders(*, node: Node, running: set[int]) -> dict[str, Any]:
     """The orders again, after a waiting poll was woken."""
     return _orders(node, running)
+
+
+def orders_with_stops(orders: dict[str, Any], stops: list[dict]) -> dict[str, Any]:
+    """The orders a poll read (`node_poll_start`) with the stop orders that its node's
+    notifications carried since (`scheduler.cycle.wake`): what reading them again would give,
+    without the database. A stop order takes its attempt out of the run orders."""
+    stopped = {o["attempt"] for o in stops}
+    known = {o["attempt"] for o in orders["stop"]}
+    added = {o["attempt"]: o for o in stops if o["attempt"] not in known}
+    return {
+        "run": [o for o in orders["run"] if o["attempt"] not in stopped],
+        "stop": [*orders["stop"], *added.values()],
+    }
 
 
 def _orders(node: Node, running: set[int]) -> dict[str, Any]:

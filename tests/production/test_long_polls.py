@@ -112,7 +112,8 @@ def test_waiting_polls_hold_no_thread_nor_connection_and_a_stop_wakes_its_poll(l
     cycle_run(force=True)
     polls[list(tokens).index(node)].join(timeout=WAIT_SECONDS / 2)
     assert node in answers, "the stop order did not wake its agent's poll"
-    assert [o["attempt"] for o in answers[node]["stop"]] == [attempt.pk]
+    # Carried by the node's wake-up (scheduler.cycle.wake), as the orders would read.
+    assert answers[node]["stop"] == [{"attempt": attempt.pk, "grace_seconds": 2, "started": True}]
     assert len(answers) == 1, "other nodes' polls were answered too"
     for thread in polls:
         thread.join()
