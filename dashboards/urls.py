@@ -29,5 +29,7 @@ urlpatterns = [
     path("dash/token/", views.api_token, name="api_token"),
     path("dash/shares/<slug:name>/", views.share_detail, name="share"),
     path("dash/teams/<slug:slug>/", views.team_detail, name="team"),
+    path("docs/", views.docs_index, name="docs"),
+    path("docs/<slug:name>/", views.doc_page, name="doc"),
     path("metrics", views.metrics, name="metrics"),
 ]

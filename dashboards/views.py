@@ -15,7 +15,7 @@ from django.urls import reverse_lazy
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from dashboards import figures, selectors, tokens
+from dashboards import docs, figures, selectors, tokens
 from dashboards.forms import EstimateForm
 from dashboards.metrics import metrics_allowed, metrics_text
 from scheduler.jobs.selectors import (
@@ -370,6 +370,27 @@ def api_token(request: HttpRequest) -> HttpResponse:
         "portal_url": request.build_absolute_uri("/").rstrip("/"),
     }
     return render(request, "dashboards/api_token.html", context)
+
+
+@require_GET
+def docs_index(request: HttpRequest) -> HttpResponse:
+    """The project's documents, by title. Open to everyone, as the API's documentation is:
+    they describe the portal and hold no data."""
+    context = {**_doc_nav(request), "docs": docs.doc_titles()}
+    return render(request, "dashboards/docs.html", context)
+
+
+@require_GET
+def doc_page(request: HttpRequest, name: str) -> HttpResponse:
+    """One document of docs/, rendered (dashboards.docs)."""
+    found = docs.doc(name)
+    if found is None:
+        raise Http404(f"No document {name!r}: see /docs/ for those there are.")
+    return render(request, "dashboards/doc.html", {**_doc_nav(request), "doc": found})
+
+
+def _doc_nav(request: HttpRequest) -> dict:
+    return _nav(request) if request.user.is_authenticated else {}
 
 
 @require_GET

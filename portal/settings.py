@@ -5,6 +5,7 @@ development system: SQLite and an embedded Redis under var/, so one can check ou
 and run it.
 """
 
+import sys
 from pathlib import Path
 
 import environ
@@ -19,6 +20,10 @@ BASE_DIR = PACKAGE_DIR.parent
 _IN_CHECKOUT = (BASE_DIR / "manage.py").exists()
 _VAR_DEFAULT = (BASE_DIR if _IN_CHECKOUT else Path.cwd()) / "var"
 VAR_DIR = Path(environ.Env().str("PORTAL_VAR_DIR", default=str(_VAR_DEFAULT)))
+# The documents shown under /docs/: docs/ of the checkout, or where the wheel installs them.
+_DOCS_INSTALLED = Path(sys.prefix) / "share" / "gpu-quota-portal" / "docs"
+_DOCS_DEFAULT = BASE_DIR / "docs" if _IN_CHECKOUT else _DOCS_INSTALLED
+DOCS_DIR = Path(environ.Env().str("PORTAL_DOCS_DIR", default=str(_DOCS_DEFAULT)))
 
 env = environ.Env()
 env.read_env(BASE_DIR / ".env") if (BASE_DIR / ".env").exists() else None

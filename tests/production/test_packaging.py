@@ -86,3 +86,12 @@ def test_the_installed_agent_runs_jobs_for_a_live_portal(agent_venv, live, world
     wait_jobs(jobs, Job.State.SUCCEEDED)
     for job in Job.objects.filter(pk__in=jobs):
         assert [a.allocations[0]["node"] for a in job.attempts.all()] == ["node-wheel"]
+
+
+def test_the_wheel_installs_the_documents_where_the_portal_serves_them_from(agent_venv):
+    """portal.settings.DOCS_DIR of an installed portal: <prefix>/share/gpu-quota-portal/docs,
+    the pages under /docs/ (and what a person on a node can read)."""
+    installed = agent_venv / "share" / "gpu-quota-portal" / "docs"
+    names = sorted(p.name for p in installed.glob("*.md"))
+    assert names == sorted(p.name for p in (ROOT / "docs").glob("*.md"))
+    assert (installed / "agent.md").read_text() == (ROOT / "docs" / "agent.md").read_text()
