@@ -101,7 +101,7 @@ def _apply_preemptions(preemptions: tuple[engine.Preemption, ...], *, result: Cy
         ],
     ).save()
     result.preempted += len(stopping_jobs)
-    result.stops_given(a.pk for a in attempts)
+    result.orders_given(stop=[a.pk for a in attempts])
 
 
 def _describe(allocations: tuple[engine.Allocation, ...]) -> str:
@@ -172,8 +172,7 @@ def _apply_placements(
             for index in a.gpu_indices
         ],
     )
-    for placement, _job in accepted:
-        result.nodes_to_notify.update(ready[a.node] for a in placement.allocations)
+    result.orders_given(run=attempt_ids.values())
     Transitions().move_rows(
         to_state=Job.State.SCHEDULED,
         changes=[

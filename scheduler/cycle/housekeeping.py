@@ -118,7 +118,7 @@ def cancels_to_stop_orders(*, now: datetime, result: CycleResult) -> None:
             stop_requested_at=now
         )
         result.stop_orders += len(to_stop)
-        result.stops_given(to_stop)
+        result.orders_given(stop=to_stop)
     orphans = [
         (job_id, state, CANCELLED_NOT_RUNNING)
         for job_id, state in pending.items()

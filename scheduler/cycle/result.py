@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from scheduler.cycle.stops import stop_orders_by_node
+from scheduler.cycle.orders import NewOrders, new_orders_by_node
 
 
 @dataclass
@@ -27,8 +27,8 @@ class CycleResult:
     stale: list[str] = field(default_factory=list)  # plan entries refused at apply
     # Nodes whose orders changed: their polls read them again.
     nodes_to_notify: set[int] = field(default_factory=set)
-    # The stop orders given, by node: the nodes' wake-up carries them (scheduler.cycle.wake).
-    stops_to_send: dict[int, list[dict]] = field(default_factory=dict)
+    # The orders given, by node: the nodes' wake-up carries them (scheduler.cycle.wake).
+    orders_to_send: dict[int, NewOrders] = field(default_factory=dict)
     # Seconds spent in each step, for the benchmark and for logs of slow cycles.
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -40,10 +40,13 @@ class CycleResult:
             or self.nodes_lost or self.attempts_lost
         )  # fmt: skip
 
-    def stops_given(self, attempt_ids: Iterable[int]) -> None:
-        """These attempts were just given their stop orders: send them to their nodes."""
-        for node_id, orders in stop_orders_by_node(attempt_ids).items():
-            self.stops_to_send.setdefault(node_id, []).extend(orders)
+    def orders_given(self, *, run: Iterable[int] = (), stop: Iterable[int] = ()) -> None:
+        """These attempts were just placed (`run`) or told to stop (`stop`): send their orders
+        to their nodes."""
+        for node_id, orders in new_orders_by_node(run=run, stop=stop).items():
+            sent = self.orders_to_send.setdefault(node_id, {"run": [], "stop": []})
+            sent["run"] += orders["run"]
+            sent["stop"] += orders["stop"]
 
     @contextmanager
     def timed(self, step: str):

@@ -78,7 +78,7 @@ def _cycle(*, force: bool, result: CycleResult) -> CycleResult:
             # after applying the plan would already show, though the plan did not see it)
             # changes the count, so the next cycle plans instead of skipping.
             changes = idle.changes_seen()
-            notifying = result.nodes_to_notify or result.stops_to_send
+            notifying = result.nodes_to_notify or result.orders_to_send
             if not force and not notifying and idle.unchanged(changes):
                 result.skipped = True
                 cycle_done.send(sender=cycle_run, result=result, locked_ns=locked_ns)
@@ -94,8 +94,8 @@ def _cycle(*, force: bool, result: CycleResult) -> CycleResult:
             # state this cycle read, whose fingerprint differs from the one remembered unless
             # this cycle changed nothing.
             idle.remember(changes, changed=result.changed, wake_at=plan.wake_at)
-        nodes, stops = set(result.nodes_to_notify), dict(result.stops_to_send)
-        transaction.on_commit(lambda: notify_nodes(nodes, stops=stops))
+        nodes, orders = set(result.nodes_to_notify), dict(result.orders_to_send)
+        transaction.on_commit(lambda: notify_nodes(nodes, orders=orders))
         transaction.on_commit(lambda: idle.cover(changes))
         cycle_done.send(sender=cycle_run, result=result, locked_ns=locked_ns)
     if result.placed or result.preempted or result.rejected or result.attempts_lost:

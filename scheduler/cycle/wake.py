@@ -1,7 +1,7 @@
 """Wake node agents' long polls when their orders change (Redis pub/sub, one channel a node).
-A notification says "read your orders again", or, when a node's only change is new stop
-orders, carries them: a woken poll then answers without a database step, which is what a stop
-order's delivery time is made of under load."""
+A notification says "read your orders again", or, when a node's only change is new orders
+(attempts placed there, or told to stop), carries them: a woken poll then answers without a
+database step, which is what an order's delivery time is made of under load."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 
 import redis
 
 from portal.redis import redis_client
+from scheduler.cycle.orders import NewOrders
 
 logger = logging.getLogger(__name__)
 
@@ -32,64 +33,60 @@ def _channel(node_id: int | str) -> str:
     return CHANNEL.format(db=db, node_id=node_id)
 
 
-def notify_nodes(
-    node_ids: Iterable[int], *, stops: Mapping[int, Sequence[dict]] | None = None
-) -> None:
+def notify_nodes(node_ids: Iterable[int], *, orders: Mapping[int, NewOrders] | None = None) -> None:
     """Tell the agents of these nodes that their orders changed, and those of the nodes in
-    `stops` that they have these new stop orders (`scheduler.cycle.stops`), which is all that
+    `orders` that they have these new orders (`scheduler.cycle.orders`), which is all that
     changed for them unless they are in `node_ids` too. Best effort: an agent that misses it
     sees the change at its next poll."""
     ids = set(node_ids)
-    stops = stops or {}
-    if not ids and not stops:
+    orders = orders or {}
+    if not ids and not orders:
         return
     try:
         pipe = redis_client().pipeline(transaction=False)
-        for node_id in sorted(ids | set(stops)):
-            if node_id in ids:
-                message = READ_AGAIN
-            else:
-                message = json.dumps({"stop": list(stops[node_id])}).encode()
+        for node_id in sorted(ids | set(orders)):
+            message = READ_AGAIN if node_id in ids else json.dumps(orders[node_id]).encode()
             pipe.publish(_channel(node_id), message)
         pipe.execute()
     except redis.RedisError:
-        logger.warning("could not notify nodes %s", sorted(ids | set(stops)), exc_info=True)
+        logger.warning("could not notify nodes %s", sorted(ids | set(orders)), exc_info=True)
 
 
-def _carried(message: bytes) -> tuple[dict, ...] | None:
-    """The stop orders a notification carries, or None when its polls must read their orders
+def _carried(message: bytes) -> NewOrders | None:
+    """The orders a notification carries, or None when its polls must read their orders
     again."""
     if message == READ_AGAIN:
         return None
     try:
-        stops = json.loads(message)["stop"]
+        orders = json.loads(message)
+        carried = {"run": list(orders["run"]), "stop": list(orders["stop"])}
     except (ValueError, TypeError, KeyError):
         logger.warning("unreadable order notification %r: reading the orders again", message)
         return None
-    return tuple(stops) if isinstance(stops, list) else None
+    return carried
 
 
 class _Listener:
     """One Redis subscription per process (a pattern over every node's channel), in a thread of
     its own, shared by all the long polls waiting in the process: a poll registers a waker for
-    its node, without a Redis connection or a thread of its own. A waker is given the stop
-    orders the notification carries, or None (read the orders again)."""
+    its node, without a Redis connection or a thread of its own. A waker is given the orders the
+    notification carries, or None (read the orders again)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.waiting: dict[int, set[Callable[[tuple[dict, ...] | None], None]]] = defaultdict(set)
+        self.waiting: dict[int, set[Callable[[NewOrders | None], None]]] = defaultdict(set)
         # Set at the first outcome of the first subscription (subscribed, or Redis down).
         self.settled = threading.Event()
         self.thread: threading.Thread | None = None
 
-    def add(self, node_id: int, wake: Callable[[tuple[dict, ...] | None], None]) -> None:
+    def add(self, node_id: int, wake: Callable[[NewOrders | None], None]) -> None:
         with self.lock:
             self.waiting[node_id].add(wake)
             if self.thread is None or not self.thread.is_alive():
                 self.thread = threading.Thread(target=self._run, name="order-listener", daemon=True)
                 self.thread.start()
 
-    def remove(self, node_id: int, wake: Callable[[tuple[dict, ...] | None], None]) -> None:
+    def remove(self, node_id: int, wake: Callable[[NewOrders | None], None]) -> None:
         with self.lock:
             wakers = self.waiting.get(node_id)
             if wakers is not None:
@@ -97,8 +94,8 @@ class _Listener:
                 if not wakers:
                     del self.waiting[node_id]
 
-    def _wake(self, node_id: int | None, carried: tuple[dict, ...] | None = None) -> None:
-        """Wake the polls of one node, or of every node (None), with the stop orders the
+    def _wake(self, node_id: int | None, carried: NewOrders | None = None) -> None:
+        """Wake the polls of one node, or of every node (None), with the orders the
         notification carried (None: read the orders again)."""
         with self.lock:
             if node_id is None:
@@ -158,9 +155,9 @@ class OrderWaiter:
         self.loop = asyncio.get_running_loop()
         self.event = asyncio.Event()
         self.node_ids: list[int] = []
-        # The stop orders the notifications that came carried; None once one of them (or the
+        # The orders the notifications that came carried; None once one of them (or the
         # process's subscription coming up) said to read the orders again.
-        self.carried: list[dict] | None = []
+        self.carried: NewOrders | None = {"run": [], "stop": []}
 
     def watch(self, node_ids: int | Iterable[int]) -> None:
         """Start listening for the changes of a node (an agent's poll), or of several (a
@@ -171,16 +168,17 @@ class OrderWaiter:
             _listener.add(node_id, self._wake)
         _listener.settled.wait(self.SUBSCRIBE_WAIT_SECONDS)
 
-    def _wake(self, carried: tuple[dict, ...] | None) -> None:
+    def _wake(self, carried: NewOrders | None) -> None:
         # From the listener's thread; the loop may be gone (the poll answered and ended).
         with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self._woken, carried)
 
-    def _woken(self, carried: tuple[dict, ...] | None) -> None:
+    def _woken(self, carried: NewOrders | None) -> None:
         if carried is None or self.carried is None:
             self.carried = None
         else:
-            self.carried.extend(carried)
+            self.carried["run"] += carried["run"]
+            self.carried["stop"] += carried["stop"]
         self.event.set()
 
     async def wait(self, seconds: float) -> bool:

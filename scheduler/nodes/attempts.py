@@ -27,7 +27,7 @@ from scheduler.agent.protocol import (
     EVENT_STARTED,
     LOG_TAIL_CHARS,
 )
-from scheduler.cycle.stops import stop_orders_by_node
+from scheduler.cycle.orders import new_orders_by_node
 from scheduler.cycle.trigger import request_cycle
 from scheduler.cycle.wake import notify_nodes
 from scheduler.engine import outcomes
@@ -248,9 +248,9 @@ def _apply_changes(node: Node, events: list[dict]) -> list[str]:
         rows_update(JobAttempt, names, [(a.pk, *(getattr(a, n) for n in names)) for a in group])
     changes.save()
     if gang_stops:
-        stops = stop_orders_by_node(gang_stops)
-        stops.pop(node.pk, None)
-        transaction.on_commit(lambda: notify_nodes((), stops=stops))
+        orders = new_orders_by_node(stop=gang_stops)
+        orders.pop(node.pk, None)
+        transaction.on_commit(lambda: notify_nodes((), orders=orders))
     if ended:
         request_cycle()
     return results

@@ -14,7 +14,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, transaction
 from django.utils import timezone
 
 from portal.db.sql import json_value, prepared_cursor, select_rows
-from scheduler.cycle.stops import stop_order
+from scheduler.cycle.orders import run_order, stop_order
 from scheduler.cycle.trigger import request_cycle
 from scheduler.cycle.wake import OrderWaiter
 from scheduler.models import ClusterSettings, JobAttempt, Node
@@ -140,19 +140,11 @@ def node_orders(*, node: Node, running: set[int] = frozenset()) -> Orders:
         if attempt_id in running:
             order = None
             continue
-        order = {
-            "attempt": attempt_id,
-            "job": job_id,
-            "number": number,
-            "command": command,
-            "env": json_value(env),
-            "working_dir": working_dir,
-            "gpu_indices": [index],
-            "timeout_seconds": timeout_seconds,
-            "grace_seconds": grace,
-            # Already started once: an agent that does not have it lost it.
-            "started": started_at is not None,
-        }
+        order = run_order(
+            attempt_id, job_id=job_id, number=number, command=command, env=json_value(env),
+            working_dir=working_dir, gpu_indices=[index], timeout_seconds=timeout_seconds,
+            grace_seconds=grace, started=started_at is not None,
+        )  # fmt: skip
         run.append(order)
     return Orders(run=run, stop=stop, to_run=to_run)
 
@@ -210,17 +202,23 @@ def node_poll_orders(*, node: Node, running: set[int]) -> dict[str, Any]:
     return _orders(node, running)
 
 
-def orders_with_stops(orders: dict[str, Any], stops: list[dict]) -> dict[str, Any]:
-    """The orders a poll read (`node_poll_start`) with the stop orders that its node's
+def orders_with_news(orders: dict[str, Any], news: dict[str, list[dict]],
+                     running: set[int]) -> dict[str, Any]:  # fmt: skip
+    """The orders a poll read (`node_poll_start`) with the orders that its node's
     notifications carried since (`scheduler.cycle.wake`): what reading them again would give,
-    without the database. A stop order takes its attempt out of the run orders."""
-    stopped = {o["attempt"] for o in stops}
-    known = {o["attempt"] for o in orders["stop"]}
-    added = {o["attempt"]: o for o in stops if o["attempt"] not in known}
-    return {
-        "run": [o for o in orders["run"] if o["attempt"] not in stopped],
-        "stop": [*orders["stop"], *added.values()],
-    }
+    without the database. A stop order takes its attempt out of the run orders; the run orders
+    of attempts the agent runs (`running`) are left out, as `node_orders` leaves them out."""
+    stopped = {o["attempt"] for o in news["stop"]}
+    listed = {o["attempt"] for o in orders["run"]} | {o["attempt"] for o in orders["stop"]}
+    run = {o["attempt"]: o for o in orders["run"] if o["attempt"] not in stopped}
+    for order in news["run"]:
+        attempt = order["attempt"]
+        if attempt not in listed and attempt not in stopped and attempt not in running:
+            run[attempt] = order
+    stop = {o["attempt"]: o for o in orders["stop"]}
+    for order in news["stop"]:
+        stop.setdefault(order["attempt"], order)
+    return {"run": [run[a] for a in sorted(run)], "stop": list(stop.values())}
 
 
 def _orders(node: Node, running: set[int]) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from scheduler.nodes.services import (
     node_poll_orders,
     node_poll_start,
     node_register,
-    orders_with_stops,
+    orders_with_news,
     poll_wait_seconds,
 )
 
@@ -228,16 +228,16 @@ async def poll(request: HttpRequest) -> JsonResponse:
         principal=NODE,
         start=lambda node, **poll: node_poll_start(node=node, **poll),
         again=lambda node, running: node_poll_orders(node=node, running=running),
-        with_stops=orders_with_stops,
+        with_news=orders_with_news,
     )
 
 
 async def _long_poll(request: HttpRequest, *, principal: Principal, start, again,
-                     more=lambda data: {}, with_stops=None) -> JsonResponse:  # fmt: skip
+                     more=lambda data: {}, with_news=None) -> JsonResponse:  # fmt: skip
     """A long poll, of an agent or a connector: `start(caller, running, stopping, events,
     waiter, **more(data))` its database step (a PollStart), `again(caller, running)` the orders
-    read again when a change woke the waiting poll, unless the notifications carried new stop
-    orders only and `with_stops(orders, stops)` gives the orders with them."""
+    read again when a change woke the waiting poll, unless the notifications carried the new
+    orders and `with_news(orders, news, running)` gives the orders with them."""
     try:
         data = _body(request)
         running = _ids(data, "running")
@@ -261,8 +261,8 @@ async def _long_poll(request: HttpRequest, *, principal: Principal, start, again
         caller, begun = found
         orders = begun.orders
         if not begun.news and await waiter.wait(poll_wait_seconds(wait)):
-            if with_stops is not None and waiter.carried is not None:
-                orders = with_stops(orders, waiter.carried)
+            if with_news is not None and waiter.carried is not None:
+                orders = with_news(orders, waiter.carried, running)
             else:
                 orders = await in_database_thread(again, caller, running)
     except ValidationError as error:

@@ -31,12 +31,12 @@ def test_a_notification_wakes_the_polls_of_its_node_only():
     assert asyncio.run(polls()) == (True, True, False)
 
 
-def test_a_poll_is_given_the_stop_orders_its_notifications_carry():
-    """Stop orders in a node's notification reach its waiting polls as they are; a
+def test_a_poll_is_given_the_orders_its_notifications_carry():
+    """Orders in a node's notification reach its waiting polls as they are; a
     notification that carries nothing (or the process's subscription coming up) tells them to
     read their orders again, whatever else came."""
     stop = {"attempt": 5, "grace_seconds": 30, "started": True}
-    later = {"attempt": 6, "grace_seconds": 30, "started": False}
+    later = {"attempt": 6, "job": 3, "gpu_indices": [0, 1], "env": {"A": "1"}}
 
     async def heard(waiter: OrderWaiter, enough) -> None:
         """Wait until what `waiter` was told is `enough` (notifications come one by one)."""
@@ -44,7 +44,7 @@ def test_a_poll_is_given_the_stop_orders_its_notifications_carry():
             waiter.event.clear()
             assert await waiter.wait(30), waiter.carried
 
-    async def polls() -> tuple[list | None, list | None]:
+    async def polls() -> tuple[dict | None, dict | None]:
         first = OrderWaiter()
         first.watch(NODE)
         first.close()
@@ -52,13 +52,14 @@ def test_a_poll_is_given_the_stop_orders_its_notifications_carry():
         carried.watch(NODE)
         mixed.watch(OTHER)
         try:
-            notify_nodes((), stops={NODE: [stop], OTHER: [stop]})
-            notify_nodes([OTHER], stops={NODE: [later]})
-            await heard(carried, lambda stops: stops is not None and len(stops) == 2)
-            await heard(mixed, lambda stops: stops is None)
+            notify_nodes((), orders={NODE: {"run": [], "stop": [stop]},
+                                     OTHER: {"run": [], "stop": [stop]}})  # fmt: skip
+            notify_nodes([OTHER], orders={NODE: {"run": [later], "stop": []}})
+            await heard(carried, lambda news: news is not None and len(news["run"]) == 1)
+            await heard(mixed, lambda news: news is None)
             return carried.carried, mixed.carried
         finally:
             carried.close()
             mixed.close()
 
-    assert asyncio.run(polls()) == ([stop, later], None)
+    assert asyncio.run(polls()) == ({"run": [later], "stop": [stop]}, None)

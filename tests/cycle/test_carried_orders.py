@@ -1,8 +1,9 @@
-"""A node whose only change is new stop orders gets them in its wake-up (Redis pub/sub,
+"""A node whose only change is new orders gets them in its wake-up (Redis pub/sub,
 scheduler.cycle.wake): the poll it wakes answers with the orders it had read plus those,
 without reading them again. So what the wake-up carries must be what reading the orders again
-gives: checked here on the message as published, for a reclaim, a cancel before the start
-and a gang's other node. The real database and Redis; the agents are the node services."""
+gives: checked here on the message as published, for a placement (a gang's too), a reclaim, a
+cancel before the start and a gang's other node. The real database and Redis; the agents are
+the node services."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from scheduler.cycle.wake import _channel
 from scheduler.jobs.services import job_cancel, job_submit
 from scheduler.models import Job, JobAttempt, Node
 from scheduler.nodes.attempts import END_LOST, attempt_exited
-from scheduler.nodes.services import node_poll_orders, orders_with_stops
+from scheduler.nodes.services import node_poll_orders, orders_with_news
 from tests.conftest import make_node
 from tests.conftest import start_latest_attempt as run
 
@@ -52,6 +53,13 @@ def published(django_capture_on_commit_callbacks):
     return messages_of
 
 
+def with_news(orders: dict, news: dict, running: set[int]) -> dict:
+    """What the woken poll answers: the orders it read and the news its wake-up carried (JSON
+    both: the stop orders of either may come in another order than a read's)."""
+    merged = orders_with_news(orders, news, running)
+    return {**merged, "stop": sorted(merged["stop"], key=lambda o: o["attempt"])}
+
+
 def submit(user, share: str, gpus: int, nodes: int = 1) -> Job:
     job, _ = job_submit(user=user, share_name=share, gpu_type="h100", gpus=gpus, nodes=nodes,
                         command="true")  # fmt: skip
@@ -77,8 +85,8 @@ def test_a_reclaim_sends_the_borrower_s_stop_order_in_its_node_s_wake_up(world, 
     victim = JobAttempt.objects.get(stop_requested_at__isnull=False)
     node = Node.objects.get(name=victim.allocations[0]["node"])
     stop = {"attempt": victim.pk, "grace_seconds": 2, "started": True}
-    assert messages == {node.pk: {"stop": [stop]}}
-    assert orders_with_stops(node_polls[node.pk], [stop]) == node_poll_orders(
+    assert messages == {node.pk: {"run": [], "stop": [stop]}}
+    assert with_news(node_polls[node.pk], messages[node.pk], {victim.pk}) == node_poll_orders(
         node=node, running={victim.pk}
     )
 
@@ -95,8 +103,8 @@ def test_a_cancel_before_the_start_takes_the_run_order_back_in_the_wake_up(world
 
     attempt = JobAttempt.objects.get(job=job)
     stop = {"attempt": attempt.pk, "grace_seconds": 2, "started": False}
-    assert messages == {node.pk: {"stop": [stop]}}
-    after = orders_with_stops(before, messages[node.pk]["stop"])
+    assert messages == {node.pk: {"run": [], "stop": [stop]}}
+    after = with_news(before, messages[node.pk], set())
     assert after == node_poll_orders(node=node, running=set()) == {"run": [], "stop": [stop]}
 
 
@@ -111,11 +119,43 @@ def test_a_gang_member_s_end_sends_the_stop_order_to_its_other_nodes(world, node
     messages = published(lambda: attempt_exited(node=lost, attempt_id=attempt.pk, end=END_LOST))
 
     stop = {"attempt": attempt.pk, "grace_seconds": 2, "started": True}
-    assert messages == {other.pk: {"stop": [stop]}}
-    assert orders_with_stops(before, [stop]) == node_poll_orders(node=other, running={attempt.pk})
+    assert messages == {other.pk: {"run": [], "stop": [stop]}}
+    assert with_news(before, messages[other.pk], {attempt.pk}) == node_poll_orders(
+        node=other, running={attempt.pk}
+    )
 
 
-def test_a_placement_asks_its_node_to_read_its_orders_again(world, nodes, published):
-    submit(world.alice, "research", gpus=8)
+def test_a_placement_sends_its_run_order_to_a_node_that_runs_a_job(world, nodes, published):
+    running = submit(world.alice, "research", gpus=4)
+    cycle_run(force=True)
+    run(running)
+    mine = JobAttempt.objects.get(job=running).pk
+    runs = {n.pk: {mine} if n == node_of(running) else set() for n in nodes}
+    before = {n.pk: node_poll_orders(node=n, running=runs[n.pk]) for n in nodes}
+    placed = submit(world.alice, "research", gpus=4)
+
     messages = published(lambda: cycle_run(force=True))
-    assert list(messages.values()) == ["read again"]
+
+    node = node_of(placed)
+    attempt = JobAttempt.objects.get(job=placed)
+    assert set(messages) == {node.pk}
+    assert [(o["attempt"], o["started"]) for o in messages[node.pk]["run"]] == [(attempt.pk, False)]
+    assert messages[node.pk]["stop"] == []
+    after = with_news(before[node.pk], messages[node.pk], runs[node.pk])
+    assert after == node_poll_orders(node=node, running=runs[node.pk])
+
+
+def test_a_gang_s_run_order_goes_to_each_of_its_nodes_with_their_gpus(world, nodes, published):
+    gang = submit(world.alice, "research", gpus=16, nodes=2)  # 8 GPUs on each node
+    before = {n.pk: node_poll_orders(node=n, running=set()) for n in nodes}
+
+    messages = published(lambda: cycle_run(force=True))
+
+    attempt = JobAttempt.objects.get(job=gang)
+    assert set(messages) == {n.pk for n in nodes}
+    for node in nodes:
+        (order,) = messages[node.pk]["run"]
+        assert order["attempt"] == attempt.pk and order["gpu_indices"] == list(range(8))
+        assert order["command"] == "true" and order["job"] == gang.pk
+        after = with_news(before[node.pk], messages[node.pk], set())
+        assert after == node_poll_orders(node=node, running=set())
