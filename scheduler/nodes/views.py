@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,33 @@ MAX_ID = 2**62  # below the database's largest integer (SQLite's and PostgreSQL'
 
 # A gang's nodes report about the same attempt together: one at a time per web process.
 attempt_locks = KeyedLocks()
+
+
+class DecidedStarts:
+    """Attempts whose start a request of this process has decided (granted, or refused as its
+    stop was ordered first). The other nodes of a gang that ask to start the same attempt need
+    not wait for one another then: `attempts_start` grants an attempt that already started by
+    its UPDATE's own condition, without the job's lock, so they go at once, side by side.
+    Before, the 64 nodes of a gang took turns, one database call each, for seconds under load,
+    and could hear no stop order meanwhile. The oldest are forgotten past KEEP (such a start
+    then waits its turn again, as before)."""
+
+    KEEP = 10_000
+
+    def __init__(self) -> None:
+        self.seen: OrderedDict[int, None] = OrderedDict()
+
+    def undecided(self, attempt_ids: list[int]) -> list[int]:
+        return [a for a in attempt_ids if a not in self.seen]
+
+    def decided(self, attempt_ids: list[int]) -> None:
+        for attempt_id in attempt_ids:
+            self.seen[attempt_id] = None
+        while len(self.seen) > self.KEEP:
+            self.seen.popitem(last=False)
+
+
+decided_starts = DecidedStarts()
 
 
 class BadRequest(Exception):
@@ -140,12 +168,16 @@ class Principal:
 
 
 def agent_view(
-    authenticated: bool = True, about=lambda data: (), principal: Principal | None = None
+    authenticated: bool = True,
+    about=lambda data: (),
+    principal: Principal | None = None,
+    once: DecidedStarts | None = None,
 ):
     """POST-only JSON view, async: the body is parsed on the event loop, then `view` runs with
     the database (`in_database_thread`), one at a time with other requests `about` the same
-    attempts (their ids in the body); `authenticated`: the node (or the connector, for
-    `principal` CONNECTOR) is passed in, or 401."""
+    attempts (their ids in the body), but for attempts `once` has seen decided;
+    `authenticated`: the node (or the connector, for `principal` CONNECTOR) is passed in, or
+    401."""
     principal = principal or NODE
 
     def decorate(view):
@@ -157,10 +189,18 @@ def agent_view(
                 data = _body(request)
                 if not authenticated:
                     return await in_database_thread(view, request, data)
-                async with attempt_locks.held(about(data)):
-                    return await in_database_thread(
-                        _authenticated_call, principal, view, request, data
-                    )
+                keys = list(about(data))
+                while True:
+                    alone = keys if once is None else once.undecided(keys)
+                    async with attempt_locks.held(alone):
+                        if once is not None and once.undecided(alone) != alone:
+                            continue  # decided while this request waited: no need to wait
+                        response = await in_database_thread(
+                            _authenticated_call, principal, view, request, data
+                        )
+                        if once is not None and response.status_code == 200:
+                            once.decided(alone)
+                        return response
             except BadRequest as error:
                 return JsonResponse(error.errors, status=400)
             except ValidationError as error:
@@ -296,7 +336,7 @@ def _attempts_named(data: dict) -> list[int]:
     return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
 
 
-@agent_view(about=_attempts_named)
+@agent_view(about=_attempts_named, once=decided_starts)
 def start(request: HttpRequest, node: Node, data: dict) -> JsonResponse:
     """{attempts: [attempt ids]} → {start: [attempt ids]}: the agent has these attempts' run
     orders and starts those in `start`; an attempt whose stop was ordered first never starts
