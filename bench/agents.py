@@ -52,7 +52,10 @@ last stop orders):
   the moment its agent read the stop order in a poll answer minus stop_requested_at (which the
   cycle writes in its transaction, before the commit: the figure includes the rest of that
   cycle); "from the commit": minus the time of the cycle's "cycle: placed ..." log line, which
-  it writes right after its commit and its wake-ups (so it can be a few ms below zero);
+  it writes right after its commit and its wake-ups (so it can be a few ms below zero); a node
+  whose agent had ended the attempt there before the stop was ordered (its process exited, as
+  a gang's nodes do one by one at its end) has no stop to hear and is not counted; any other
+  node whose agent never read the stop is "never received";
 - submit latency p50 / p99 of the submits sent in the window (refused ones included);
 - placing cycle: median and max over the cycles in the window that placed a job, each from when
   it could take the cycle lock (its Celery task's start, the worker's "succeeded in" line minus
@@ -504,6 +507,7 @@ class SimAgent:
     def _end(self, attempt: int, *, end: str, exit_code: int | None = None,
              signalled: bool = False, log_tail: str = "", detail: str = "") -> None:  # fmt: skip
         self.finished.add(attempt)
+        self.run.ended_here.setdefault((attempt, self.name), time.time())
         self._event(type=EVENT_EXITED, attempt=attempt, end=end, exit_code=exit_code,
                     signalled=signalled, log_tail=log_tail, detail=detail)  # fmt: skip
 
@@ -579,6 +583,9 @@ class Run:
         self.error_samples: dict[str, str] = {}
         # (attempt, node) → (when its agent read the stop order, when it sent that poll)
         self.stop_received: dict[tuple[int, str], tuple[float, float]] = {}
+        # When each node's agent ended each attempt there (its process exited, or it never
+        # started): a stop ordered after that has nothing to stop on that node.
+        self.ended_here: dict[tuple[int, str], float] = {}
         self.submits: list[tuple[float, float]] = []  # (sent at, seconds)
         self.jobs: dict[int, tuple[str, int]] = {}  # open jobs: id → (share, GPUs)
         self.remaining: dict[int, float] = {}  # job → seconds it still has to run
@@ -894,6 +901,7 @@ class Run:
         cycles = worker_cycles(self.tmp / "worker.log")
         commits = sorted(c.end for c in cycles if c.preempted)
         latencies, from_commit, never, later_poll, samples = [], [], [], 0, []
+        ended_before = 0
         for attempt, stop_at, allocations in stops:
             ordered = stop_at.timestamp()
             following = bisect.bisect_left(commits, ordered)
@@ -901,7 +909,11 @@ class Run:
             for allocation in allocations:
                 receipt = self.stop_received.get((attempt, allocation["node"]))
                 if receipt is None:
-                    never.append(attempt)
+                    ended = self.ended_here.get((attempt, allocation["node"]))
+                    if ended is not None and ended < ordered:
+                        ended_before += 1  # its process there had ended: nothing to stop
+                    else:
+                        never.append(attempt)
                     continue
                 received, poll_sent = receipt
                 latencies.append(received - ordered)
@@ -948,6 +960,7 @@ class Run:
             "preemptions": preempted,
             "stops": len(latencies),
             "never received": len(never),
+            "ended before": ended_before,
             "later poll": later_poll,
             "lag p99": soak.percentile(lags, 0.99) * 1000,
             "lag max": max(lags, default=math.nan) * 1000,
@@ -1186,7 +1199,8 @@ def run_lines(agents: int, figures: dict, run: Run) -> list[str]:
         f"{number(f['busy'], '%')} %",
         f"  stop → agent p50/p99/max {number(f['stop p50'], 'ms')}/{number(f['stop p99'], 'ms')}/"
         f"{number(f['stop max'], 'ms')} ms over {f['stops']} receipts ({f['never received']} "
-        f"never received); from the commit p50/p99 {number(f['commit p50'], 'ms')}/"
+        f"never received, {f['ended before']} nodes not counted whose process of the attempt "
+        f"had ended before the stop); from the commit p50/p99 {number(f['commit p50'], 'ms')}/"
         f"{number(f['commit p99'], 'ms')} ms; {f['later poll']} of the receipts came on a poll "
         "sent after the commit (the agent was busy with its last answer)",
         f"  submit p50/p99 {number(f['submit p50'], 'ms')}/{number(f['submit p99'], 'ms')} ms; "
