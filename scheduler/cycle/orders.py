@@ -67,7 +67,7 @@ def new_orders_by_node(
     ) in rows:  # fmt: skip
         orders = by_node.setdefault(node_id, {"run": [], "stop": []})
         if (node_id, attempt_id) == last:
-            if attempt_id in to_run and attempt_id not in to_stop:
+            if attempt_id not in to_stop:  # a run order names every GPU of the node
                 orders["run"][-1]["gpu_indices"].append(index)
             continue
         last = (node_id, attempt_id)
