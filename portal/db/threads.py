@@ -17,7 +17,7 @@ import contextlib
 import functools
 from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -101,3 +101,74 @@ class KeyedLocks:
                 self.users[key] -= 1
                 if not self.users[key]:
                     del self.users[key], self.locks[key]
+
+
+class KeyedTurns:
+    """Database calls about the same keys, in turns (`KeyedLocks`), where the calls that come
+    while a turn is awaited share it: when it comes they run one after another in one database
+    call, each with its own answer or exception, as if each had had its own turn. The 64 nodes
+    of a gang that report its end at the same moment so take two turns, not 64: under load
+    each turn waits for a database thread, and an agent waiting its turn hears no order. A
+    call about other keys (or about some of the same keys and others) waits for a turn of its
+    own. Under WSGI each call simply runs."""
+
+    def __init__(self, locks: KeyedLocks) -> None:
+        self.locks = locks
+        self.waiting: dict[tuple[int, ...], list[tuple[Callable[[], Any], asyncio.Future]]] = {}
+        self.turns: set[asyncio.Task] = set()
+
+    async def run(self, keys: Iterable[int], call: Callable[[], R]) -> R:
+        """Run `call` (it may use the database) in a turn of `keys`; return what it returns."""
+        key = tuple(sorted(set(keys)))
+        if _executor is None or not key:
+            async with self.locks.held(key):
+                return await in_database_thread(call)
+        answer = asyncio.get_running_loop().create_future()
+        calls = self.waiting.get(key)
+        if calls is None:
+            calls = self.waiting[key] = []
+            # A task of its own: the calls that join the turn still run if this request is
+            # cancelled (its client went away) while the turn is awaited.
+            turn = asyncio.create_task(self._turn(key, calls))
+            self.turns.add(turn)
+            turn.add_done_callback(self.turns.discard)
+        calls.append((call, answer))
+        return await asyncio.shield(answer)
+
+    async def _turn(self, key: tuple[int, ...], calls: list) -> None:
+        try:
+            async with self.locks.held(key):
+                del self.waiting[key]  # a call that comes now waits for the next turn
+                outcomes = await in_database_thread(_one_after_another, [c for c, _ in calls])
+        except BaseException as error:  # the server's shutdown cancels it, too
+            if self.waiting.get(key) is calls:
+                del self.waiting[key]
+            for _, answer in calls:
+                if answer.done():
+                    continue
+                if isinstance(error, asyncio.CancelledError):
+                    answer.cancel()
+                else:
+                    answer.set_exception(error)
+            if isinstance(error, asyncio.CancelledError):
+                raise
+            return
+        for (_, answer), (raised, outcome) in zip(calls, outcomes, strict=True):
+            if answer.done():
+                continue
+            if raised:
+                answer.set_exception(outcome)
+            else:
+                answer.set_result(outcome)
+
+
+def _one_after_another(calls: list[Callable[[], Any]]) -> list[tuple[bool, Any]]:
+    """(raised, what it returned or raised) of each call, in order, each with the connection
+    handling of a call of its own (`_with_connection`)."""
+    outcomes: list[tuple[bool, Any]] = []
+    for call in calls:
+        try:
+            outcomes.append((False, _with_connection(call)))
+        except Exception as error:  # noqa: BLE001 (its caller's: handed back to it)
+            outcomes.append((True, error))
+    return outcomes

@@ -19,7 +19,12 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from portal.db.threads import KeyedLocks, in_database_thread, release_database_connection
+from portal.db.threads import (
+    KeyedLocks,
+    KeyedTurns,
+    in_database_thread,
+    release_database_connection,
+)
 from scheduler.agent.protocol import (
     END_REASONS,
     EVENT_CHECKPOINT,
@@ -52,8 +57,10 @@ MAX_EVENTS = 1000
 MAX_ID = 2**62  # below the database's largest integer (SQLite's and PostgreSQL's bigint)
 
 
-# A gang's nodes report about the same attempt together: one at a time per web process.
+# A gang's nodes report about the same attempt together: one at a time per web process, and
+# those that come while one waits go together in the next turn.
 attempt_locks = KeyedLocks()
+attempt_turns = KeyedTurns(attempt_locks)
 
 
 class DecidedStarts:
@@ -175,7 +182,8 @@ def agent_view(
 ):
     """POST-only JSON view, async: the body is parsed on the event loop, then `view` runs with
     the database (`in_database_thread`), one at a time with other requests `about` the same
-    attempts (their ids in the body), but for attempts `once` has seen decided;
+    attempts (their ids in the body; those that come while one waits share the next turn,
+    `KeyedTurns`), but for attempts `once` has seen decided;
     `authenticated`: the node (or the connector, for `principal` CONNECTOR) is passed in, or
     401."""
     principal = principal or NODE
@@ -190,15 +198,18 @@ def agent_view(
                 if not authenticated:
                     return await in_database_thread(view, request, data)
                 keys = list(about(data))
+                if once is None:
+                    call = functools.partial(_authenticated_call, principal, view, request, data)
+                    return await attempt_turns.run(keys, call)
                 while True:
-                    alone = keys if once is None else once.undecided(keys)
+                    alone = once.undecided(keys)
                     async with attempt_locks.held(alone):
-                        if once is not None and once.undecided(alone) != alone:
+                        if once.undecided(alone) != alone:
                             continue  # decided while this request waited: no need to wait
                         response = await in_database_thread(
                             _authenticated_call, principal, view, request, data
                         )
-                        if once is not None and response.status_code == 200:
+                        if response.status_code == 200:
                             once.decided(alone)
                         return response
             except BadRequest as error:
@@ -291,11 +302,13 @@ async def _long_poll(request: HttpRequest, *, principal: Principal, start, again
         return JsonResponse(error.errors, status=400)
     waiter = OrderWaiter()
     try:
-        async with attempt_locks.held(event["attempt"] for event in events):
-            found = await in_database_thread(
+        found = await attempt_turns.run(
+            (event["attempt"] for event in events),
+            functools.partial(
                 _poll_start, request, principal, start, running=running, stopping=stopping,
                 events=events, waiter=waiter, **extra,
-            )  # fmt: skip
+            ),
+        )  # fmt: skip
         if found is None:
             return principal.not_authenticated()
         caller, begun = found

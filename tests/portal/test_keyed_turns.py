@@ -1,0 +1,113 @@
+"""Database calls about the same attempt take turns in a web process, and the calls that come
+while a turn is awaited share the next one (portal.db.threads.KeyedTurns): the nodes of a gang
+report its end at the same moment, and 64 turns, each waiting for a database thread under
+load, outlasted the agents' 10 s report timeout. Each call still gets its own answer."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from portal.db import threads
+
+WAIT = 30  # seconds: only a broken test waits that long
+
+
+@pytest.fixture
+def database_calls(monkeypatch) -> list:
+    """The calls to a database thread, on real threads as under the production server."""
+    calls: list = []
+    real = threads.in_database_thread
+
+    async def counted(fn, *args, **kwargs):
+        calls.append(fn)
+        return await real(fn, *args, **kwargs)
+
+    with ThreadPoolExecutor(max_workers=3) as executor:
+        monkeypatch.setattr(threads, "_executor", executor)
+        monkeypatch.setattr(threads, "in_database_thread", counted)
+        yield calls
+
+
+def held_turn():
+    """A call that holds its turn (and a database thread) until `go_on` is set."""
+    inside, go_on = threading.Event(), threading.Event()
+
+    def call() -> str:
+        inside.set()
+        go_on.wait(WAIT)
+        return "first"
+
+    return call, inside, go_on
+
+
+def node_report(node: int):
+    def call() -> str:
+        if node == 2:
+            raise ValueError("events: node 2's report is bad")
+        return f"node {node}"
+
+    return call
+
+
+def test_calls_that_come_during_a_turn_share_the_next_one_each_with_its_own_answer(
+    database_calls,
+):
+    turns = threads.KeyedTurns(threads.KeyedLocks())
+    first, inside, go_on = held_turn()
+
+    async def main():
+        ahead = asyncio.create_task(turns.run([7], first))
+        await asyncio.to_thread(inside.wait, WAIT)
+        gang = [asyncio.create_task(turns.run([7], node_report(n))) for n in range(5)]
+        # Another attempt's call goes on meanwhile, in a turn of its own.
+        assert await turns.run([8], lambda: "attempt 8") == "attempt 8"
+        go_on.set()
+        return await ahead, await asyncio.gather(*gang, return_exceptions=True)
+
+    ahead, answers = asyncio.run(main())
+    assert ahead == "first"
+    assert answers[:2] == ["node 0", "node 1"] and answers[3:] == ["node 3", "node 4"]
+    assert isinstance(answers[2], ValueError)  # only its own caller hears it
+    assert len(database_calls) == 3  # the first; attempt 8's; the five of the gang together
+    assert turns.waiting == {} and turns.turns == set()
+
+
+def test_a_caller_that_goes_away_takes_no_other_call_of_its_turn_with_it(database_calls):
+    turns = threads.KeyedTurns(threads.KeyedLocks())
+    first, inside, go_on = held_turn()
+    ran: list[str] = []
+
+    def leaving() -> str:
+        ran.append("leaving")
+        return "nobody hears this"
+
+    async def main():
+        ahead = asyncio.create_task(turns.run([7], first))
+        await asyncio.to_thread(inside.wait, WAIT)
+        gone = asyncio.create_task(turns.run([7], leaving))  # it begins the next turn
+        await asyncio.sleep(0)
+        staying = asyncio.create_task(turns.run([7], lambda: "answered"))
+        await asyncio.sleep(0)
+        gone.cancel()  # its client went away while the turn was awaited
+        go_on.set()
+        return await ahead, await staying, await asyncio.gather(gone, return_exceptions=True)
+
+    ahead, staying, (gone,) = asyncio.run(main())
+    assert (ahead, staying) == ("first", "answered")
+    assert isinstance(gone, asyncio.CancelledError)
+    assert ran == ["leaving"]  # its report was applied all the same: nothing accepted is lost
+
+
+def test_under_wsgi_each_call_simply_runs(monkeypatch):
+    monkeypatch.setattr(threads, "_executor", None)
+    turns = threads.KeyedTurns(threads.KeyedLocks())
+
+    async def main():
+        return await asyncio.gather(turns.run([1], lambda: 1), turns.run([1], lambda: 2))
+
+    assert asyncio.run(main()) == [1, 2]
+    assert turns.waiting == {}
