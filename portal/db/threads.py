@@ -106,23 +106,34 @@ class KeyedLocks:
 class KeyedTurns:
     """Database calls about the same keys, in turns (`KeyedLocks`), where the calls that come
     while a turn is awaited share it: when it comes they run one after another in one database
-    call, each with its own answer or exception, as if each had had its own turn. The 64 nodes
-    of a gang that report its end at the same moment so take two turns, not 64: under load
-    each turn waits for a database thread, and an agent waiting its turn hears no order. A
-    call about other keys (or about some of the same keys and others) waits for a turn of its
-    own. Under WSGI each call simply runs."""
+    call, each with its own answer or exception, as if each had had its own turn; calls in a
+    row that name the same `together` are given to it at once, to do their work in fewer
+    statements. The 64 nodes of a gang that report its end at the same moment so take two
+    turns, not 64: under load each turn waits for a database thread, and an agent waiting its
+    turn hears no order. A call about other keys (or about some of the same keys and others)
+    waits for a turn of its own. Under WSGI each call simply runs."""
 
     def __init__(self, locks: KeyedLocks) -> None:
         self.locks = locks
-        self.waiting: dict[tuple[int, ...], list[tuple[Callable[[], Any], asyncio.Future]]] = {}
+        self.waiting: dict[tuple[int, ...], list[tuple[Call, asyncio.Future]]] = {}
         self.turns: set[asyncio.Task] = set()
 
-    async def run(self, keys: Iterable[int], call: Callable[[], R]) -> R:
-        """Run `call` (it may use the database) in a turn of `keys`; return what it returns."""
+    async def run(
+        self, keys: Iterable[int], call: Callable[[], R], *, together: Together | None = None
+    ) -> R:
+        """Run `call` (it may use the database) in a turn of `keys`; return what it returns.
+        `together([calls])`, where given, does the work of such calls in a row (or of this one
+        alone), and returns what each would have: (False, its answer) or (True, what it
+        raised)."""
         key = tuple(sorted(set(keys)))
         if _executor is None or not key:
             async with self.locks.held(key):
-                return await in_database_thread(call)
+                ((raised, outcome),) = await in_database_thread(
+                    _one_after_another, [(call, together)]
+                )
+            if raised:
+                raise outcome
+            return outcome
         answer = asyncio.get_running_loop().create_future()
         calls = self.waiting.get(key)
         if calls is None:
@@ -132,7 +143,7 @@ class KeyedTurns:
             turn = asyncio.create_task(self._turn(key, calls))
             self.turns.add(turn)
             turn.add_done_callback(self.turns.discard)
-        calls.append((call, answer))
+        calls.append(((call, together), answer))
         return await asyncio.shield(answer)
 
     async def _turn(self, key: tuple[int, ...], calls: list) -> None:
@@ -162,13 +173,31 @@ class KeyedTurns:
                 answer.set_result(outcome)
 
 
-def _one_after_another(calls: list[Callable[[], Any]]) -> list[tuple[bool, Any]]:
-    """(raised, what it returned or raised) of each call, in order, each with the connection
-    handling of a call of its own (`_with_connection`)."""
+Call = tuple[Callable[[], Any], "Together | None"]
+Together = Callable[[list[Callable[[], Any]]], list[tuple[bool, Any]]]
+
+
+def _one_after_another(calls: list[Call]) -> list[tuple[bool, Any]]:
+    """(raised, what it returned or raised) of each call, in order, or of those in a row that
+    name the same `together`, given to it at once (a call alone, too). Under the production
+    server each has the connection handling of a call of its own (`_with_connection`)."""
     outcomes: list[tuple[bool, Any]] = []
-    for call in calls:
+    i = 0
+    while i < len(calls):
+        if i and _executor is not None:  # `in_database_thread` does it for the first
+            release_database_connection()
+            close_old_connections()
+        call, together = calls[i]
+        j = i + 1
+        while together is not None and j < len(calls) and calls[j][1] is together:
+            j += 1
         try:
-            outcomes.append((False, _with_connection(call)))
-        except Exception as error:  # noqa: BLE001 (its caller's: handed back to it)
-            outcomes.append((True, error))
+            if together is not None:
+                row = [c for c, _ in calls[i:j]]
+                outcomes += together(row)
+            else:
+                outcomes.append((False, call()))
+        except Exception as error:  # noqa: BLE001 (its callers': handed back to them)
+            outcomes += [(True, error)] * (j - i)
+        i = j
     return outcomes

@@ -121,6 +121,28 @@ def node_report(*, node: Node, events: list[dict]) -> list[str]:
     there are; their jobs are locked in one statement, in id order, as the cycle locks jobs
     (a run of log tails alone, which change no state, takes no lock). An event about an
     attempt already in the run starts the next run, so it sees what the earlier one did."""
+    (results,) = nodes_report([(node, events)])
+    return results
+
+
+def nodes_report(reports: list[tuple[Node, list[dict]]]) -> list[list[str]]:
+    """Apply several nodes' reports (`node_report`), in order, with what each gives, as if one
+    came after the other. Where no node's report names an attempt twice, they are applied
+    together, in one transaction: the ends of a gang's attempt that its nodes report at the same
+    moment lock its job and read its GPUs once, not once per node."""
+    if len(reports) > 1 and all(_distinct(events) for _, events in reports):
+        if all(e["type"] in QUIET_EVENTS for _, events in reports for e in events):
+            return [_apply_quiet(node, events) for node, events in reports]
+        with transaction.atomic():
+            return _apply_changes(reports)
+    return [_node_report(node, events) for node, events in reports]
+
+
+def _distinct(events: list[dict]) -> bool:
+    return len({event["attempt"] for event in events}) == len(events)
+
+
+def _node_report(node: Node, events: list[dict]) -> list[str]:
     results: list[str] = []
     batch: list[dict] = []
     for event in events:
@@ -138,7 +160,8 @@ def _apply_reports(node: Node, events: list[dict]) -> list[str]:
     if all(event["type"] in QUIET_EVENTS for event in events):
         return _apply_quiet(node, events)
     with transaction.atomic():
-        return _apply_changes(node, events)
+        (results,) = _apply_changes([(node, events)])
+        return results
 
 
 # Events that change no job's state: applied without a lock.
@@ -173,17 +196,17 @@ def _apply_quiet_event(event: dict, now) -> None:
     ).update(last_checkpoint_at=saved)
 
 
-def _apply_changes(node: Node, events: list[dict]) -> list[str]:
-    """Apply events about distinct attempts, some of them starts or exits, in the caller's
-    transaction."""
-    ids = [event["attempt"] for event in events]
+def _apply_changes(reports: list[tuple[Node, list[dict]]]) -> list[list[str]]:
+    """Apply nodes' reports, each of events about distinct attempts, some of them starts or
+    exits, in order, in the caller's transaction."""
+    ids = sorted({event["attempt"] for _, events in reports for event in events})
     # Their jobs first, in id order, as the cycle locks jobs before it writes their attempts
     # and GPUs. The attempts need no lock of their own: every other write to them or their
     # GPUs holds the job's lock too, except a cancel's stop order, which only fills in an
     # unset stop_requested_at.
     jobs = {job.pk: job for job in queries.jobs_locked(queries.jobs_lock_query(len(ids)), ids)}
     # Then, read under those locks, the GPUs the attempts hold, with the attempts: an attempt
-    # that holds none on this node has nothing to report here.
+    # that holds none on a node has nothing to report there.
     holders: dict[int, set[int]] = defaultdict(set)
     attempts: dict[int, JobAttempt] = {}
     sql, columns = queries.holders_query(len(ids))
@@ -196,50 +219,45 @@ def _apply_changes(node: Node, events: list[dict]) -> list[str]:
             attempts[attempt_id] = JobAttempt(
                 pk=attempt_id, job=jobs[fields.pop("job_id")], **fields
             )
-    exits_here = [
-        event["attempt"]
-        for event in events
-        if event["type"] == EVENT_EXITED and node.pk in holders[event["attempt"]]
-    ]
-    if exits_here:
-        with prepared_cursor() as cursor:
-            cursor.execute(
-                queries.release_sql(len(exits_here)), [True, node.pk, False, *exits_here]
-            )
+    _release(reports, holders)
     now = timezone.now()
     changes = Transitions()
     written: dict[int, set[str]] = defaultdict(set)  # attempt id → the fields events changed
     gang_stops: set[int] = set()  # attempts whose other nodes get their stop orders now
     ended = False
-    results = []
-    for event in events:
-        attempt = attempts.get(event["attempt"])
-        if attempt is None or node.pk not in holders[attempt.pk]:
-            results.append("ignored")
-            continue
-        if event["type"] == EVENT_LOG:
-            if attempt.ended_at is None:
-                attempt.log_tail = event["log"][-LOG_TAIL_CHARS:]
-                written[attempt.pk].add("log_tail")
+    answers = []
+    for node, events in reports:
+        results = []
+        for event in events:
+            attempt = attempts.get(event["attempt"])
+            if attempt is None or node.pk not in holders[attempt.pk]:
+                results.append("ignored")
+                continue
+            if event["type"] == EVENT_LOG:
+                if attempt.ended_at is None:
+                    attempt.log_tail = event["log"][-LOG_TAIL_CHARS:]
+                    written[attempt.pk].add("log_tail")
+                results.append("ok")
+                continue
+            if event["type"] == EVENT_CHECKPOINT:
+                _apply_quiet_event(event, now)
+                results.append("ok")
+                continue
+            if attempt.ended_at is not None:
+                results.append("ignored")
+                continue
+            if event["type"] == EVENT_STARTED:
+                written[attempt.pk] |= _mark_started(attempt, changes, node=node, now=now)
+            else:
+                holders[attempt.pk].discard(node.pk)  # released (`_release`)
+                others = holders[attempt.pk]
+                fields = _mark_exited(attempt, event, changes, node=node, others=others, now=now)
+                if "stop_requested_at" in fields:
+                    gang_stops.add(attempt.pk)
+                written[attempt.pk] |= fields
+                ended = ended or attempt.ended_at is not None
             results.append("ok")
-            continue
-        if event["type"] == EVENT_CHECKPOINT:
-            _apply_quiet_event(event, now)
-            results.append("ok")
-            continue
-        if attempt.ended_at is not None:
-            results.append("ignored")
-            continue
-        if event["type"] == EVENT_STARTED:
-            written[attempt.pk] |= _mark_started(attempt, changes, node=node, now=now)
-        else:
-            others = holders[attempt.pk] - {node.pk}
-            fields = _mark_exited(attempt, event, changes, node=node, others=others, now=now)
-            if "stop_requested_at" in fields:
-                gang_stops.add(attempt.pk)
-            written[attempt.pk] |= fields
-            ended = ended or attempt.ended_at is not None
-        results.append("ok")
+        answers.append(results)
     by_fields: dict[tuple[str, ...], list[JobAttempt]] = defaultdict(list)
     for attempt_id, names in written.items():
         if names:
@@ -248,12 +266,34 @@ def _apply_changes(node: Node, events: list[dict]) -> list[str]:
         rows_update(JobAttempt, names, [(a.pk, *(getattr(a, n) for n in names)) for a in group])
     changes.save()
     if gang_stops:
+        # To the nodes that still hold them: those whose ends are reported released theirs.
         orders = new_orders_by_node(stop=gang_stops)
-        orders.pop(node.pk, None)
         transaction.on_commit(lambda: notify_nodes((), orders=orders))
     if ended:
         request_cycle()
-    return results
+    return answers
+
+
+def _release(reports: list[tuple[Node, list[dict]]], holders: dict[int, set[int]]) -> None:
+    """Release the GPUs of the attempts whose ends the nodes report, where they hold them: one
+    statement per set of attempts (the nodes of a gang report the end of the same one)."""
+    nodes_by_exits: dict[tuple[int, ...], set[int]] = defaultdict(set)
+    for node, events in reports:
+        exits = tuple(
+            sorted(
+                event["attempt"]
+                for event in events
+                if event["type"] == EVENT_EXITED and node.pk in holders[event["attempt"]]
+            )
+        )
+        if exits:
+            nodes_by_exits[exits].add(node.pk)
+    with prepared_cursor() as cursor:
+        for exits, node_ids in nodes_by_exits.items():
+            cursor.execute(
+                queries.release_sql(len(exits), nodes=len(node_ids)),
+                [True, *sorted(node_ids), False, *exits],
+            )
 
 
 def _mark_started(attempt: JobAttempt, changes: Transitions, *, node: Node, now) -> set[str]:

@@ -26,7 +26,7 @@ from scheduler.cycle.trigger import request_cycle
 from scheduler.cycle.wake import OrderWaiter
 from scheduler.models import ClusterSettings, Connector, GpuAssignment, JobAttempt, Node
 from scheduler.nodes import queries
-from scheduler.nodes.attempts import attempts_start, node_report
+from scheduler.nodes.attempts import attempts_start, nodes_report
 from scheduler.nodes.services import (
     JOIN_TOKEN_INVALID,
     PollStart,
@@ -295,8 +295,10 @@ def connector_report(*, connector: Connector, events: list[dict]) -> list[str]:
     holders = _holders(connector, {event["attempt"] for event in events})
     results = ["ignored"] * len(events)
     # Round k applies each event on the k-th node holding its attempt, the events of one node
-    # together, in order, as its agent's report would carry them.
+    # together, in order, as its agent's report would carry them; all rounds' reports in one
+    # step (`nodes_report`: a gang's ends lock its job once).
     rounds = max((len(nodes) for nodes in holders.values()), default=0)
+    reports: list[tuple[Node, list[tuple[int, dict]]]] = []
     for k in range(rounds):
         by_node: dict[int, list[tuple[int, dict]]] = defaultdict(list)
         nodes: dict[int, Node] = {}
@@ -306,11 +308,12 @@ def connector_report(*, connector: Connector, events: list[dict]) -> list[str]:
                 continue
             by_node[held_on[k].pk].append((i, event))
             nodes[held_on[k].pk] = held_on[k]
-        for node_id, numbered in by_node.items():
-            answers = node_report(node=nodes[node_id], events=[e for _, e in numbered])
-            for (i, _), answer in zip(numbered, answers, strict=True):
-                if answer == "ok":
-                    results[i] = "ok"
+        reports += [(nodes[node_id], numbered) for node_id, numbered in by_node.items()]
+    answers = nodes_report([(node, [e for _, e in numbered]) for node, numbered in reports])
+    for (_, numbered), node_answers in zip(reports, answers, strict=True):
+        for (i, _), answer in zip(numbered, node_answers, strict=True):
+            if answer == "ok":
+                results[i] = "ok"
     for event, result in zip(events, results, strict=True):
         if result == "ok" and event.get("cluster_job"):
             JobAttempt.objects.filter(pk=event["attempt"]).update(cluster_job=event["cluster_job"])

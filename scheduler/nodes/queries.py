@@ -181,10 +181,11 @@ def start_query(count: int, *, started: bool = False) -> tuple[str, tuple[models
 
 
 @cache
-def release_sql(count: int) -> str:
-    """Release the GPUs `count` attempts hold on a node."""
+def release_sql(count: int, *, nodes: int = 1) -> str:
+    """Release the GPUs `count` attempts hold on `nodes` nodes (after True, the node ids and
+    False, the attempt ids)."""
     return _sql(
-        "UPDATE {gpu} SET released = %s WHERE node_id = %s AND released = %s "
-        f"AND attempt_id IN ({_placeholders(count)})",
+        f"UPDATE {{gpu}} SET released = %s WHERE node_id IN ({_placeholders(nodes)}) "
+        f"AND released = %s AND attempt_id IN ({_placeholders(count)})",
         (),
     )

@@ -36,7 +36,7 @@ from scheduler.agent.protocol import (
 from scheduler.cycle.wake import OrderWaiter
 from scheduler.models import MAX_GPUS_PER_NODE, Connector, Node
 from scheduler.nodes import connectors
-from scheduler.nodes.attempts import attempts_start, node_report
+from scheduler.nodes.attempts import attempts_start, nodes_report
 from scheduler.nodes.connectors import ClusterNode, connector_for_token
 from scheduler.nodes.services import (
     node_for_token,
@@ -179,11 +179,13 @@ def agent_view(
     about=lambda data: (),
     principal: Principal | None = None,
     once: DecidedStarts | None = None,
+    together: bool = False,
 ):
     """POST-only JSON view, async: the body is parsed on the event loop, then `view` runs with
     the database (`in_database_thread`), one at a time with other requests `about` the same
     attempts (their ids in the body; those that come while one waits share the next turn,
-    `KeyedTurns`), but for attempts `once` has seen decided;
+    `KeyedTurns`), but for attempts `once` has seen decided; `together`: `view([AgentCall])`
+    answers such requests at once (`KeyedTurns`' protocol);
     `authenticated`: the node (or the connector, for `principal` CONNECTOR) is passed in, or
     401."""
     principal = principal or NODE
@@ -199,8 +201,8 @@ def agent_view(
                     return await in_database_thread(view, request, data)
                 keys = list(about(data))
                 if once is None:
-                    call = functools.partial(_authenticated_call, principal, view, request, data)
-                    return await attempt_turns.run(keys, call)
+                    call = AgentCall(principal, view, request, data)
+                    return await attempt_turns.run(keys, call, together=view if together else None)
                 while True:
                     alone = once.undecided(keys)
                     async with attempt_locks.held(alone):
@@ -220,6 +222,19 @@ def agent_view(
         return wrapper
 
     return decorate
+
+
+@dataclass(frozen=True)
+class AgentCall:
+    """A request's call of its view, with its caller authenticated first."""
+
+    principal: Principal
+    view: Callable
+    request: HttpRequest
+    data: dict
+
+    def __call__(self) -> JsonResponse:
+        return _authenticated_call(self.principal, self.view, self.request, self.data)
 
 
 def _authenticated_call(principal: Principal, view, request: HttpRequest, data: dict):
@@ -359,15 +374,38 @@ def start(request: HttpRequest, node: Node, data: dict) -> JsonResponse:
     return JsonResponse({"start": sorted(attempts_start(node=node, attempt_ids=attempts))})
 
 
-@agent_view(about=_attempts_named)
-def report(request: HttpRequest, node: Node, data: dict) -> JsonResponse:
+@agent_view(about=_attempts_named, together=True)
+def report(calls: list[AgentCall]) -> list[tuple[bool, Any]]:
     """{events: [{type: started|exited|log, attempt, ...}]} → {results: ["ok"|"ignored"]}.
     An exited event has `end` (exit, timeout, never_started, lost), `exit_code`,
     `signalled` (SIGTERM had been sent), `log_tail`, `detail`. Events are applied in order;
-    replays are ignored."""
-    events = _events(data, required=True)
-    node_heartbeat(node=node)
-    return JsonResponse({"results": node_report(node=node, events=events)})
+    replays are ignored. The reports of nodes about the same attempts that come at the same
+    moment (a gang's nodes report its end) are applied together (`nodes_report`), each
+    answered as if it had come alone."""
+    outcomes: list[tuple[bool, Any]] = [(False, None)] * len(calls)
+    reports: list[tuple[int, Node, list[dict]]] = []
+    for i, call in enumerate(calls):
+        try:
+            node = call.principal.authenticate(call.request)
+            if node is None:
+                outcomes[i] = (False, call.principal.not_authenticated())
+                continue
+            events = _events(call.data, required=True)
+            node_heartbeat(node=node)
+        except Exception as error:  # noqa: BLE001 (this request's: answered to it)
+            outcomes[i] = (True, error)
+            continue
+        reports.append((i, node, events))
+    try:
+        answers = nodes_report([(node, events) for _, node, events in reports])
+    except Exception as error:  # noqa: BLE001 (answered to every request of them)
+        answers = [error] * len(reports)
+    for (i, _, _), results in zip(reports, answers, strict=True):
+        if isinstance(results, Exception):
+            outcomes[i] = (True, results)
+        else:
+            outcomes[i] = (False, JsonResponse({"results": results}))
+    return outcomes
 
 
 def _events(data: dict, *, required: bool) -> list[dict]:

@@ -76,6 +76,33 @@ def test_calls_that_come_during_a_turn_share_the_next_one_each_with_its_own_answ
     assert turns.waiting == {} and turns.turns == set()
 
 
+def test_calls_that_name_the_same_together_are_given_to_it_at_once(database_calls):
+    turns = threads.KeyedTurns(threads.KeyedLocks())
+    first, inside, go_on = held_turn()
+    given: list[list[str]] = []
+
+    def reports(calls) -> list[tuple[bool, object]]:
+        """Answers several nodes' reports at once, as if each had come alone."""
+        given.append([call() for call in calls])
+        return [(False, f"{name}: ok") for name in given[-1]]
+
+    async def main():
+        ahead = asyncio.create_task(turns.run([7], first))
+        await asyncio.to_thread(inside.wait, WAIT)
+        gang = [turns.run([7], lambda n=n: f"node {n}", together=reports) for n in range(3)]
+        poll = turns.run([7], lambda: "a poll, alone")
+        later = turns.run([7], lambda: "node 3", together=reports)
+        waiting = asyncio.gather(*gang, poll, later)
+        await asyncio.sleep(0.1)
+        go_on.set()
+        return await ahead, await waiting
+
+    ahead, answers = asyncio.run(main())
+    assert answers == ["node 0: ok", "node 1: ok", "node 2: ok", "a poll, alone", "node 3: ok"]
+    assert given == [["node 0", "node 1", "node 2"], ["node 3"]]  # those in a row, at once
+    assert len(database_calls) == 2
+
+
 def test_a_caller_that_goes_away_takes_no_other_call_of_its_turn_with_it(database_calls):
     turns = threads.KeyedTurns(threads.KeyedLocks())
     first, inside, go_on = held_turn()
