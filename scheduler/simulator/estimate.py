@@ -93,7 +93,7 @@ def estimate_starts(
     for _, job in queue:
         if job.preempted_at:
             simulation.jobs[job.id].preempted_at = tuple(at - now for at in job.preempted_at)
-    for placed in snapshot.placed:
+    for placed in _held(snapshot):
         if placed.stopping:
             left = max(0.0, remaining[placed.id])
             work = expected.get(placed.id, left)
@@ -109,6 +109,16 @@ def estimate_starts(
         if event["type"] == "start" and job_id in waiting and job_id not in estimates:
             estimates[job_id] = Estimate(start=event["t"], nodes=tuple(event["nodes"]))
     return Estimates(estimates, min(horizon, simulation.replayed))
+
+
+def _held(snapshot: Snapshot) -> list[PlacedJob]:
+    """The placed jobs, each once. The cycle's snapshot reads the placed jobs, then the queue,
+    not in one transaction: a job whose attempt ended in between is read both ways, and waits
+    (the later read; its GPUs were released with the end). Of a job read with two attempts,
+    the later one (the snapshot lists them by attempt)."""
+    waiting = {job.id for job in snapshot.runnable}
+    held = {placed.id: placed for placed in snapshot.placed if placed.id not in waiting}
+    return list(held.values())
 
 
 def _shifted(placed: PlacedJob, now: float) -> PlacedJob:

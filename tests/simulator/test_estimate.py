@@ -117,3 +117,21 @@ def test_a_replay_out_of_time_stops_and_says_how_far_it_got():
     assert (result.starts, result.replayed) == ({}, 0.0)
     full = estimate_starts(snapshot, expected={"j": 60}, remaining={}, horizon=3600)
     assert full.starts == {"j": Estimate(0.0, ("n0",))} and full.replayed == 3600
+
+
+def test_a_job_read_both_placed_and_waiting_counts_once_as_waiting():
+    """The cycle's snapshot reads the placed jobs, then the queue, not in one transaction: a
+    job whose attempt ended in between is read both ways. It waits (the later read), and its
+    GPUs are free: the estimate neither fails (it did, with a KeyError, at 2,000 agents) nor
+    counts those GPUs as held."""
+    snapshot = Snapshot(
+        nodes(1),
+        (share("team", 8, RESERVE),),
+        placed=(running("again", "team", "n0", range(8), started=NOW - 10),),
+        runnable=(job("again", "team", 8, submitted=NOW - 30),),
+        now=NOW,
+    )
+    estimates = estimate_starts(
+        snapshot, expected={"again": 100}, remaining={"again": 500}, horizon=1e6
+    ).starts
+    assert estimates == {"again": Estimate(start=0.0, nodes=("n0",))}
