@@ -385,6 +385,8 @@ class SimAgent:
             self.run.results.update((answer or {}).get("results", []))
         else:
             self.report_backoff.failed()
+            kinds = " ".join(f"{e['type']}:{e['attempt']}" for e in events)
+            self.run.failed_reports.append((time.time(), self.name, kinds))
         self._events_sent(events, delivered=status == 200)
 
     async def reporter(self) -> None:
@@ -472,6 +474,7 @@ class SimAgent:
         process.exit_timer = self.loop.call_later(seconds, self._exited, attempt, 0)
         process.log_timer = self.loop.call_later(LOG_EVERY_SECONDS, self._log, attempt)
         self.processes[attempt] = process
+        self.run.started_on[attempt] += 1
 
     def terminate(self, process: SimProcess, grace: float) -> None:
         """SIGTERM: the job checkpoints and exits, or is killed when its grace is over."""
@@ -583,6 +586,10 @@ class Run:
         self.error_samples: dict[str, str] = {}
         # (attempt, node) → (when its agent read the stop order, when it sent that poll)
         self.stop_received: dict[tuple[int, str], tuple[float, float]] = {}
+        # With --keep: each report that failed (when, node, its events' types and attempts),
+        # and on how many nodes each attempt started (a gang's are many).
+        self.failed_reports: list[tuple[float, str, str]] = []
+        self.started_on: Counter[int] = Counter()
         # When each node's agent ended each attempt there (its process exited, or it never
         # started): a stop ordered after that has nothing to stop on that node.
         self.ended_here: dict[tuple[int, str], float] = {}
@@ -927,6 +934,12 @@ class Run:
             with open(self.tmp / "stops.csv", "w") as dump:
                 dump.write("attempt,node,stop_requested_at,commit_logged_at,poll_sent,received\n")
                 dump.writelines(",".join(map(str, sample)) + "\n" for sample in samples)
+            with open(self.tmp / "failed_reports.csv", "w") as dump:
+                dump.write("at,node,events (type:attempt),nodes its attempts started on\n")
+                for at, node, kinds in self.failed_reports:
+                    attempts = {int(kind.split(":")[1]) for kind in kinds.split()}
+                    nodes = " ".join(str(self.started_on[a]) for a in sorted(attempts))
+                    dump.write(f"{at},{node},{kinds},{nodes}\n")
         placing = [c for c in cycles if c.placed and start <= c.end < end]
         own = [c.own for c in placing]
         waited = [c.end - c.start for c in placing]
