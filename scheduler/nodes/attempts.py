@@ -132,7 +132,7 @@ def nodes_report(reports: list[tuple[Node, list[dict]]]) -> list[list[str]]:
     moment lock its job and read its GPUs once, not once per node."""
     if len(reports) > 1 and all(_distinct(events) for _, events in reports):
         if all(e["type"] in QUIET_EVENTS for _, events in reports for e in events):
-            return [_apply_quiet(node, events) for node, events in reports]
+            return _apply_quiet(reports)
         with transaction.atomic():
             return _apply_changes(reports)
     return [_node_report(node, events) for node, events in reports]
@@ -158,7 +158,8 @@ def _node_report(node: Node, events: list[dict]) -> list[str]:
 def _apply_reports(node: Node, events: list[dict]) -> list[str]:
     """Apply events about distinct attempts (see `node_report`)."""
     if all(event["type"] in QUIET_EVENTS for event in events):
-        return _apply_quiet(node, events)
+        (results,) = _apply_quiet([(node, events)])
+        return results
     with transaction.atomic():
         (results,) = _apply_changes([(node, events)])
         return results
@@ -168,19 +169,34 @@ def _apply_reports(node: Node, events: list[dict]) -> list[str]:
 QUIET_EVENTS = (EVENT_LOG, EVENT_CHECKPOINT)
 
 
-def _apply_quiet(node: Node, events: list[dict]) -> list[str]:
-    """Log tails and checkpoints change no job's state: no lock, each written only while its
-    attempt runs."""
+def _apply_quiet(reports: list[tuple[Node, list[dict]]]) -> list[list[str]]:
+    """Log tails and checkpoints change no job's state: no lock, each taken only from a node
+    where its attempt holds GPUs, and written only while the attempt runs. Of the log tails
+    of one attempt (a gang's nodes send theirs at the same moment) the last is written."""
+    ids = {event["attempt"] for _, events in reports for event in events}
     held = set(
         GpuAssignment.objects.filter(
-            node=node, attempt_id__in=[event["attempt"] for event in events], released=False
-        ).values_list("attempt_id", flat=True)
+            node_id__in={node.pk for node, _ in reports}, attempt_id__in=ids, released=False
+        ).values_list("node_id", "attempt_id")
     )
     now = timezone.now()
-    for event in events:
-        if event["attempt"] in held:
-            _apply_quiet_event(event, now)
-    return ["ok" if event["attempt"] in held else "ignored" for event in events]
+    logs: dict[int, dict] = {}  # attempt id → its last log tail
+    answers = []
+    for node, events in reports:
+        results = []
+        for event in events:
+            if (node.pk, event["attempt"]) not in held:
+                results.append("ignored")
+                continue
+            if event["type"] == EVENT_LOG:
+                logs[event["attempt"]] = event
+            else:
+                _apply_quiet_event(event, now)
+            results.append("ok")
+        answers.append(results)
+    for event in logs.values():
+        _apply_quiet_event(event, now)
+    return answers
 
 
 def _apply_quiet_event(event: dict, now) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.agent.protocol import END_EXIT, EVENT_EXITED, EVENT_STARTED
+from scheduler.agent.protocol import END_EXIT, EVENT_EXITED, EVENT_LOG, EVENT_STARTED
 from scheduler.cycle.run import cycle_run
 from scheduler.jobs.services import job_submit
 from scheduler.models import GpuAssignment, Job, JobAttempt, Node
@@ -92,3 +92,19 @@ def test_a_failing_node_s_stop_reaches_the_nodes_that_still_hold_the_attempt(wor
     job.refresh_from_db()
     assert job.state == Job.State.FAILED
     assert JobAttempt.objects.get(pk=attempt.pk).outcome == JobAttempt.Outcome.FAILED
+
+
+def test_a_gang_s_log_tails_sent_together_keep_the_last_and_ignore_a_stranger(world):
+    for i in range(4):
+        make_node(f"node-{i}")
+    _, attempt, gang = running_gang(world)
+    (stranger,) = Node.objects.exclude(pk__in=[node.pk for node in gang])
+
+    def log(text: str) -> list[dict]:
+        return [{"type": EVENT_LOG, "attempt": attempt.pk, "log": text}]
+
+    answers = nodes_report([(gang[0], log("a")), (stranger, log("not mine")),
+                            (gang[1], log("b")), (gang[2], log("c"))])  # fmt: skip
+
+    assert answers == [["ok"], ["ignored"], ["ok"], ["ok"]]
+    assert JobAttempt.objects.get(pk=attempt.pk).log_tail == "c"
