@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from functools import cache
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 
 from portal.db.bulk import rows_update
 from portal.db.sql import prepared_cursor
@@ -140,16 +140,28 @@ def estimates_refresh(*, horizon: float | None = None) -> EstimateRun:
             start = now + timedelta(seconds=estimate.start)
             rows.append((int(job.id), start, list(estimate.nodes), basis))
     fields = ("estimated_start", "estimated_nodes", "estimate_basis")
-    rows_update(Job, fields, rows, where=("state", Job.State.RUNNABLE))
-    # Jobs leave the queue without their estimates (scheduler.transitions); these are older.
-    Job.objects.exclude(state=Job.State.RUNNABLE).exclude(estimate_basis="").update(
-        **Job.no_estimate()
-    )
+    with transaction.atomic():
+        # The jobs are locked first, in id order, as the cycle locks them, and those that
+        # another transaction holds (a cycle placing them, a report) are left for the next
+        # refresh: an UPDATE of many rows locks them in its plan's order, and deadlocked with
+        # the cycle at 2,000 agents.
+        free = _unlocked(Job.objects.filter(state=Job.State.RUNNABLE))
+        rows_update(Job, fields, [row for row in rows if row[0] in free],
+                    where=("state", Job.State.RUNNABLE))  # fmt: skip
+        # Jobs leave the queue without their estimates (scheduler.transitions); these are
+        # older.
+        stale = _unlocked(Job.objects.exclude(state=Job.State.RUNNABLE).exclude(estimate_basis=""))
+        Job.objects.filter(pk__in=stale).update(**Job.no_estimate())
     run = EstimateRun(len(snapshot.runnable), len(estimates), time.perf_counter() - started,
                       result.replayed)  # fmt: skip
     logger.info("estimates: %d of %d waiting jobs within the horizon, in %.2f s",
                 run.estimated, run.runnable, run.seconds)  # fmt: skip
     return run
+
+
+def _unlocked(jobs) -> set[int]:
+    """The ids of `jobs`, locked in id order, but for those another transaction holds."""
+    return set(jobs.select_for_update(skip_locked=True).order_by("pk").values_list("pk", flat=True))
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,11 @@ node services."""
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 import pytest
+from django.db import connection, transaction
 from django.test import Client
 from django.utils import timezone
 
@@ -165,3 +167,43 @@ def test_refreshes_are_coalesced_and_none_is_lost(settings):
     assert not estimates_wanted(planned=False)
     settings.ESTIMATES_ENABLED = False
     assert not estimates_wanted(planned=True)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refresh_leaves_a_job_another_transaction_holds_to_the_next_refresh(world):
+    """A refresh never waits for a job's lock (a cycle placing it, a report): it leaves that
+    job's estimate to the next refresh. Its UPDATE of many rows used to wait, and deadlocked
+    with the cycle, which locks jobs in id order (seen at 2,000 agents)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks: PostgreSQL (SQLite's writes take the whole database)")
+    _node, _first, second, third = one_running_two_waiting(world, expected_seconds=100)
+    locked, go_on = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                Job.objects.select_for_update().get(pk=second.pk)
+                locked.set()
+                go_on.wait(60)
+        finally:
+            connection.close()  # this thread's
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert locked.wait(60)
+    try:
+        with connection.cursor() as cursor:  # a refresh that waits fails here, not hangs
+            cursor.execute("SET lock_timeout = '20s'")
+        estimates_refresh()
+    finally:
+        go_on.set()
+        holder.join()
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+    second.refresh_from_db()
+    third.refresh_from_db()
+    assert (second.estimated_start, second.estimate_basis) == (None, "")  # left for the next
+    assert third.estimated_start is not None
+    estimates_refresh()
+    second.refresh_from_db()
+    assert second.estimated_start is not None
