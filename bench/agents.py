@@ -361,11 +361,7 @@ class SimAgent:
                 await asyncio.sleep(backoff.delay)
                 continue
             backoff.succeeded()
-            received = time.time()
-            for order in answer.get("stop", []):
-                if order["attempt"] not in self.stops_seen:
-                    self.stops_seen.add(order["attempt"])
-                    self.run.stop_received[order["attempt"], self.name] = (received, sent)
+            self._stops_received(answer.get("stop", []), sent, "poll")
             self.poll_due = True
             async with self.main:
                 await self.apply(answer)
@@ -416,18 +412,30 @@ class SimAgent:
             if attempt not in self.processes and attempt not in self.finished:
                 self.claims[attempt] = order
         for order in orders.get("stop", []):
-            attempt = order["attempt"]
-            ordered.add(attempt)
-            self.claims.pop(attempt, None)
-            process = self.processes.get(attempt)
-            if process is not None:
-                if process.term_sent_at is None:
-                    self.terminate(process, float(order.get("grace_seconds", 0)))
-            elif attempt not in self.finished:
-                self._end(attempt, end=END_NEVER_STARTED, detail="stopped before it started")
+            ordered.add(order["attempt"])
+            self._stop(order)
         for attempt in set(self.claims) - ordered:
             del self.claims[attempt]
         await self.claim()
+
+    def _stop(self, order: dict) -> None:
+        attempt = order["attempt"]
+        self.claims.pop(attempt, None)
+        process = self.processes.get(attempt)
+        if process is not None:
+            if process.term_sent_at is None:
+                self.terminate(process, float(order.get("grace_seconds", 0)))
+        elif attempt not in self.finished:
+            self._end(attempt, end=END_NEVER_STARTED, detail="stopped before it started")
+
+    def _stops_received(self, orders: list[dict], sent: float, via: str) -> None:
+        """The stop orders an answer brought (`via` a poll, or a start for the attempts it
+        refused), at their first receipt here, with when the request that brought them went."""
+        received = time.time()
+        for order in orders:
+            if order["attempt"] not in self.stops_seen:
+                self.stops_seen.add(order["attempt"])
+                self.run.stop_received[order["attempt"], self.name] = (received, sent, via)
 
     async def claim(self) -> None:
         attempts = sorted(self.claims)
@@ -436,6 +444,7 @@ class SimAgent:
         if not self.claim_backoff.ready():
             self._claim_later()
             return
+        sent = time.time()
         status, answer = await self.run.post(
             self.session, "start", START_PATH, {"attempts": attempts}, timeout=10,
             headers=self.headers,
@@ -446,10 +455,14 @@ class SimAgent:
             return
         self.claim_backoff.succeeded()
         granted = set(answer.get("start", []))
+        stops = [order for order in answer.get("stop", []) if order["attempt"] in attempts]
+        self._stops_received(stops, sent, "start")
         for attempt in attempts:
             order = self.claims.pop(attempt, None)
             if order is not None and attempt in granted:
                 self.start(order)
+        for order in stops:
+            self._stop(order)
 
     def _claim_later(self) -> None:
         """The real agent's main loop asks again at a later turn, once its backoff allows."""
@@ -585,7 +598,7 @@ class Run:
         self.job_states: dict[str, int] = {}
         self.error_samples: dict[str, str] = {}
         # (attempt, node) → (when its agent read the stop order, when it sent that poll)
-        self.stop_received: dict[tuple[int, str], tuple[float, float]] = {}
+        self.stop_received: dict[tuple[int, str], tuple[float, float, str]] = {}
         # With --keep: each report that failed (when, node, its events' types and attempts),
         # and on how many nodes each attempt started (a gang's are many).
         self.failed_reports: list[tuple[float, str, str]] = []
@@ -907,7 +920,7 @@ class Run:
 
         cycles = worker_cycles(self.tmp / "worker.log")
         commits = sorted(c.end for c in cycles if c.preempted)
-        latencies, from_commit, never, later_poll, samples = [], [], [], 0, []
+        latencies, from_commit, never, later_poll, by_start, samples = [], [], [], 0, 0, []
         ended_before = 0
         for attempt, stop_at, allocations in stops:
             ordered = stop_at.timestamp()
@@ -922,17 +935,18 @@ class Run:
                     else:
                         never.append(attempt)
                     continue
-                received, poll_sent = receipt
+                received, sent, via = receipt
                 latencies.append(received - ordered)
                 if not math.isnan(commit):
                     from_commit.append(received - commit)
                 # The agent was not waiting in a poll when the stop was committed (it was busy
                 # with its previous answer: its start request, say).
-                later_poll += poll_sent > (ordered if math.isnan(commit) else commit)
-                samples.append((attempt, allocation["node"], ordered, commit, poll_sent, received))
+                later_poll += via == "poll" and sent > (ordered if math.isnan(commit) else commit)
+                by_start += via == "start"
+                samples.append((attempt, allocation["node"], ordered, commit, sent, received, via))
         if self.args.keep:
             with open(self.tmp / "stops.csv", "w") as dump:
-                dump.write("attempt,node,stop_requested_at,commit_logged_at,poll_sent,received\n")
+                dump.write("attempt,node,stop_requested_at,commit_logged_at,sent,received,via\n")
                 dump.writelines(",".join(map(str, sample)) + "\n" for sample in samples)
             with open(self.tmp / "failed_reports.csv", "w") as dump:
                 dump.write("at,node,events (type:attempt),nodes its attempts started on\n")
@@ -975,6 +989,7 @@ class Run:
             "never received": len(never),
             "ended before": ended_before,
             "later poll": later_poll,
+            "by start": by_start,
             "lag p99": soak.percentile(lags, 0.99) * 1000,
             "lag max": max(lags, default=math.nan) * 1000,
         }
@@ -1214,8 +1229,9 @@ def run_lines(agents: int, figures: dict, run: Run) -> list[str]:
         f"{number(f['stop max'], 'ms')} ms over {f['stops']} receipts ({f['never received']} "
         f"never received, {f['ended before']} nodes not counted whose process of the attempt "
         f"had ended before the stop); from the commit p50/p99 {number(f['commit p50'], 'ms')}/"
-        f"{number(f['commit p99'], 'ms')} ms; {f['later poll']} of the receipts came on a poll "
-        "sent after the commit (the agent was busy with its last answer)",
+        f"{number(f['commit p99'], 'ms')} ms; {f['by start']} came with the answer to a start "
+        f"(the attempt's stop came first), {f['later poll']} on a poll sent after the commit "
+        "(the agent was busy with its last answer)",
         f"  submit p50/p99 {number(f['submit p50'], 'ms')}/{number(f['submit p99'], 'ms')} ms; "
         f"placing cycles {f['placing cycles']}, median {number(f['cycle median'], 's')} s, max "
         f"{number(f['cycle max'], 's')} s (from its task's start, the wait for the lock included:"

@@ -407,19 +407,8 @@ class Agent:
             else:
                 self.claims[attempt] = order
         for order in orders.get("stop", []):
-            attempt = order["attempt"]
-            ordered.add(attempt)
-            self.claims.pop(attempt, None)
-            process = self.processes.get(attempt)
-            if process is not None:
-                if process.term_sent_at is None:
-                    process.grace = float(order.get("grace_seconds", 0))
-                    self.terminate(process)
-            elif attempt not in self.finished:
-                if self._lost_here(attempt, order):
-                    self._end(attempt, end=END_LOST, detail="the agent restarted")
-                else:
-                    self._end(attempt, end=END_NEVER_STARTED, detail="stopped before it started")
+            ordered.add(order["attempt"])
+            self._stop(order)
         # Claims the portal no longer orders (their attempts ended there) are dropped.
         for attempt in set(self.claims) - ordered:
             del self.claims[attempt]
@@ -427,11 +416,28 @@ class Agent:
             self.finished.forget(answered=answered, keep=ordered)
         self.claim()
 
+    def _stop(self, order: dict) -> None:
+        """Carry out a stop order: SIGTERM (then SIGKILL after the grace) to a process that
+        runs; an attempt that never started here is reported so, and never starts."""
+        attempt = order["attempt"]
+        self.claims.pop(attempt, None)
+        process = self.processes.get(attempt)
+        if process is not None:
+            if process.term_sent_at is None:
+                process.grace = float(order.get("grace_seconds", 0))
+                self.terminate(process)
+        elif attempt not in self.finished:
+            if self._lost_here(attempt, order):
+                self._end(attempt, end=END_LOST, detail="the agent restarted")
+            else:
+                self._end(attempt, end=END_NEVER_STARTED, detail="stopped before it started")
+
     def claim(self) -> None:
         """Ask the portal to start the claimed attempts (START_PATH) and start those it grants.
-        One it refuses had its stop ordered first (or ended): the next poll's answer says so,
-        and it is reported as never started. A portal that does not know START_PATH (an older
-        one) grants no starts: the agent then starts what it is ordered."""
+        One it refuses had its stop ordered first (its stop order comes with the answer, and
+        it is reported as never started at once) or ended (the next poll's answer drops it). A
+        portal that does not know START_PATH (an older one) grants no starts: the agent then
+        starts what it is ordered."""
         attempts = sorted(self.claims)
         if not attempts or not self.claim_backoff.ready():
             return
@@ -452,11 +458,15 @@ class Agent:
                 self.claim_backoff.failed()
                 return
         self.claim_backoff.succeeded()
-        granted = set(response.json().get("start", [])) if self.start_grants else set(attempts)
+        answer = response.json() if self.start_grants else {"start": attempts}
+        granted = set(answer.get("start", []))
         for attempt in attempts:
             order = self.claims.pop(attempt)
             if attempt in granted:
                 self.start(order, report_start=not self.start_grants)
+        for order in answer.get("stop", []):
+            if order.get("attempt") in attempts:
+                self._stop(order)
 
     def _lost_here(self, attempt: int, order: dict) -> bool:
         """Whether an attempt the agent does not run had been started here, by a previous run

@@ -27,7 +27,7 @@ from scheduler.agent.protocol import (
     EVENT_STARTED,
     LOG_TAIL_CHARS,
 )
-from scheduler.cycle.orders import new_orders_by_node
+from scheduler.cycle.orders import new_orders_by_node, stop_order
 from scheduler.cycle.trigger import request_cycle
 from scheduler.cycle.wake import notify_nodes
 from scheduler.engine import outcomes
@@ -68,6 +68,27 @@ def attempts_start(*, node: Node, attempt_ids: set[int]) -> set[int]:
             _job_running(jobs[job_id], allocations, changes, node=node, now=now)
         changes.save()
     return again | {attempt_id for attempt_id, _job_id, _allocations in started}
+
+
+def stops_ordered_first(*, node: Node, attempt_ids: set[int]) -> list[dict]:
+    """The stop orders of those of `attempt_ids` that hold GPUs here and whose stop was ordered
+    before they could start (`attempts_start` refused them): the answer to the agent's start
+    carries them, so it reports them never started at once instead of after its next poll."""
+    if not attempt_ids:
+        return []
+    held = (
+        GpuAssignment.objects.filter(
+            node=node, released=False, attempt_id__in=attempt_ids,
+            attempt__ended_at__isnull=True, attempt__stop_requested_at__isnull=False,
+        )
+        .values_list("attempt_id", "attempt__started_at", "attempt__job__share__grace_seconds")
+        .order_by("attempt_id")
+        .distinct()
+    )  # fmt: skip
+    return [
+        stop_order(attempt_id, grace_seconds=grace, started=started_at is not None)
+        for attempt_id, started_at, grace in held
+    ]
 
 
 def attempt_started(*, node: Node, attempt_id: int) -> str:

@@ -36,7 +36,7 @@ from scheduler.agent.protocol import (
 from scheduler.cycle.wake import OrderWaiter
 from scheduler.models import MAX_GPUS_PER_NODE, Connector, Node
 from scheduler.nodes import connectors
-from scheduler.nodes.attempts import attempts_start, nodes_report
+from scheduler.nodes.attempts import attempts_start, nodes_report, stops_ordered_first
 from scheduler.nodes.connectors import ClusterNode, connector_for_token
 from scheduler.nodes.services import (
     node_for_token,
@@ -366,12 +366,15 @@ def _attempts_named(data: dict) -> list[int]:
 
 @agent_view(about=_attempts_named, once=decided_starts)
 def start(request: HttpRequest, node: Node, data: dict) -> JsonResponse:
-    """{attempts: [attempt ids]} → {start: [attempt ids]}: the agent has these attempts' run
-    orders and starts those in `start`; an attempt whose stop was ordered first never starts
-    (`attempts_start`). At most MAX_GPUS_PER_NODE attempts: each holds a GPU here."""
+    """{attempts: [attempt ids]} → {start: [attempt ids], stop: [stop orders]}: the agent has
+    these attempts' run orders and starts those in `start`; an attempt whose stop was ordered
+    first never starts (`attempts_start`), and its stop order comes in `stop`, as a poll would
+    give it. At most MAX_GPUS_PER_NODE attempts: each holds a GPU here."""
     attempts = _ids(data, "attempts", most=MAX_GPUS_PER_NODE)
     node_heartbeat(node=node)
-    return JsonResponse({"start": sorted(attempts_start(node=node, attempt_ids=attempts))})
+    granted = attempts_start(node=node, attempt_ids=attempts)
+    stops = stops_ordered_first(node=node, attempt_ids=attempts - granted)
+    return JsonResponse({"start": sorted(granted), "stop": stops})
 
 
 @agent_view(about=_attempts_named, together=True)

@@ -160,10 +160,10 @@ def test_an_agent_starts_an_attempt_once_the_portal_grants_it(client_, world):
     (run,) = post(client_, "poll", {"running": [], "wait": 0}, mine).json()["run"]
     assert Job.objects.get(pk=job.pk).state == Job.State.SCHEDULED  # a poll writes nothing
     claim = {"attempts": [run["attempt"]]}
-    assert post(client_, "start", claim, theirs).json() == {"start": []}
+    assert post(client_, "start", claim, theirs).json() == {"start": [], "stop": []}
     assert Job.objects.get(pk=job.pk).state == Job.State.SCHEDULED
-    assert post(client_, "start", claim, mine).json() == {"start": [run["attempt"]]}
-    assert post(client_, "start", claim, mine).json() == {"start": [run["attempt"]]}
+    assert post(client_, "start", claim, mine).json() == {"start": [run["attempt"]], "stop": []}
+    assert post(client_, "start", claim, mine).json() == {"start": [run["attempt"]], "stop": []}
     (run,) = post(client_, "poll", {"running": [], "wait": 0}, mine).json()["run"]
     assert run["started"] is True
     job = Job.objects.get(pk=job.pk)
@@ -184,14 +184,23 @@ def test_each_node_of_a_gang_is_granted_its_start_until_the_gang_is_stopped(clie
     attempt = Job.objects.get(pk=job.pk).attempts.get()
     assert sorted(a["node"] for a in attempt.allocations) == ["node-a", "node-b"]
     claim = {"attempts": [attempt.pk]}
-    assert post(client_, "start", claim, tokens["node-a"]).json() == {"start": [attempt.pk]}
-    assert post(client_, "start", claim, tokens["node-b"]).json() == {"start": [attempt.pk]}
+    assert post(client_, "start", claim, tokens["node-a"]).json() == {
+        "start": [attempt.pk],
+        "stop": [],
+    }
+    assert post(client_, "start", claim, tokens["node-b"]).json() == {
+        "start": [attempt.pk],
+        "stop": [],
+    }
     job = Job.objects.get(pk=job.pk)
     assert job.state == Job.State.RUNNING
     states = list(job.events.values_list("to_state", flat=True))
     assert states.count(Job.State.RUNNING) == 1
     JobAttempt.objects.filter(pk=attempt.pk).update(stop_requested_at=timezone.now())
-    assert post(client_, "start", claim, tokens["node-b"]).json() == {"start": []}
+    assert post(client_, "start", claim, tokens["node-b"]).json() == {
+        "start": [],
+        "stop": [{"attempt": attempt.pk, "grace_seconds": 2, "started": True}],
+    }
 
 
 def test_a_report_reads_a_gangs_attempt_once_per_node_not_once_per_gpu(client_, world):
@@ -212,9 +221,9 @@ def test_a_report_reads_a_gangs_attempt_once_per_node_not_once_per_gpu(client_, 
 
 def test_an_attempt_whose_stop_came_first_never_starts(client_, world):
     """A borrower's run order has reached its agent, but before the agent asks to start it the
-    owner's job reclaims the GPUs: the start is refused, the poll gives the stop order, the
-    agent reports the attempt never started, and it ends PREEMPTED without ever starting; the
-    borrower waits for its next turn."""
+    owner's job reclaims the GPUs: the start is refused and its answer gives the stop order (so
+    does the poll, until the end is reported), the agent reports the attempt never started,
+    and it ends PREEMPTED without ever starting; the borrower waits for its next turn."""
     register(client_)
     register(client_, name="node-b")
     job_submit(user=world.alice, share_name="research", gpu_type="h100", gpus=8,
@@ -233,10 +242,11 @@ def test_an_attempt_whose_stop_came_first_never_starts(client_, world):
                           command="sleep 1")  # fmt: skip
     cycle_run(force=True)
     assert JobAttempt.objects.get(pk=attempt.pk).preempted_for_id == owner.pk
-    assert post(client_, "start", {"attempts": [attempt.pk]}, token).json() == {"start": []}
+    stop = {"attempt": attempt.pk, "grace_seconds": 2, "started": False}
+    answer = post(client_, "start", {"attempts": [attempt.pk]}, token).json()
+    assert answer == {"start": [], "stop": [stop]}
     answer = post(client_, "poll", {"running": [], "wait": 5}, token).json()
-    assert answer["run"] == []
-    assert answer["stop"] == [{"attempt": attempt.pk, "grace_seconds": 2, "started": False}]
+    assert answer["run"] == [] and answer["stop"] == [stop]
     never = {"events": [{"type": "exited", "attempt": attempt.pk, "end": "never_started",
                          "detail": "stopped before it started"}]}  # fmt: skip
     assert post(client_, "report", never, token).json() == {"results": ["ok"]}
