@@ -99,17 +99,22 @@ def _cycle(*, force: bool, result: CycleResult) -> CycleResult:
         transaction.on_commit(lambda: idle.cover(changes))
         cycle_done.send(sender=cycle_run, result=result, locked_ns=locked_ns)
     if result.placed or result.preempted or result.rejected or result.attempts_lost:
-        timings = result.timings
+        ms = {step: seconds * 1000 for step, seconds in result.timings.items()}.get
         logger.info(
             "cycle: placed %d, preempted %d, rejected %d, lost %d attempts in %.0f ms "
-            "(snapshot %.0f, plan %.0f)",
+            "(waiting for the cycle lock %.0f, snapshot %.0f, plan %.0f, stop orders %.0f, "
+            "placements %.0f, waiting reasons %.0f)",
             result.placed,
             result.preempted,
             result.rejected,
             result.attempts_lost,
-            timings.get("total", 0.0) * 1000,
-            timings.get("snapshot", 0.0) * 1000,
-            timings.get("plan", 0.0) * 1000,
+            ms("total", 0),
+            ms("lock", 0),
+            ms("snapshot", 0),
+            ms("plan", 0),
+            ms("apply_preemptions", 0),
+            ms("apply_placements", 0) + ms("apply_rejections", 0),
+            ms("apply_waiting", 0),
         )
     return result
 
