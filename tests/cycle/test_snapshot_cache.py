@@ -227,3 +227,16 @@ def test_a_missing_trigger_makes_every_cycle_read_everything(world, cluster):
             cursor.execute(f"DROP TRIGGER {name}")
     assert kept_snapshot() == "full"
     assert kept_snapshot() == "full"
+
+
+def test_the_same_nodes_give_the_same_views_and_a_change_of_a_node_new_ones(world):
+    """The engine keeps what it derives from the tuple of nodes it saw last: while no node
+    changes, every snapshot hands it that same tuple; a drained node is seen at once."""
+    make_node("node-0")
+    make_node("node-1")
+    first, _ = cycle_snapshot()
+    again, _ = cycle_snapshot()
+    assert again.nodes is first.nodes
+    node_set_state(node=Node.objects.get(name="node-1"), state=Node.State.DRAINING)
+    drained, _ = cycle_snapshot()
+    assert [node.state for node in drained.nodes] == [Node.State.READY, Node.State.DRAINING]
