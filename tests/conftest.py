@@ -24,6 +24,7 @@ from rest_framework.test import APIClient
 from scheduler.models import JobAttempt, Node
 from scheduler.nodes.attempts import attempt_started
 from scheduler.nodes.services import node_orders
+from scheduler.nodes.views import decided_starts
 from shares.models import Membership, QuotaShare, ShareChange, Team
 from shares.services import share_create
 
@@ -138,6 +139,13 @@ def build_world() -> World:
 def fast_password_hashing(settings):
     """Tests create many users; the production hasher takes most of a second each."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def fresh_decided_starts():
+    """What a web process remembers of decided starts is about attempt ids, which a database
+    rolled back after a test (SQLite) gives out again."""
+    decided_starts.forget()
 
 
 @pytest.fixture

@@ -4,7 +4,9 @@ clear 400s naming the field, and replayed reports that change nothing."""
 from __future__ import annotations
 
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
@@ -201,6 +203,28 @@ def test_each_node_of_a_gang_is_granted_its_start_until_the_gang_is_stopped(clie
         "start": [],
         "stop": [{"attempt": attempt.pk, "grace_seconds": 2, "started": True}],
     }
+
+
+def test_a_gangs_other_nodes_get_a_refused_start_s_stop_order_without_the_job_s_lock(
+    client_, world
+):
+    """A gang's attempt whose stop came first: the first node's start is refused with the stop
+    order; the other nodes get the same answer from what the web process learnt, without the
+    job's lock (each would wait for it in turn, holding a database connection)."""
+    tokens = {name: register(client_, name=name) for name in ("node-a", "node-b", "node-c")}
+    job, _ = job_submit(user=world.alice, share_name="research", gpu_type="h100", gpus=24,
+                        nodes=3, command="python train.py")  # fmt: skip
+    cycle_run(force=True)
+    attempt = Job.objects.get(pk=job.pk).attempts.get()
+    JobAttempt.objects.filter(pk=attempt.pk).update(stop_requested_at=timezone.now())
+    claim = {"attempts": [attempt.pk]}
+    refused = {"start": [], "stop": [{"attempt": attempt.pk, "grace_seconds": 2, "started": False}]}
+    assert post(client_, "start", claim, tokens["node-a"]).json() == refused
+    for name in ("node-b", "node-c"):
+        with CaptureQueriesContext(connection) as queries_run:
+            assert post(client_, "start", claim, tokens[name]).json() == refused
+        assert not [q for q in queries_run if "FOR UPDATE" in q["sql"]]
+    assert JobAttempt.objects.get(pk=attempt.pk).started_at is None
 
 
 def test_a_report_reads_a_gangs_attempt_once_per_node_not_once_per_gpu(client_, world):
