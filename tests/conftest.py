@@ -21,7 +21,9 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from scheduler.models import JobAttempt, Node
+from scheduler.cycle.run import cycle_run
+from scheduler.jobs.services import job_submit
+from scheduler.models import Job, JobAttempt, Node
 from scheduler.nodes.attempts import attempt_started
 from scheduler.nodes.services import node_orders
 from scheduler.nodes.views import decided_starts
@@ -216,6 +218,18 @@ def make_node(name: str, gpu_type: str = "h100", gpus: int = 8, **fields) -> Nod
     return Node.objects.create(
         name=name, gpu_type=gpu_type, gpus=gpus, last_heartbeat=timezone.now(), **fields
     )
+
+
+def place_a_borrower(world: World) -> tuple[Job, JobAttempt]:
+    """On two 8-GPU nodes: alice's first 8-GPU job takes research's own quota, her second one
+    borrows vision's idle GPUs; returns the borrower and its attempt."""
+    for _ in range(2):
+        borrower, _ = job_submit(user=world.alice, share_name="research", gpu_type="h100",
+                                 gpus=8, command="sleep 60")  # fmt: skip
+        cycle_run(force=True)
+    attempt = JobAttempt.objects.get(job=borrower)
+    assert attempt.borrowed_gpus == 8
+    return borrower, attempt
 
 
 def start_latest_attempt(job) -> None:

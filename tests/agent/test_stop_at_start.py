@@ -14,6 +14,7 @@ from scheduler.cycle.run import cycle_run
 from scheduler.jobs.services import job_submit
 from scheduler.models import Job, JobAttempt, Node
 from scheduler.nodes.services import node_orders
+from tests.conftest import place_a_borrower
 from tests.live import JOIN_TOKEN
 
 
@@ -37,14 +38,7 @@ def test_a_refused_start_brings_the_stop_order_and_the_agent_reports_it_at_once(
     }
     for agent in agents.values():
         agent.register()
-    job_submit(user=world.alice, share_name="research", gpu_type="h100", gpus=8,
-               command="sleep 60")  # fmt: skip
-    cycle_run(force=True)
-    borrower, _ = job_submit(user=world.alice, share_name="research", gpu_type="h100", gpus=8,
-                             command="sleep 60")  # fmt: skip
-    cycle_run(force=True)
-    attempt = JobAttempt.objects.get(job=borrower)
-    assert attempt.borrowed_gpus == 8
+    borrower, attempt = place_a_borrower(world)
     (node,) = (allocation["node"] for allocation in attempt.allocations)
     # The borrower's run order, as the agent's poll got it; the owner reclaims before the agent
     # asks to start it.

@@ -17,6 +17,7 @@ from scheduler.jobs.services import job_submit
 from scheduler.models import ClusterSettings, Job, JobAttempt, Node
 from scheduler.nodes import queries
 from scheduler.nodes.services import hash_token
+from tests.conftest import place_a_borrower
 
 pytestmark = pytest.mark.django_db
 
@@ -250,14 +251,7 @@ def test_an_attempt_whose_stop_came_first_never_starts(client_, world):
     and it ends PREEMPTED without ever starting; the borrower waits for its next turn."""
     register(client_)
     register(client_, name="node-b")
-    job_submit(user=world.alice, share_name="research", gpu_type="h100", gpus=8,
-                        command="sleep 60")  # fmt: skip
-    cycle_run(force=True)
-    borrower, _ = job_submit(user=world.alice, share_name="research", gpu_type="h100", gpus=8,
-                             command="sleep 60")  # fmt: skip
-    cycle_run(force=True)
-    attempt = JobAttempt.objects.get(job=borrower)
-    assert attempt.borrowed_gpus == 8
+    borrower, attempt = place_a_borrower(world)
     node = attempt.allocations[0]["node"]
     token = register(client_, name=node)  # the node's agent, registered again
     (run,) = post(client_, "poll", {"running": [], "wait": 0}, token).json()["run"]
