@@ -229,7 +229,8 @@ def _apply_waiting(waiting, context: SnapshotContext, *, result: CycleResult) ->
     statement. Not a state change, so no event; the update is conditional on the job still
     being RUNNABLE. A kept snapshot's reasons (`context.keeps_reasons`) are written without
     a record in the change feed and updated here: a job whose row changed meanwhile is in the
-    feed anyway, and the next cycle reads it again."""
+    feed anyway, and the next cycle reads it again; the feed's history names the jobs for the
+    other worker processes' copies (`context.reasons_written`)."""
     reasons = context.reasons
     changed = {
         job_id: reason
@@ -246,6 +247,8 @@ def _apply_waiting(waiting, context: SnapshotContext, *, result: CycleResult) ->
     finally:
         if quiet:
             _feed_quiet(False)
+    if quiet:
+        context.reasons_written(changed)
     reasons.update(changed)
     result.reasons_updated += len(changed)
 

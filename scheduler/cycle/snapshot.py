@@ -5,9 +5,12 @@ open attempts) and runnable jobs, as tuples of the needed columns.
 keeps the placed and runnable jobs between cycles and reads again only the jobs the database's
 change feed names (migrations 0005 and 0009: triggers record every job whose row, or one of whose
 attempts, changed, whoever wrote it, in the writer's transaction; the cycle consumes the feed).
-Nodes and shares, a few thousand rows at most, are read every cycle. Whenever the cache cannot
-prove itself current (first cycle, another worker's or a rolled-back cycle, a TRUNCATE, a
-missing trigger, an error) it reads everything, as `cycle_snapshot()`.
+Each load leaves a row in the feed's history (migration 0014): the jobs it read from the feed,
+and those whose reasons its cycle wrote without recording them; a worker process whose copy the
+other processes' cycles brought up to date since reads again the jobs their rows name. Nodes
+and shares, a few thousand rows at most, are read every cycle. Whenever the cache cannot prove
+itself current (first cycle, a history that no longer reaches back to its own load, a TRUNCATE,
+a missing trigger, an error) it reads everything, as `cycle_snapshot()`.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
+from itertools import pairwise
 
 from django.conf import settings
 from django.db import connection
@@ -35,6 +39,9 @@ CHANGES_TABLE = "scheduler_snapshotchange"
 # Up to this many changed jobs are always read one by one.
 FULL_READ_CHANGES = 1000
 STATE_TABLE = "scheduler_snapshotstate"
+HISTORY_TABLE = "scheduler_snapshothistory"
+# How many loads the history keeps: a worker process whose copy is older reads everything.
+HISTORY_KEEP = 1000
 # The triggers of migrations 0005 and 0012, by database: without all of them the feed may miss
 # changes, and every cycle reads everything. On SQLite a migration that rebuilds the job or the
 # attempt table drops its triggers: it must make them again, as 0012 does (tests/db checks).
@@ -58,8 +65,10 @@ class SnapshotContext:
     reasons: dict[int, str]  # runnable job id → its reason when loaded
     node_ids: dict[str, int]  # node name → id
     # The reasons are the kept snapshot's own: the cycle writes them without recording them in
-    # the change feed, and updates `reasons` with what it wrote (apply._apply_waiting).
+    # the change feed, updates `reasons` with what it wrote (apply._apply_waiting) and tells
+    # `reasons_written` which jobs' it wrote.
     keeps_reasons: bool = False
+    reasons_written: Callable[[Iterable[int]], None] = lambda job_ids: None
 
 
 def cycle_snapshot() -> tuple[engine.Snapshot, SnapshotContext]:
@@ -315,14 +324,16 @@ class SnapshotCache:
         known, self.token = self.token, None
         with prepared_cursor() as cursor:
             cursor.execute(_consume_sql())
-            changed = sorted({job_id for (job_id,) in cursor.fetchall()})
+            consumed = {job_id for (job_id,) in cursor.fetchall()}
+        changed = set(consumed)
         node_ids, node_views = _nodes()
         share_names, share_views = _shares()
         churn = _churn()
         jobs = self.jobs
         current = (
             known is not None
-            and token == known
+            and token is not None
+            and (token == known or self._catch_up(known, token, changed))
             and triggers
             and share_names == self.share_names
             and churn == jobs.churn
@@ -330,9 +341,10 @@ class SnapshotCache:
             and len(changed) <= max(FULL_READ_CHANGES, (len(jobs.runnable) + len(jobs.placed)) // 2)
         )
         if current:
-            jobs.forget(changed)
-            if changed:
-                jobs.load(share_names, ids=changed)
+            ids = sorted(changed)
+            jobs.forget(ids)
+            if ids:
+                jobs.load(share_names, ids=ids)
         else:
             jobs = self.jobs = _Jobs(churn=churn)
             jobs.load(share_names, ids=None)
@@ -342,13 +354,39 @@ class SnapshotCache:
         with prepared_cursor() as cursor:
             cursor.execute(f"DELETE FROM {STATE_TABLE}")
             cursor.execute(f"INSERT INTO {STATE_TABLE} (id, token) VALUES (1, %s)", [new_token])
+            cursor.execute(_history_add_sql(), [new_token, token, _ids_text(consumed)])
+            cursor.execute(_history_prune_sql(), [HISTORY_KEEP])
         self.token = new_token
         context = SnapshotContext(
             reasons=jobs.reasons,
             node_ids=node_ids,
             keeps_reasons=connection.vendor == "postgresql",
+            reasons_written=self.reasons_written,
         )
         return jobs.snapshot(node_views, share_views), context
+
+    def reasons_written(self, job_ids: Iterable[int]) -> None:
+        """This cycle wrote these jobs' reasons without recording them in the feed (its own
+        copy has them): the other worker processes' copies learn of them from the history."""
+        text = _ids_text(job_ids)
+        if self.token is not None and text:
+            with prepared_cursor() as cursor:
+                cursor.execute(_history_append_sql(), ["," + text, self.token])
+
+    def _catch_up(self, known: str, token: str, changed: set[int]) -> bool:
+        """Whether the history links this copy's load (`known`) to the latest (`token`), load
+        after load (other worker processes' cycles since); if so, the jobs those loads read
+        again or whose reasons they wrote go into `changed`."""
+        with prepared_cursor() as cursor:
+            cursor.execute(_history_since_sql(), [known])
+            loads = cursor.fetchall()
+        if not loads or loads[0][0] != known or loads[-1][0] != token:
+            return False
+        for (earlier, _, _), (_, previous, job_ids) in pairwise(loads):
+            if previous != earlier:
+                return False  # a load that found another token (a TRUNCATE, a full read)
+            changed.update(int(job_id) for job_id in job_ids.split(",") if job_id)
+        return True
 
     def _feed_state(self) -> tuple[str | None, bool]:
         """The feed's token, and whether every trigger that writes the feed is in place."""
@@ -374,6 +412,37 @@ def _nodes_sql() -> str:
 def _consume_sql() -> str:
     """Take every change the feed holds (that this transaction can see)."""
     return f"DELETE FROM {CHANGES_TABLE} RETURNING job_id"
+
+
+@cache
+def _history_add_sql() -> str:
+    """A load's row: its token, the token it found and the jobs it read from the feed."""
+    return f"INSERT INTO {HISTORY_TABLE} (token, previous, job_ids) VALUES (%s, %s, %s)"
+
+
+@cache
+def _history_append_sql() -> str:
+    """More jobs (the first parameter, after a comma) for a load's row (its token)."""
+    return f"UPDATE {HISTORY_TABLE} SET job_ids = job_ids || %s WHERE token = %s"
+
+
+@cache
+def _history_prune_sql() -> str:
+    """Keep the latest loads (how many: the parameter)."""
+    return f"DELETE FROM {HISTORY_TABLE} WHERE id <= (SELECT MAX(id) FROM {HISTORY_TABLE}) - %s"
+
+
+@cache
+def _history_since_sql() -> str:
+    """(token, previous, job ids) of a load (its token) and of every load after it, in order."""
+    return (
+        f"SELECT token, previous, job_ids FROM {HISTORY_TABLE} "
+        f"WHERE id >= (SELECT id FROM {HISTORY_TABLE} WHERE token = %s) ORDER BY id"
+    )
+
+
+def _ids_text(job_ids: Iterable[int]) -> str:
+    return ",".join(map(str, sorted(job_ids)))
 
 
 @cache

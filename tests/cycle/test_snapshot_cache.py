@@ -13,8 +13,9 @@ from django.db import connection
 from django.utils import timezone
 
 from scheduler.cycle import apply as cycle_apply_module
+from scheduler.cycle import snapshot as snapshot_module
 from scheduler.cycle.run import cycle_run
-from scheduler.cycle.snapshot import STATE_TABLE, cycle_snapshot, snapshot_cache
+from scheduler.cycle.snapshot import STATE_TABLE, SnapshotCache, cycle_snapshot, snapshot_cache
 from scheduler.jobs.services import job_cancel, job_set_priority, job_submit
 from scheduler.models import Job, JobAttempt, Node
 from scheduler.nodes.attempts import END_EXIT, attempt_exited, attempt_log, attempts_start
@@ -41,14 +42,15 @@ def node_of(job: Job) -> Node:
     return Node.objects.get(name=attempt_of(job).allocations[0]["node"])
 
 
-def kept_snapshot() -> str:
-    """Load the kept snapshot as a cycle does; check it is what reading everything gives, and
-    that the reasons it compares the plan's with are the database's. Returns how it loaded."""
-    snapshot, context = snapshot_cache.load()
+def kept_snapshot(cache: SnapshotCache = snapshot_cache) -> str:
+    """Load the kept snapshot as a cycle does (by default this worker process's); check it is
+    what reading everything gives, and that the reasons it compares the plan's with are the
+    database's. Returns how it loaded."""
+    snapshot, context = cache.load()
     full, full_context = cycle_snapshot()
     assert replace(snapshot, now=None) == replace(full, now=None)  # read a moment apart
     assert context.reasons == full_context.reasons
-    return snapshot_cache.last_load
+    return cache.last_load
 
 
 @pytest.fixture
@@ -185,9 +187,9 @@ def test_the_cycles_own_reasons_are_kept_and_written(world, cluster):
     assert all(job.reason == snapshot_cache.jobs.reasons[job.pk] for job in waiting)
 
 
-def test_another_workers_cycle_makes_the_next_cycle_read_everything(world, cluster):
-    """A cycle of another worker (another token in the feed's state) consumed changes this
-    copy never saw: the next cycle reads everything."""
+def test_a_load_the_history_does_not_link_to_makes_the_next_cycle_read_everything(world, cluster):
+    """Another token in the feed's state that no load of the history left: changes this copy
+    never saw were consumed, and which is not known: the next cycle reads everything."""
     with connection.cursor() as cursor:
         cursor.execute(f"UPDATE {STATE_TABLE} SET token = %s", ["another worker"])
     assert kept_snapshot() == "full"
@@ -240,3 +242,27 @@ def test_the_same_nodes_give_the_same_views_and_a_change_of_a_node_new_ones(worl
     node_set_state(node=Node.objects.get(name="node-1"), state=Node.State.DRAINING)
     drained, _ = cycle_snapshot()
     assert [node.state for node in drained.nodes] == [Node.State.READY, Node.State.DRAINING]
+
+
+def test_the_worker_processes_take_turns_and_read_only_what_changed(world, cluster):
+    """The worker's processes take the cycles in turn: each brings its copy up to date from
+    the history of the other's loads (the jobs they read from the feed, and those whose
+    reasons their cycles wrote without recording them) instead of reading everything."""
+    other = SnapshotCache()  # the other process's copy
+    assert kept_snapshot(other) == "full"  # its first cycle
+    submit(world.bob, "research", 8)  # no room: it waits
+    assert kept_snapshot(other) == "changes"  # the other process reads it from the feed
+    assert cycle_run(force=True).reasons_updated == 1  # this one writes why it waits
+    assert snapshot_cache.last_load == "changes"
+    assert kept_snapshot(other) == "changes"  # with that reason, as the database has it
+    assert kept_snapshot() == "changes"
+
+
+def test_a_copy_older_than_the_history_reads_everything(world, cluster, monkeypatch):
+    monkeypatch.setattr(snapshot_module, "HISTORY_KEEP", 2)
+    other = SnapshotCache()
+    assert kept_snapshot(other) == "full"
+    for _ in range(3):
+        submit(world.bob, "research", 2)
+        assert kept_snapshot() == "changes"
+    assert kept_snapshot(other) == "full"
