@@ -5,8 +5,10 @@ postgres://postgres@127.0.0.1:5432/test), migrates it, and for each of --runs ru
 that places everything it can (admissions per second), a forced re-plan with nothing to place,
 and an idle cycle (nothing changed since: skipped); then a steady cycle, as a busy live system
 runs them: --finish jobs end (their agents report the exits), and the next cycle places the jobs
-that take their GPUs (the worker's kept snapshot reads only what changed). Baseline, measured in
-the same run: the engine's plan() alone on the same snapshot, so the ratio shows what loading and
+that take their GPUs (the worker's kept snapshot reads only what changed). Then the same once
+more, the cycle taken by the worker's other process, whose copy is as old as its last cycle (it
+catches up from the feed's history), beside reading everything. Baseline, measured in the same
+run: the engine's plan() alone on the same snapshot, so the ratio shows what loading and
 applying cost on top. Prints medians.
 `python bench/cycle.py [--runs 3] [--nodes 1000] [--jobs 20000] [--finish 200]`"""
 
@@ -147,14 +149,17 @@ def main() -> int:
         from django.core.management import call_command
 
         from scheduler import engine
+        from scheduler.cycle import run as cycle_module
         from scheduler.cycle.run import cycle_run
-        from scheduler.cycle.snapshot import cycle_snapshot
+        from scheduler.cycle.snapshot import SnapshotCache, cycle_snapshot
 
         call_command("migrate", verbosity=0)
         populate(args.nodes, args.jobs)
         placing, placed, idle, replan, plan_only = [], [], [], [], []
         steady, steady_placed, steady_plan, steady_steps = [], [], [], []
         placing_steps, replan_steps = [], []
+        other_load, other_kind, full_load = [], [], []
+        this_process = cycle_module.snapshot_cache
         for _ in range(args.runs):
             reset()
             start = time.perf_counter()
@@ -162,6 +167,13 @@ def main() -> int:
             placing.append(time.perf_counter() - start)
             placed.append(result.placed)
             placing_steps.append(result.timings)
+            # The worker's other process takes a cycle now and then: its copy, as of now.
+            other = SnapshotCache()
+            cycle_module.snapshot_cache = other
+            try:
+                cycle_run(force=True)
+            finally:
+                cycle_module.snapshot_cache = this_process
             start = time.perf_counter()
             replan_steps.append(cycle_run(force=True).timings)
             replan.append(time.perf_counter() - start)
@@ -180,6 +192,17 @@ def main() -> int:
             start = time.perf_counter()
             engine.plan(snapshot)
             steady_plan.append(time.perf_counter() - start)
+            # Then the other process's turn, a few cycles behind.
+            finish_jobs(args.finish)
+            cycle_module.snapshot_cache = other
+            try:
+                other_load.append(cycle_run(force=True).timings["snapshot"])
+            finally:
+                cycle_module.snapshot_cache = this_process
+            other_kind.append(other.last_load)
+            start = time.perf_counter()
+            cycle_snapshot()
+            full_load.append(time.perf_counter() - start)
             reset()
             snapshot, _ = cycle_snapshot()
             start = time.perf_counter()
@@ -198,6 +221,9 @@ def main() -> int:
         print(f"  steady cycle after {args.finish} jobs ended: {med(steady):8.3f} s, "
               f"{med(steady_placed):.0f} jobs placed; plan alone on its snapshot "
               f"{med(steady_plan):8.3f} s; ratio {steady_ratio:8.2f}")  # fmt: skip
+        print(f"  the other worker process's steady cycle: its snapshot {med(other_load):8.3f} s "
+              f"({', '.join(other_kind)}), reading everything {med(full_load):8.3f} s; ratio "
+              f"{med(full_load) / med(other_load):8.2f}")  # fmt: skip
         print_steps("placing cycle", placing_steps)
         print_steps("steady cycle", steady_steps)
         print_steps("forced re-plan", replan_steps)
