@@ -63,7 +63,6 @@ class SnapshotContext:
     """What applying a plan needs to know about the snapshot it came from."""
 
     reasons: dict[int, str]  # runnable job id → its reason when loaded
-    node_ids: dict[str, int]  # node name → id
     # The reasons are the kept snapshot's own: the cycle writes them without recording them in
     # the change feed, updates `reasons` with what it wrote (apply._apply_waiting) and tells
     # `reasons_written` which jobs' it wrote.
@@ -78,38 +77,34 @@ def cycle_snapshot() -> tuple[engine.Snapshot, SnapshotContext]:
     ORM's queries cost the cycle several times what PostgreSQL spends on them
     (bench/cycle.py). Reads the change feed nothing and leaves it as it is."""
     jobs = _Jobs(churn=_churn())
-    node_ids, node_views = _nodes()
+    node_views = _nodes()
     share_names, share_views = _shares()
     jobs.load(share_names, ids=None)
-    return jobs.snapshot(node_views, share_views), SnapshotContext(
-        reasons=dict(jobs.reasons), node_ids=node_ids
-    )
+    return jobs.snapshot(node_views, share_views), SnapshotContext(reasons=dict(jobs.reasons))
 
 
-def _nodes() -> tuple[dict[str, int], tuple[engine.NodeView, ...]]:
-    """The nodes' ids by name (not to be changed), and their views. Views made from the same
-    rows as last time are that same tuple: the engine keeps what it derives from a tuple of
-    nodes it saw last (their layout), and 2,000 nodes' views cost a few milliseconds to make
-    again, every cycle."""
+def _nodes() -> tuple[engine.NodeView, ...]:
+    """The nodes' views. Views made from the same rows as last time are that same tuple: the
+    engine keeps what it derives from a tuple of nodes it saw last (their layout), and 2,000
+    nodes' views cost a few milliseconds to make again, every cycle."""
     global _last_nodes
     with prepared_cursor() as cursor:
         cursor.execute(_nodes_sql())
         nodes = cursor.fetchall()
     last = _last_nodes
     if last is not None and last[0] == nodes:
-        return last[1], last[2]
+        return last[1]
     node_view = engine.NodeView
     views = tuple(
         node_view(name=name, gpu_type=gpu_type, gpus=gpus, state=state, outside_gpus=outside)
-        for _, name, gpu_type, gpus, state, outside in nodes
+        for name, gpu_type, gpus, state, outside in nodes
     )
-    ids = {name: pk for pk, name, *_ in nodes}
-    _last_nodes = (nodes, ids, views)
-    return ids, views
+    _last_nodes = (nodes, views)
+    return views
 
 
-# The rows `_nodes` read last, with what it made of them.
-_last_nodes: tuple[list[tuple], dict[str, int], tuple[engine.NodeView, ...]] | None = None
+# The rows `_nodes` read last, with the views made of them.
+_last_nodes: tuple[list[tuple], tuple[engine.NodeView, ...]] | None = None
 
 
 def _churn() -> tuple[int, float]:
@@ -326,7 +321,7 @@ class SnapshotCache:
             cursor.execute(_consume_sql())
             consumed = {job_id for (job_id,) in cursor.fetchall()}
         changed = set(consumed)
-        node_ids, node_views = _nodes()
+        node_views = _nodes()
         share_names, share_views = _shares()
         churn = _churn()
         jobs = self.jobs
@@ -359,7 +354,6 @@ class SnapshotCache:
         self.token = new_token
         context = SnapshotContext(
             reasons=jobs.reasons,
-            node_ids=node_ids,
             keeps_reasons=connection.vendor == "postgresql",
             reasons_written=self.reasons_written,
         )
@@ -403,7 +397,7 @@ snapshot_cache = SnapshotCache()
 @cache
 def _nodes_sql() -> str:
     return (
-        "SELECT id, name, gpu_type, gpus, state, outside_gpus "
+        "SELECT name, gpu_type, gpus, state, outside_gpus "
         f"FROM {connection.ops.quote_name(Node._meta.db_table)} ORDER BY name"
     )
 

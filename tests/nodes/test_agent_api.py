@@ -210,8 +210,9 @@ def test_a_gangs_other_nodes_get_a_refused_start_s_stop_order_without_the_job_s_
     client_, world
 ):
     """A gang's attempt whose stop came first: the first node's start is refused with the stop
-    order; the other nodes get the same answer from what the web process learnt, without the
-    job's lock (each would wait for it in turn, holding a database connection)."""
+    order; the other nodes get the same answer from what the web process learnt, without trying
+    the start again (under the job's lock, which each would wait for in turn, holding a
+    database connection)."""
     tokens = {name: register(client_, name=name) for name in ("node-a", "node-b", "node-c")}
     job, _ = job_submit(user=world.alice, share_name="research", gpu_type="h100", gpus=24,
                         nodes=3, command="python train.py")  # fmt: skip
@@ -224,7 +225,7 @@ def test_a_gangs_other_nodes_get_a_refused_start_s_stop_order_without_the_job_s_
     for name in ("node-b", "node-c"):
         with CaptureQueriesContext(connection) as queries_run:
             assert post(client_, "start", claim, tokens[name]).json() == refused
-        assert not [q for q in queries_run if "FOR UPDATE" in q["sql"]]
+        assert not [q for q in queries_run if "started_at = COALESCE" in q["sql"]]
     assert JobAttempt.objects.get(pk=attempt.pk).started_at is None
 
 
