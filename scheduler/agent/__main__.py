@@ -333,7 +333,11 @@ def main_kubernetes(argv: list[str]) -> int:
     try:
         from scheduler.agent.cluster import ClusterRefused
         from scheduler.agent.connector import Connector
-        from scheduler.agent.kube import KubernetesCluster, kubeconfig_cluster_name
+        from scheduler.agent.kube import (
+            KubernetesCluster,
+            kubeconfig_cluster_name,
+            read_pod_template,
+        )
     except ImportError as error:
         print(f"error: the Kubernetes connector needs the kubernetes client ({error}): pip "
               "install 'gpu-quota-portal[kubernetes]'", file=sys.stderr)  # fmt: skip
@@ -347,15 +351,10 @@ def main_kubernetes(argv: list[str]) -> int:
         products[product] = gpu_type
     template = None
     if args.pod_template:
-        import yaml
-
         try:
-            template = yaml.safe_load(Path(args.pod_template).read_text())
-        except (OSError, yaml.YAMLError) as error:
+            template = read_pod_template(args.pod_template)
+        except ValueError as error:
             print(f"error: --pod-template: {error}", file=sys.stderr)
-            return 2
-        if not isinstance(template, dict):
-            print("error: --pod-template: not a pod (a YAML or JSON object).", file=sys.stderr)
             return 2
     name = args.name or kubeconfig_cluster_name(args.kubeconfig, args.context) or "kubernetes"
     default_type, node_types = _gpu_types(args.gpu_type)

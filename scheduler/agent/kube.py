@@ -921,6 +921,19 @@ class KubernetesCluster:
         return response.data.decode(errors="replace")[-LOG_TAIL_CHARS:]
 
 
+def read_pod_template(path: str) -> dict:
+    """The pod of `--pod-template`, a YAML (or JSON) object; ValueError says what is wrong."""
+    import yaml  # from the kubernetes extra, as the client is
+
+    try:
+        template = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise ValueError(str(error)) from error
+    if not isinstance(template, dict):
+        raise ValueError("not a pod (a YAML or JSON object).")
+    return template
+
+
 def kubeconfig_cluster_name(kubeconfig: str | None, context: str | None) -> str:
     """The cluster name of the kubeconfig's context (the current one by default), as a portal
     connector's name; "" when there is none."""

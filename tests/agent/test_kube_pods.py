@@ -21,6 +21,7 @@ from scheduler.agent.kube import (
     node_view,
     pod_gpus,
     pod_manifest,
+    read_pod_template,
 )
 from scheduler.agent.protocol import (
     END_EXIT,
@@ -290,3 +291,14 @@ def test_a_pod_template_adds_the_sites_settings_but_never_moves_or_changes_the_j
     assert container["resources"]["limits"] == {"memory": "64Gi", GPU_RESOURCE: "2"}
     assert made["metadata"]["labels"]["team"] == "ml"
     assert made["metadata"]["labels"][ATTEMPT_LABEL] == "11"
+
+
+def test_a_pod_template_is_read_from_yaml_and_anything_but_a_pod_is_refused_saying_why(tmp_path):
+    written = tmp_path / "pod.yaml"
+    written.write_text("spec:\n  runtimeClassName: nvidia\n")
+    assert read_pod_template(str(written)) == {"spec": {"runtimeClassName": "nvidia"}}
+    written.write_text("- a list\n")
+    with pytest.raises(ValueError, match="not a pod"):
+        read_pod_template(str(written))
+    with pytest.raises(ValueError, match="No such file"):
+        read_pod_template(str(tmp_path / "missing.yaml"))
