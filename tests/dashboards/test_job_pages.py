@@ -99,6 +99,22 @@ def test_what_a_jobs_page_shows_changes_with_its_jobs_and_nothing_else(world):
     assert shown() != placed
 
 
+def test_a_job_beyond_the_estimates_horizon_says_so_and_after_when_it_starts(world):
+    """The replay stopped before the job started: its page says it starts later than what
+    was replayed, not that no estimate was made."""
+    running = submit(world.alice, expected_seconds=3600)
+    cycle_run(force=True)
+    start_latest_attempt(running)
+    waiting = submit(world.bob, gpus=8, expected_seconds=300)
+    cycle_run(force=True)
+    estimates_refresh(horizon=60)
+    waiting.refresh_from_db()
+    assert waiting.estimated_start is None and waiting.estimate_basis.startswith("starts after")
+    page = page_of(world.bob, f"/dash/jobs/{waiting.pk}/")[1].content.decode()
+    assert "Not within what the estimate replayed" in page
+    assert escape(waiting.estimate_basis) in page and "No estimate yet" not in page
+
+
 def test_a_waiting_job_says_why_until_when_and_who_is_ahead(world):
     """alice's job runs; alice's second and bob's job wait behind it, bob's second in line,
     with the estimate the refresh made."""
