@@ -9,7 +9,7 @@ need no credentials of their own (munge, as every Slurm user). Each call is a pr
 milliseconds: the connector makes a few a second, however many jobs run.
 
 Every parser here is a pure function over the text a command prints, tested on Slurm's own
-output (tests/connector/test_slurm_parsing.py) and live (tests/slurm/)."""
+output (tests/agent/test_slurm_parsing.py) and live (tests/slurm/)."""
 
 from __future__ import annotations
 

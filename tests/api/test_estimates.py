@@ -91,10 +91,11 @@ def test_a_waiting_job_shows_its_estimate_in_the_api_and_the_cli(world, bob_clie
     assert what_if.stdout.startswith("would start: ") and "no new job" in what_if.stdout
 
 
-def test_who_is_ahead_of_a_waiting_job_and_whose_jobs_hold_its_gpus(world, bob_client):
+def test_who_is_ahead_of_a_waiting_job_and_whose_jobs_hold_its_gpus(world, bob_client, live_server):
     """Three research jobs wait: the last one sees the other two ahead of it in the engine's
-    order (the higher priority first). vision's owner job, reclaiming, sees research's
-    borrower stopping for it, without its id (another team's job)."""
+    order (the higher priority first), in the API and in the CLI. vision's owner job sees
+    research's jobs that borrow (above research's limit) hold what it waits for, and once the
+    cycle reclaims, research's borrower stopping for it; another team's jobs without ids."""
     busy(bob_client)
     first = bob_client.submit(share="research", gpus=8, gpu_type="h100", command="x")
     urgent = bob_client.submit(share="research", gpus=8, gpu_type="h100", command="x",
@@ -104,12 +105,22 @@ def test_who_is_ahead_of_a_waiting_job_and_whose_jobs_hold_its_gpus(world, bob_c
     assert (where["position"], where["count"], where["gpus"]) == (3, 2, 16)
     assert [entry["job"] for entry in where["ahead"]] == [urgent["id"], first["id"]]
     assert where["holders"] == []
+    shown = cli(live_server, world.tokens["bob"], "show", str(last["id"])).stdout
+    assert "2 job(s) ahead of it (16 GPUs):" in shown
+    assert f"  1. job {urgent['id']} of share research, 8 GPUs, priority 5" in shown
     carol = world.client("carol")
     owner = carol.post("/api/v1/jobs/", job_request(share="vision"), format="json").json()
+    borrowing = carol.get(f"/api/v1/jobs/{owner['id']}/ahead/").json()
+    assert (
+        borrowing["holders"]
+        == [{"job": None, "share": "research", "gpus": 8, "stopping": False}] * 2
+    )
     cycle_run(force=True)
     seen = carol.get(f"/api/v1/jobs/{owner['id']}/ahead/").json()
     assert seen["position"] == 1 and seen["count"] == 0
     assert seen["holders"] == [{"job": None, "share": "research", "gpus": 8, "stopping": True}]
+    shown = cli(live_server, world.tokens["carol"], "show", str(owner["id"])).stdout
+    assert "  held: a job of share research, 8 GPUs, stopping for it" in shown
     running = bob_client.jobs(state="SCHEDULED")[0]
     assert bob_client.ahead(running["id"])["position"] is None
     assert world.client("oscar").get(f"/api/v1/jobs/{last['id']}/ahead/").status_code == 404
