@@ -867,7 +867,10 @@ def jobs_shown(jobs: Iterable[Job], count: int) -> str:
 @dataclass(frozen=True)
 class AttemptRow:
     attempt: JobAttempt
-    gpus: list[tuple[str, list[int]]]  # (node, GPU indices), in the order given
+    # (node, GPU indices), in the order given: those the cluster manager gave where its
+    # connector said (a Slurm job's), else the portal's own.
+    gpus: list[tuple[str, list[int]]]
+    cluster_id: str  # what a connector's cluster manager runs it as ("": an agent runs it)
 
 
 @dataclass(frozen=True)
@@ -896,10 +899,14 @@ def job_page(user, job_id: int) -> JobPage | None:
     mark_held_off([job])
     attempts = []
     for attempt in reversed(job.attempt_list):
-        by_node: dict[str, list[int]] = {}
-        for node, index in attempt.gpu_list:
-            by_node.setdefault(node, []).append(index)
-        attempts.append(AttemptRow(attempt, list(by_node.items())))
+        cluster_job = attempt.cluster_job or {}
+        given = [(a["node"], list(a["gpu_indices"])) for a in cluster_job.get("allocations", [])]
+        if not given:
+            by_node: dict[str, list[int]] = {}
+            for node, index in attempt.gpu_list:
+                by_node.setdefault(node, []).append(index)
+            given = list(by_node.items())
+        attempts.append(AttemptRow(attempt, given, str(cluster_job.get("id", ""))))
     return JobPage(
         job=job,
         attempts=attempts,

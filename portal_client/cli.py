@@ -263,9 +263,13 @@ def print_job(job: dict, out=sys.stdout, page: str | None = None) -> None:
     if "allocations" in job:
         # The latest attempt's GPUs: held now, or where it last ran.
         where = "on" if latest is not None and latest["ended_at"] is None else "last ran on"
-        for allocation in job["allocations"]:
+        cluster_job = job.get("cluster_job") or {}
+        # The GPUs a connector's cluster manager gave (a Slurm job's), else the portal's own.
+        for allocation in cluster_job.get("allocations") or job["allocations"]:
             indices = ",".join(str(i) for i in allocation["gpu_indices"])
             say(f"  {where} node {allocation['node']}: GPUs {indices}")
+        if cluster_job.get("id"):
+            say(f"  as {cluster_job['id']} of its cluster manager")
         preemptions = job["preemptions"]
         say(f"  attempts {job['attempt_count']}, preemptions {preemptions['count']}")
         for attempt in preemptions["recent"]:

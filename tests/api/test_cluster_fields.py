@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import pytest
 from django.db import connection
+from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
 from scheduler.jobs.services import job_submit
 from scheduler.models import Connector, Job, JobAttempt
+from tests.api.test_client import cli
 from tests.api.test_schema import keep_the_test_connection, schema  # noqa: F401
 from tests.api.test_submit_queries import statements
 from tests.conftest import make_node
@@ -102,6 +104,18 @@ def test_a_job_s_describe_shows_what_slurm_runs_each_attempt_as(world, slurm_job
     assert data["cluster_job"] == SLURM_JOB
     assert data["allocations"] == [{"node": "sn1", "gpu_indices": [0, 1]}]
     assert data["preemptions"]["recent"][0]["cluster_job"] == {}
+
+
+def test_the_job_page_and_the_cli_show_the_gpus_slurm_gave(world, slurm_job, live_server):
+    """Where a person looks, the attempt Slurm runs shows Slurm's job and GPUs 5 and 7, not the
+    portal's nominal 0 and 1."""
+    browser = Client()
+    browser.force_login(world.users["bob"])
+    page = browser.get(f"/dash/jobs/{slurm_job.pk}/").content.decode()
+    assert 'sn1: 5,7<br><span class="muted">as 4242</span>' in page
+    shown = cli(live_server, world.tokens["bob"], "show", str(slurm_job.pk))
+    assert shown.returncode == 0, shown.stderr
+    assert "  on node sn1: GPUs 5,7\n  as 4242 of its cluster manager\n" in shown.stdout
 
 
 def test_a_job_that_never_ran_or_ran_on_agents_shows_no_cluster_job(world, slurm):
