@@ -299,13 +299,16 @@ def main() -> None:
             f" waits; {median([r[name].lost for r in runs]):.2%} of the GPU-hours held lost to"
             " preemption (grace periods, work done again, failed jobs); medians over seeds"
         )
-        print(f"  {'team':<10} {'jobs':>6} {'p50 wait h':>11} {'p95 wait h':>11}")
+        print(
+            f"  {'team':<10} {'jobs':>6} {'p50 wait h':>11} {'p95 wait h':>11} {'mean wait h':>12}"
+        )
         for team in sorted(runs[0][name].waits):
             per_seed = [sorted(run[name].waits.get(team, [0.0])) for run in runs]
             print(
                 f"  {team:<10} {sum(len(w) for w in per_seed):>6}"
                 f" {median([percentile(w, 50) for w in per_seed]) / 3600:>11.2f}"
                 f" {median([percentile(w, 95) for w in per_seed]) / 3600:>11.2f}"
+                f" {median([sum(w) / len(w) for w in per_seed]) / 3600:>12.2f}"
             )
 
     def ratios(field: str) -> list[float]:
