@@ -210,11 +210,21 @@ def moment(iso: str, now: datetime | None = None) -> str:
     return f"{at:%Y-%m-%d %H:%M:%S} UTC ({when})"
 
 
+def estimated_gpus(estimate: dict) -> str:
+    """Where an estimate (a job's, a what-if's) would start: "node-0 GPUs 0,1; node-1 GPUs 0,1"
+    (only the nodes from a portal that gives no GPUs)."""
+    allocations = estimate.get("estimated_allocations")
+    if allocations:
+        return "; ".join(
+            f"{a['node']} GPUs {','.join(str(i) for i in a['gpu_indices'])}" for a in allocations
+        )
+    return ", ".join(estimate.get("estimated_nodes") or [])
+
+
 def estimate_line(job: dict) -> str:
     """When a waiting job is estimated to start (or an empty string)."""
     if job.get("estimated_start"):
-        nodes = ", ".join(job.get("estimated_nodes") or [])
-        return f"estimated start {moment(job['estimated_start'])} on {nodes or '?'}"
+        return f"estimated start {moment(job['estimated_start'])} on {estimated_gpus(job) or '?'}"
     if job.get("estimate_basis"):
         return "estimated start: not within the estimate's horizon"
     return ""
@@ -318,8 +328,8 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
             return 0
         start = answer["estimated_start"]
         when = moment(start) if start else "not within the estimate's horizon"
-        nodes = ", ".join(answer["estimated_nodes"])
-        print(f"would start: {when}" + (f" on {nodes}" if nodes else ""), file=out)
+        where = estimated_gpus(answer)
+        print(f"would start: {when}" + (f" on {where}" if where else ""), file=out)
         print(f"  {answer['reason'] or 'at once, at the next cycle'}", file=out)
         print(f"  ({answer['estimate_basis']})", file=out)
         return 0

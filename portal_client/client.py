@@ -165,7 +165,7 @@ class Client:
     def estimate(self, **request: Any) -> dict:
         """What-if: when a job of this request (the arguments of `submit`) would start if it
         were submitted now, and why it would wait: {estimated_start, estimated_nodes,
-        estimate_basis, reason}. Nothing is stored."""
+        estimated_allocations, estimate_basis, reason}. Nothing is stored."""
         return self._request("POST", "jobs/estimate/", json=self._job_body(request))
 
     @staticmethod

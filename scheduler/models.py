@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Iterable
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -15,7 +16,7 @@ from django.db.models.lookups import Exact
 from django.urls import reverse
 
 from scheduler.engine import outcomes
-from scheduler.engine.snapshot import CHURN_PREEMPTIONS, CHURN_WINDOW_SECONDS
+from scheduler.engine.snapshot import CHURN_PREEMPTIONS, CHURN_WINDOW_SECONDS, Allocation
 from shares.models import QuotaShare, validate_gpu_type
 
 MAX_PRIORITY = 9999
@@ -247,10 +248,12 @@ class Job(models.Model):
         default=False, help_text="A cancel arrived while the job held GPUs: it is being stopped."
     )
 
-    # When a RUNNABLE job is estimated to start (scheduler/cycle/estimates.py), on which nodes,
-    # and what the estimate counted on; null: none (not waiting, or not within the horizon).
+    # When a RUNNABLE job is estimated to start (scheduler/cycle/estimates.py), on which nodes
+    # and GPUs ([{node, gpu_indices}], as an attempt's allocations), and what the estimate
+    # counted on; null: none (not waiting, or not within the horizon).
     estimated_start = models.DateTimeField(null=True, blank=True)
     estimated_nodes = models.JSONField(default=list, blank=True)
+    estimated_allocations = models.JSONField(default=list, blank=True)
     estimate_basis = models.CharField(max_length=300, blank=True)
 
     submitted_at = models.DateTimeField(auto_now_add=True)
@@ -304,7 +307,12 @@ class Job(models.Model):
     def no_estimate() -> dict:
         """The estimate fields of a job that has none: only a waiting (RUNNABLE) job has an
         estimated start, and a job that leaves the queue loses it (`scheduler.transitions`)."""
-        return {"estimated_start": None, "estimated_nodes": [], "estimate_basis": ""}
+        return {
+            "estimated_start": None,
+            "estimated_nodes": [],
+            "estimated_allocations": [],
+            "estimate_basis": "",
+        }
 
     def clean(self) -> None:
         errors: dict[str, str] = {}
@@ -338,6 +346,12 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job}: {self.from_state or '∅'} → {self.to_state} ({self.reason})"
+
+
+def allocations_data(allocations: Iterable[Allocation]) -> list[dict]:
+    """The engine's allocations as stored and shown: [{node, gpu_indices}] (an attempt's
+    `allocations`, a waiting job's `estimated_allocations`)."""
+    return [{"node": a.node, "gpu_indices": list(a.gpu_indices)} for a in allocations]
 
 
 class JobAttempt(models.Model):

@@ -187,6 +187,16 @@ def _direct_attribute(field: serializers.Field) -> str | None:
 # --- Jobs -------------------------------------------------------------------------------------
 
 
+class AllocationSerializer(serializers.Serializer):
+    node = serializers.CharField()
+    gpu_indices = serializers.ListField(child=serializers.IntegerField())
+
+
+@extend_schema_field(AllocationSerializer(many=True))
+class AllocationsField(serializers.JSONField):
+    """[{node, gpu_indices}] as stored: shown as it is."""
+
+
 class JobSerializer(PlainValuesMixin, serializers.ModelSerializer):
     """A job as lists show it (AWS ServiceJobSummary)."""
 
@@ -200,6 +210,9 @@ class JobSerializer(PlainValuesMixin, serializers.ModelSerializer):
     )
     estimated_nodes = serializers.ListField(
         child=serializers.CharField(), read_only=True, help_text="The nodes it would start on."
+    )
+    estimated_allocations = AllocationsField(
+        read_only=True, help_text="The GPUs it would start on, per node."
     )
     estimate_basis = serializers.CharField(
         read_only=True, help_text="What the estimate counts on (docs/estimates.md)."
@@ -234,6 +247,7 @@ class JobSerializer(PlainValuesMixin, serializers.ModelSerializer):
             "preemptible",
             "estimated_start",
             "estimated_nodes",
+            "estimated_allocations",
             "estimate_basis",
             "submitted_at",
             "started_at",
@@ -253,11 +267,6 @@ def job_data(job: Job) -> dict:
 @cache
 def _job_serializer() -> JobSerializer:
     return JobSerializer()
-
-
-class AllocationSerializer(serializers.Serializer):
-    node = serializers.CharField()
-    gpu_indices = serializers.ListField(child=serializers.IntegerField())
 
 
 class ClusterJobSerializer(serializers.Serializer):
@@ -635,6 +644,7 @@ class JobEstimateSerializer(serializers.Serializer):
         allow_null=True, help_text="null: not within the estimate's horizon."
     )
     estimated_nodes = serializers.ListField(child=serializers.CharField())
+    estimated_allocations = AllocationsField()
     estimate_basis = serializers.CharField()
     reason = serializers.CharField(
         allow_null=True, help_text="Why it would wait at the next cycle; null: it would start."

@@ -15,7 +15,7 @@ from portal.db.sql import ids_param, ids_sql, prepared_cursor
 from scheduler import engine
 from scheduler.cycle.result import CycleResult
 from scheduler.cycle.snapshot import SnapshotContext
-from scheduler.models import GpuAssignment, Job, JobAttempt, Node
+from scheduler.models import GpuAssignment, Job, JobAttempt, Node, allocations_data
 from scheduler.transitions import Transitions, jobs_set_reasons
 
 SCHEDULED_REASON = "scheduled on {where}"
@@ -158,7 +158,7 @@ def _apply_placements(
                 (
                     job["pk"],
                     job["attempt_count"] + 1,
-                    [{"node": a.node, "gpu_indices": list(a.gpu_indices)} for a in p.allocations],
+                    allocations_data(p.allocations),
                     p.borrowed,
                 )
                 for p, job in accepted

@@ -22,7 +22,7 @@ from portal.db.sql import prepared_cursor
 from portal.redis import redis_client
 from scheduler import engine
 from scheduler.cycle.snapshot import cycle_snapshot
-from scheduler.models import Job, JobAttempt
+from scheduler.models import Job, JobAttempt, allocations_data
 from scheduler.simulator.estimate import Estimates, estimate_starts
 
 logger = logging.getLogger(__name__)
@@ -135,11 +135,12 @@ def estimates_refresh(*, horizon: float | None = None) -> EstimateRun:
         estimate = estimates.get(job.id)
         basis = BASIS.format(own=times[job.id].basis)
         if estimate is None:
-            rows.append((int(job.id), None, [], later + basis))
+            rows.append((int(job.id), None, [], [], later + basis))
         else:
             start = now + timedelta(seconds=estimate.start)
-            rows.append((int(job.id), start, list(estimate.nodes), basis))
-    fields = ("estimated_start", "estimated_nodes", "estimate_basis")
+            rows.append((int(job.id), start, list(estimate.nodes),
+                         allocations_data(estimate.allocations), basis))  # fmt: skip
+    fields = ("estimated_start", "estimated_nodes", "estimated_allocations", "estimate_basis")
     with transaction.atomic():
         # The jobs are locked first, in id order, as the cycle locks them, and those that
         # another transaction holds (a cycle placing them, a report) are left for the next
@@ -170,6 +171,7 @@ class WhatIf:
 
     estimated_start: datetime | None  # None: not within the horizon
     estimated_nodes: tuple[str, ...]
+    estimated_allocations: list[dict]  # [{node, gpu_indices}]
     estimate_basis: str
     reason: str | None  # why it would wait at the next cycle; None: it would start at once
 
@@ -199,6 +201,7 @@ def what_if(job: Job) -> WhatIf:
     return WhatIf(
         estimated_start=None if estimate is None else now + timedelta(seconds=estimate.start),
         estimated_nodes=() if estimate is None else estimate.nodes,
+        estimated_allocations=[] if estimate is None else allocations_data(estimate.allocations),
         estimate_basis=basis,
         reason=reason,
     )

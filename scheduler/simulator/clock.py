@@ -39,6 +39,7 @@ from scheduler.engine.snapshot import (
     DISABLED,
     FAIR,
     READY,
+    Allocation,
     NodeView,
     PlacedJob,
     Plan,
@@ -170,6 +171,8 @@ class Simulation:
         self.engine = engine_plan if engine is None else engine
         self.scenario = scenario
         self.record_series = record_series
+        # Set to a dictionary, it gets the GPUs of each job's first start (the estimates).
+        self.first_allocations: dict[str, tuple[Allocation, ...]] | None = None
         self.full_snapshots = full_snapshots
         self.nodes = scenario.nodes
         self.node_gpus = {n.name: n.gpus for n in scenario.nodes}
@@ -794,6 +797,8 @@ class Simulation:
         job.node_names = tuple(a.node for a in placement.allocations)
         if job.started is None:
             job.started = now
+            if self.first_allocations is not None:
+                self.first_allocations[spec.id] = placement.allocations
         self._event(now, job, "start", job.node_names, job.borrowed)
         self._push(now + spec.duration - job.work_done, _RELEASE, (spec.id, job.attempt))
         if spec.checkpoint_interval:

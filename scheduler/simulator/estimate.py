@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from scheduler.engine.snapshot import PlacedJob, Snapshot
+from scheduler.engine.snapshot import Allocation, PlacedJob, Snapshot
 from scheduler.simulator.clock import Simulation
 from scheduler.simulator.scenario import JobSpec, Scenario
 
@@ -37,11 +37,15 @@ class Estimates:
 
 @dataclass(frozen=True)
 class Estimate:
-    """A waiting job's estimated start, in seconds from the snapshot's `now`, and the nodes it
+    """A waiting job's estimated start, in seconds from the snapshot's `now`, and the GPUs it
     would start on."""
 
     start: float
-    nodes: tuple[str, ...]
+    allocations: tuple[Allocation, ...]
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(allocation.node for allocation in self.allocations)
 
 
 def estimate_starts(
@@ -90,6 +94,7 @@ def estimate_starts(
         churn_window_seconds=snapshot.churn_window_seconds,
     )
     simulation = Simulation(scenario)
+    simulation.first_allocations = first = {}
     for _, job in queue:
         if job.preempted_at:
             simulation.jobs[job.id].preempted_at = tuple(at - now for at in job.preempted_at)
@@ -107,7 +112,7 @@ def estimate_starts(
     for event in simulation.events:
         job_id = event["job"]
         if event["type"] == "start" and job_id in waiting and job_id not in estimates:
-            estimates[job_id] = Estimate(start=event["t"], nodes=tuple(event["nodes"]))
+            estimates[job_id] = Estimate(start=event["t"], allocations=first[job_id])
     return Estimates(estimates, min(horizon, simulation.replayed))
 
 

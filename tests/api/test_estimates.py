@@ -46,6 +46,8 @@ def test_what_if_says_when_a_job_would_start_and_stores_nothing(world, bob_clien
     owner = carol.post(ESTIMATE, job_request(share="vision"), format="json").json()
     soon = datetime.fromisoformat(owner["estimated_start"]) - datetime.now(start.tzinfo)
     assert soon <= timedelta(seconds=3) and owner["reason"].startswith("reclaiming 8 h100")
+    (on,) = owner["estimated_allocations"]  # the borrower's node, all of it
+    assert on["gpu_indices"] == list(range(8)) and owner["estimated_nodes"] == [on["node"]]
     # The command changes no estimate: a what-if may leave it out.
     body = {k: v for k, v in job_request(share="vision").items() if k != "command"}
     without = carol.post(ESTIMATE, body, format="json")
@@ -80,11 +82,14 @@ def test_a_waiting_job_shows_its_estimate_in_the_api_and_the_cli(world, bob_clie
     start = datetime.fromisoformat(shown["estimated_start"])
     assert timedelta(minutes=25) < start - datetime.now(start.tzinfo) <= timedelta(minutes=30)
     assert shown["estimated_nodes"] and "its expected_seconds" in shown["estimate_basis"]
+    assert [a["node"] for a in shown["estimated_allocations"]] == shown["estimated_nodes"]
+    assert len(shown["estimated_allocations"][0]["gpu_indices"]) == 8
     token = world.tokens["bob"]
     listing = cli(live_server, token, "ls", "--state", "RUNNABLE")
     assert "estimated start" in listing.stdout
     described = cli(live_server, token, "show", str(waiting["id"]))
     assert "estimated start" in described.stdout and "no new job" in described.stdout
+    assert " GPUs 0,1,2,3,4,5,6,7" in described.stdout
     what_if = cli(live_server, token, "estimate", "--share", "research", "--gpus", "8",
                   "--gpu-type", "h100", "--expected-seconds", "60")  # fmt: skip
     assert what_if.returncode == 0, what_if.stderr

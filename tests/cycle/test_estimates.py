@@ -64,10 +64,13 @@ def test_each_waiting_job_gets_when_and_where_it_would_start(world):
     assert abs((second.estimated_start - before).total_seconds() - 600) < 5
     assert abs((third.estimated_start - before).total_seconds() - 900) < 5
     assert second.estimated_nodes == ["node-0"] == third.estimated_nodes
+    whole_node = [{"node": "node-0", "gpu_indices": list(range(8))}]
+    assert second.estimated_allocations == whole_node == third.estimated_allocations
     assert BASIS_EXPECTED in second.estimate_basis and "no new job" in second.estimate_basis
     assert BASIS_TIMEOUT in third.estimate_basis
     shown = world.client("alice").get(f"/api/v1/jobs/{third.pk}/").json()
     assert shown["estimated_start"] and shown["estimated_nodes"] == ["node-0"]
+    assert shown["estimated_allocations"] == whole_node
     assert shown["estimate_basis"] == third.estimate_basis
     page = Client()
     page.force_login(world.alice)
@@ -88,6 +91,7 @@ def test_a_job_that_leaves_the_queue_loses_its_estimate_at_once(world):
     second = Job.objects.get(pk=second.pk)
     assert second.state == Job.State.SCHEDULED
     assert (second.estimated_start, second.estimated_nodes, second.estimate_basis) == (None, [], "")
+    assert second.estimated_allocations == []
     shown = world.client("alice").get(f"/api/v1/jobs/{second.pk}/").json()
     assert shown["estimated_start"] is None and shown["estimate_basis"] == ""
     world.client("alice").post(f"/api/v1/jobs/{third.pk}/cancel/")

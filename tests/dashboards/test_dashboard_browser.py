@@ -409,12 +409,14 @@ def test_a_job_page_says_how_far_its_times_are_from_now(
         submitted_at=now - timedelta(minutes=3),
         estimated_start=now + timedelta(minutes=20, seconds=10),
         estimated_nodes=["h0"],
+        estimated_allocations=[{"node": "h0", "gpu_indices": [0, 1, 2, 3, 4, 5, 6, 7]}],
         estimate_basis="b",
     )
     page = browser_page
     log_in(page, live_server, "bob", "pw-bob-1234", f"/dash/jobs/{job.pk}/")
     estimate = page.inner_text("#estimate")
-    assert re.search(r"Estimated start: \d{4}-\d\d-\d\d \d\d:\d\d UTC \(in 20 min\) on", estimate)
+    assert re.search(r"Estimated start: [-\d]+ [:\d]+ UTC \(in 20 min\) on h0", estimate)
+    assert estimate.endswith("on h0 (GPUs 0,1,2,3,4,5,6,7). (b)")
     assert re.search(r"bob at [-\d]+ [:\d]+ UTC \(3 min ago\)", page.inner_text("table.job"))
     page.goto(f"{live_server.url}/dash/jobs/")
     assert "(in 20 min)" in page.inner_text(f"tr:has(a[href='/dash/jobs/{job.pk}/'])")

@@ -236,7 +236,8 @@ def test_a_member_asks_when_a_job_would_start_before_submitting(world):
     asked = {"share": "research", "gpu_type": "h100", "gpus": "8", "nodes": "1",
              "priority": "0", "expected_seconds": "300", "preemptible": "on"}  # fmt: skip
     page = client.get("/dash/jobs/estimate/", asked).content.decode()
-    assert 'id="answer"' in page and "It would start at <b>" in page and "on node-0" in page
+    assert 'id="answer"' in page and "It would start at <b>" in page
+    assert "on node-0 (GPUs 0,1,2,3,4,5,6,7)." in page
     assert "Until then it would wait:" in page
     page = client.get("/dash/jobs/estimate/", {**asked, "gpus": "16"}).content.decode()
     assert 'id="answer"' not in page

@@ -6,11 +6,16 @@ from __future__ import annotations
 import pytest
 
 from scheduler.engine import Snapshot
-from scheduler.engine.snapshot import LEND, LEND_AND_BORROW, RESERVE
+from scheduler.engine.snapshot import LEND, LEND_AND_BORROW, RESERVE, Allocation
 from scheduler.engine.tests.helpers import job, nodes, running, share
 from scheduler.simulator.estimate import Estimate, estimate_starts
 
 NOW = 1_000_000.0
+
+
+def on(node: str, gpus: int) -> Allocation:
+    """GPUs 0 .. gpus-1 of the node."""
+    return Allocation(node, tuple(range(gpus)))
 
 
 def test_an_owner_job_starts_once_its_reclaimed_borrower_has_stopped():
@@ -29,7 +34,7 @@ def test_an_owner_job_starts_once_its_reclaimed_borrower_has_stopped():
     estimates = estimate_starts(
         snapshot, expected={"owner": 600}, remaining={"own": 1000, "borrower": 5000}, horizon=1e6
     ).starts
-    assert estimates == {"owner": Estimate(start=120.0, nodes=("n1",))}
+    assert estimates == {"owner": Estimate(start=120.0, allocations=(on("n1", 8),))}
 
 
 def test_a_gang_job_starts_when_whole_nodes_are_free():
@@ -51,8 +56,8 @@ def test_a_gang_job_starts_when_whole_nodes_are_free():
     estimates = estimate_starts(
         snapshot, expected={"gang": 100, "small": 200}, remaining={"a": 300, "b": 600}, horizon=1e6
     ).starts
-    assert estimates["small"].start == 0.0
-    assert estimates["gang"] == Estimate(start=600.0, nodes=("n0", "n1"))
+    assert estimates["small"] == Estimate(start=0.0, allocations=(Allocation("n0", (4, 5, 6, 7)),))
+    assert estimates["gang"] == Estimate(start=600.0, allocations=(on("n0", 8), on("n1", 8)))
 
 
 def test_a_strict_fifo_share_s_first_job_holds_back_the_next():
@@ -116,7 +121,7 @@ def test_a_replay_out_of_time_stops_and_says_how_far_it_got():
     result = estimate_starts(snapshot, expected={"j": 60}, remaining={}, horizon=3600, budget=0)
     assert (result.starts, result.replayed) == ({}, 0.0)
     full = estimate_starts(snapshot, expected={"j": 60}, remaining={}, horizon=3600)
-    assert full.starts == {"j": Estimate(0.0, ("n0",))} and full.replayed == 3600
+    assert full.starts == {"j": Estimate(0.0, (on("n0", 8),))} and full.replayed == 3600
 
 
 def test_a_job_read_both_placed_and_waiting_counts_once_as_waiting():
@@ -134,4 +139,4 @@ def test_a_job_read_both_placed_and_waiting_counts_once_as_waiting():
     estimates = estimate_starts(
         snapshot, expected={"again": 100}, remaining={"again": 500}, horizon=1e6
     ).starts
-    assert estimates == {"again": Estimate(start=0.0, nodes=("n0",))}
+    assert estimates == {"again": Estimate(start=0.0, allocations=(on("n0", 8),))}
