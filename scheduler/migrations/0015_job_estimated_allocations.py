@@ -1,19 +1,15 @@
 """The GPUs a waiting job is estimated to start on (`estimated_allocations`, [{node,
 gpu_indices}]), beside its estimated start and nodes. On SQLite, adding the column rebuilds the
-job table, which drops its change-feed triggers: they are made again after it, both ways, as
-migration 0013 does."""
+job table, which drops its change-feed triggers: they are made again after it, both ways, by
+migration 0013's function."""
 
 import importlib
 
 from django.db import migrations, models
 
-_feed = importlib.import_module("scheduler.migrations.0012_feed_triggers_complete")
-
-
-def sqlite_feed_triggers_again(apps, schema_editor):
-    if schema_editor.connection.vendor == "sqlite":
-        for statement in _feed._sqlite(_feed.JOB_COLUMNS):
-            schema_editor.execute(statement)
+_again = importlib.import_module(
+    "scheduler.migrations.0013_job_working_dir"
+).sqlite_feed_triggers_again
 
 
 class Migration(migrations.Migration):
@@ -22,11 +18,11 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RunPython(migrations.RunPython.noop, sqlite_feed_triggers_again),
+        migrations.RunPython(migrations.RunPython.noop, _again),
         migrations.AddField(
             model_name="job",
             name="estimated_allocations",
             field=models.JSONField(blank=True, default=list),
         ),
-        migrations.RunPython(sqlite_feed_triggers_again, migrations.RunPython.noop),
+        migrations.RunPython(_again, migrations.RunPython.noop),
     ]
