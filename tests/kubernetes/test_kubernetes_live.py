@@ -145,6 +145,7 @@ def test_a_gang_is_one_pod_on_each_of_its_nodes(world, live, kube):
     assert len(gpus) == 2 and all(len(line.split(",")) == 8 for line in gpus)
 
 
+@pytest.mark.slow  # jobs that run for tens of seconds: make test-slow
 def test_a_gpu_pod_the_portal_did_not_create_is_never_planned_on(world, live, kube):
     """Someone's pod holds 6 of kube1's GPUs: the portal counts them as used outside it and
     places no 4-GPU job there while it runs; once it is gone, kube1 takes jobs again."""
@@ -214,6 +215,7 @@ def test_gpu_nodes_that_join_the_cluster_are_brought_to_the_portal_and_those_gon
     assert Node.objects.get(name="sim2").state_reason == NOT_IN_CLUSTER
 
 
+@pytest.mark.slow  # jobs that run for tens of seconds: make test-slow
 def test_a_cordoned_node_drains_and_a_node_gone_not_ready_loses_its_attempt(world, live, kube):
     """kubectl cordon makes kube1 DRAINING in the portal (no new job there) and uncordon READY
     again. When kube1's kubelet stops, the node goes NotReady: the portal shows it DOWN with
@@ -326,6 +328,7 @@ def test_a_job_whose_image_cannot_be_pulled_fails_saying_so(world, live, kube):
     assert "registry.invalid/nope:1" in job.reason and "could not start" in job.reason
 
 
+@pytest.mark.slow  # jobs that run for tens of seconds: make test-slow
 def test_one_share_lends_on_agent_slurm_and_kubernetes_nodes_and_reclaims_from_each(
     world, live, kube, slurm
 ):

@@ -8,6 +8,8 @@ job's command (the working directory the job names, else its checkpoint director
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 
@@ -55,7 +57,13 @@ def test_a_one_node_job_reports_the_gpus_slurm_gave_without_asking_slurmctld(
     job_id = submit(cluster, 7, {"node2": 2}, f'echo "$CUDA_VISIBLE_DEVICES" > {seen}; sleep 300')
     job = running(cluster, job_id)
     wait_for(lambda: seen.exists() and seen.read_text().strip(), what="the job's process")
-    cluster.env = {"SLURM_CONF": str(tmp_path / "no-such-slurm.conf")}  # slurmctld unreachable
+    # slurmctld unreachable: the cluster's configuration, with a port nothing listens on
+    # (Slurm's commands give up after its MessageTimeout; without a configuration file they
+    # would look for one in DNS for a minute).
+    closed = tmp_path / "closed-slurm.conf"
+    closed.write_text(re.sub(r"(?m)^SlurmctldPort=.*$", "SlurmctldPort=1",
+                             Path(slurm.conf).read_text()))  # fmt: skip
+    cluster.env = {"SLURM_CONF": str(closed)}
     described = cluster.describe(job, waited=0.0)
     assert described == {"id": job_id, "allocations": [{"node": "node2", "gpu_indices": [3, 4]}]}
     assert seen.read_text().strip() == "3,4"
