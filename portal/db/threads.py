@@ -15,6 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
+import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ParamSpec, TypeVar
@@ -25,6 +28,11 @@ from django.db import close_old_connections, connection
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+logger = logging.getLogger(__name__)
+
+# A turn that took longer than this is logged, with where its time went.
+SLOW_TURN_SECONDS = 2.0
 
 _executor: ThreadPoolExecutor | None = None
 
@@ -105,17 +113,19 @@ class KeyedLocks:
 
 class KeyedTurns:
     """Database calls about the same keys, in turns (`KeyedLocks`), where the calls that come
-    while a turn is awaited share it: when it comes they run one after another in one database
-    call, each with its own answer or exception, as if each had had its own turn; calls in a
-    row that name the same `together` are given to it at once, to do their work in fewer
-    statements. The 64 nodes of a gang that report its end at the same moment so take two
-    turns, not 64: under load each turn waits for a database thread, and an agent waiting its
-    turn hears no order. A call about other keys (or about some of the same keys and others)
-    waits for a turn of its own. Under WSGI each call simply runs."""
+    before a turn's database thread has begun its work share it: they run one after another in
+    that one database call, each with its own answer or exception, as if each had had its own
+    turn; calls in a row that name the same `together` are given to it at once, to do their
+    work in fewer statements. The 64 nodes of a gang that report its end at the same moment so
+    take a turn or two, not 64: under load each turn waits for a database thread, and the
+    reports that come meanwhile join it instead of waiting for it and then for a thread again
+    (at 2,000 agents, twice such a wait outlasted the agents' 10 s timeout). A call about other
+    keys (or about some of the same keys and others) waits for a turn of its own. Under WSGI
+    each call simply runs."""
 
     def __init__(self, locks: KeyedLocks) -> None:
         self.locks = locks
-        self.waiting: dict[tuple[int, ...], list[tuple[Call, asyncio.Future]]] = {}
+        self.waiting: dict[tuple[int, ...], _Turn] = {}  # the turn calls may still join
         self.turns: set[asyncio.Task] = set()
 
     async def run(
@@ -135,24 +145,28 @@ class KeyedTurns:
                 raise outcome
             return outcome
         answer = asyncio.get_running_loop().create_future()
-        calls = self.waiting.get(key)
-        if calls is None:
-            calls = self.waiting[key] = []
+        entry = ((call, together), answer)
+        turn = self.waiting.get(key)
+        if turn is None or not turn.join(entry):
+            turn = self.waiting[key] = _Turn()
+            turn.join(entry)
             # A task of its own: the calls that join the turn still run if this request is
             # cancelled (its client went away) while the turn is awaited.
-            turn = asyncio.create_task(self._turn(key, calls))
-            self.turns.add(turn)
-            turn.add_done_callback(self.turns.discard)
-        calls.append(((call, together), answer))
+            task = asyncio.create_task(self._turn(key, turn))
+            self.turns.add(task)
+            task.add_done_callback(self.turns.discard)
         return await asyncio.shield(answer)
 
-    async def _turn(self, key: tuple[int, ...], calls: list) -> None:
+    async def _turn(self, key: tuple[int, ...], turn: _Turn) -> None:
+        began = time.monotonic()
+        ran: list[float] = []  # when the database thread took the turn, and when it was done
         try:
             async with self.locks.held(key):
-                del self.waiting[key]  # a call that comes now waits for the next turn
-                outcomes = await in_database_thread(_one_after_another, [c for c, _ in calls])
+                given = time.monotonic()
+                calls, outcomes = await in_database_thread(_turn_work, ran, turn)
         except BaseException as error:  # the server's shutdown cancels it, too
-            if self.waiting.get(key) is calls:
+            calls = turn.close()
+            if self.waiting.get(key) is turn:
                 del self.waiting[key]
             for _, answer in calls:
                 if answer.done():
@@ -164,6 +178,9 @@ class KeyedTurns:
             if isinstance(error, asyncio.CancelledError):
                 raise
             return
+        if self.waiting.get(key) is turn:
+            del self.waiting[key]  # closed: a call that came since began the next turn
+        _log_if_slow(key, len(calls), began, given, ran)
         for (_, answer), (raised, outcome) in zip(calls, outcomes, strict=True):
             if answer.done():
                 continue
@@ -171,6 +188,57 @@ class KeyedTurns:
                 answer.set_exception(outcome)
             else:
                 answer.set_result(outcome)
+
+
+class _Turn:
+    """The calls of one turn. The event loop adds them (`join`) until the turn's database
+    thread takes them (`close`), under a lock as the two are different threads."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Call, asyncio.Future]] = []
+        self.closed = False
+        self._lock = threading.Lock()
+
+    def join(self, entry: tuple[Call, asyncio.Future]) -> bool:
+        """Add the call; False once the turn's work has begun (it waits for the next turn)."""
+        with self._lock:
+            if self.closed:
+                return False
+            self.calls.append(entry)
+            return True
+
+    def close(self) -> list[tuple[Call, asyncio.Future]]:
+        """No call joins any more; the calls it has."""
+        with self._lock:
+            self.closed = True
+            return list(self.calls)
+
+
+def _turn_work(
+    ran: list[float], turn: _Turn
+) -> tuple[list[tuple[Call, asyncio.Future]], list[tuple[bool, Any]]]:
+    """On the turn's database thread: take its calls and run them (`_one_after_another`)."""
+    calls = turn.close()
+    ran.append(time.monotonic())
+    try:
+        return calls, _one_after_another([c for c, _ in calls])
+    finally:
+        ran.append(time.monotonic())
+
+
+def _log_if_slow(
+    key: tuple[int, ...], calls: int, began: float, given: float, ran: list[float]
+) -> None:
+    """A turn slower than SLOW_TURN_SECONDS says where its time went: waiting for the turns
+    before it (of the same keys), for a database thread, or in its own database work."""
+    took = time.monotonic() - began
+    if took <= SLOW_TURN_SECONDS or len(ran) != 2:
+        return
+    logger.warning(
+        "slow turn of %d agent request(s) about attempt(s) %s: %.2f s, of which %.2f s waiting "
+        "for the turns before it, %.2f s for a database thread, %.2f s in the database work",
+        calls, ",".join(map(str, key)), took, given - began, ran[0] - given, ran[1] - ran[0],
+    )  # fmt: skip
 
 
 Call = tuple[Callable[[], Any], "Together | None"]

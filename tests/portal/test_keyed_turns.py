@@ -1,7 +1,7 @@
 """Database calls about the same attempt take turns in a web process, and the calls that come
-while a turn is awaited share the next one (portal.db.threads.KeyedTurns): the nodes of a gang
-report its end at the same moment, and 64 turns, each waiting for a database thread under
-load, outlasted the agents' 10 s report timeout. Each call still gets its own answer."""
+before a turn's database work has begun share it (portal.db.threads.KeyedTurns): the nodes of
+a gang report its end at the same moment, and 64 turns, each waiting for a database thread
+under load, outlasted the agents' 10 s report timeout. Each call still gets its own answer."""
 
 from __future__ import annotations
 
@@ -73,6 +73,39 @@ def test_calls_that_come_during_a_turn_share_the_next_one_each_with_its_own_answ
     assert answers[:2] == ["node 0", "node 1"] and answers[3:] == ["node 3", "node 4"]
     assert isinstance(answers[2], ValueError)  # only its own caller hears it
     assert len(database_calls) == 3  # the first; attempt 8's; the five of the gang together
+    assert turns.waiting == {} and turns.turns == set()
+
+
+def test_calls_that_come_while_a_turn_waits_for_a_database_thread_join_it(monkeypatch):
+    """Every database thread is busy (another attempt's call holds the only one): a gang's
+    reports that come while their turn waits for a thread all run in that turn, not in a turn
+    after it that would wait for a thread again."""
+    calls: list = []
+    real = threads.in_database_thread
+
+    async def counted(fn, *args, **kwargs):
+        calls.append(fn)
+        return await real(fn, *args, **kwargs)
+
+    turns = threads.KeyedTurns(threads.KeyedLocks())
+    busy, inside, go_on = held_turn()
+    with ThreadPoolExecutor(max_workers=1) as executor:
+        monkeypatch.setattr(threads, "_executor", executor)
+        monkeypatch.setattr(threads, "in_database_thread", counted)
+
+        async def main():
+            other = asyncio.create_task(turns.run([8], busy))
+            await asyncio.to_thread(inside.wait, WAIT)
+            first = asyncio.create_task(turns.run([7], node_report(0)))
+            await asyncio.sleep(0.05)  # its turn now waits for the database thread
+            rest = [asyncio.create_task(turns.run([7], node_report(n))) for n in (1, 3, 4)]
+            await asyncio.sleep(0.05)
+            go_on.set()
+            return await other, await asyncio.gather(first, *rest)
+
+        other, answers = asyncio.run(main())
+    assert other == "first" and answers == ["node 0", "node 1", "node 3", "node 4"]
+    assert len(calls) == 2  # attempt 8's, and one for the whole gang of attempt 7
     assert turns.waiting == {} and turns.turns == set()
 
 
