@@ -42,6 +42,19 @@ STATE_TABLE = "scheduler_snapshotstate"
 HISTORY_TABLE = "scheduler_snapshothistory"
 # How many loads the history keeps: a worker process whose copy is older reads everything.
 HISTORY_KEEP = 1000
+# The history's statements. A load's row: its token, the token it found and the jobs it read
+# from the feed; more jobs (the first parameter, after a comma) for a load's row (its token);
+# keep the latest loads (how many: the parameter); (token, previous, job ids) of a load (its
+# token) and of every load after it, in order.
+HISTORY_ADD_SQL = f"INSERT INTO {HISTORY_TABLE} (token, previous, job_ids) VALUES (%s, %s, %s)"
+HISTORY_APPEND_SQL = f"UPDATE {HISTORY_TABLE} SET job_ids = job_ids || %s WHERE token = %s"
+HISTORY_PRUNE_SQL = (
+    f"DELETE FROM {HISTORY_TABLE} WHERE id <= (SELECT MAX(id) FROM {HISTORY_TABLE}) - %s"
+)
+HISTORY_SINCE_SQL = (
+    f"SELECT token, previous, job_ids FROM {HISTORY_TABLE} "
+    f"WHERE id >= (SELECT id FROM {HISTORY_TABLE} WHERE token = %s) ORDER BY id"
+)
 # The triggers of migrations 0005 and 0012, by database: without all of them the feed may miss
 # changes, and every cycle reads everything. On SQLite a migration that rebuilds the job or the
 # attempt table drops its triggers: it must make them again, as 0012 does (tests/db checks).
@@ -349,8 +362,8 @@ class SnapshotCache:
         with prepared_cursor() as cursor:
             cursor.execute(f"DELETE FROM {STATE_TABLE}")
             cursor.execute(f"INSERT INTO {STATE_TABLE} (id, token) VALUES (1, %s)", [new_token])
-            cursor.execute(_history_add_sql(), [new_token, token, _ids_text(consumed)])
-            cursor.execute(_history_prune_sql(), [HISTORY_KEEP])
+            cursor.execute(HISTORY_ADD_SQL, [new_token, token, _ids_text(consumed)])
+            cursor.execute(HISTORY_PRUNE_SQL, [HISTORY_KEEP])
         self.token = new_token
         context = SnapshotContext(
             reasons=jobs.reasons,
@@ -365,14 +378,14 @@ class SnapshotCache:
         text = _ids_text(job_ids)
         if self.token is not None and text:
             with prepared_cursor() as cursor:
-                cursor.execute(_history_append_sql(), ["," + text, self.token])
+                cursor.execute(HISTORY_APPEND_SQL, ["," + text, self.token])
 
     def _catch_up(self, known: str, token: str, changed: set[int]) -> bool:
         """Whether the history links this copy's load (`known`) to the latest (`token`), load
         after load (other worker processes' cycles since); if so, the jobs those loads read
         again or whose reasons they wrote go into `changed`."""
         with prepared_cursor() as cursor:
-            cursor.execute(_history_since_sql(), [known])
+            cursor.execute(HISTORY_SINCE_SQL, [known])
             loads = cursor.fetchall()
         if not loads or loads[0][0] != known or loads[-1][0] != token:
             return False
@@ -406,33 +419,6 @@ def _nodes_sql() -> str:
 def _consume_sql() -> str:
     """Take every change the feed holds (that this transaction can see)."""
     return f"DELETE FROM {CHANGES_TABLE} RETURNING job_id"
-
-
-@cache
-def _history_add_sql() -> str:
-    """A load's row: its token, the token it found and the jobs it read from the feed."""
-    return f"INSERT INTO {HISTORY_TABLE} (token, previous, job_ids) VALUES (%s, %s, %s)"
-
-
-@cache
-def _history_append_sql() -> str:
-    """More jobs (the first parameter, after a comma) for a load's row (its token)."""
-    return f"UPDATE {HISTORY_TABLE} SET job_ids = job_ids || %s WHERE token = %s"
-
-
-@cache
-def _history_prune_sql() -> str:
-    """Keep the latest loads (how many: the parameter)."""
-    return f"DELETE FROM {HISTORY_TABLE} WHERE id <= (SELECT MAX(id) FROM {HISTORY_TABLE}) - %s"
-
-
-@cache
-def _history_since_sql() -> str:
-    """(token, previous, job ids) of a load (its token) and of every load after it, in order."""
-    return (
-        f"SELECT token, previous, job_ids FROM {HISTORY_TABLE} "
-        f"WHERE id >= (SELECT id FROM {HISTORY_TABLE} WHERE token = %s) ORDER BY id"
-    )
 
 
 def _ids_text(job_ids: Iterable[int]) -> str:

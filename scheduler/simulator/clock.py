@@ -171,8 +171,9 @@ class Simulation:
         self.engine = engine_plan if engine is None else engine
         self.scenario = scenario
         self.record_series = record_series
-        # Set to a dictionary, it gets the GPUs of each job's first start (the estimates).
-        self.first_allocations: dict[str, tuple[Allocation, ...]] | None = None
+        # Set to a dictionary, it gets each job's first start: when, and on which GPUs (the
+        # estimates).
+        self.first_starts: dict[str, tuple[float, tuple[Allocation, ...]]] | None = None
         self.full_snapshots = full_snapshots
         self.nodes = scenario.nodes
         self.node_gpus = {n.name: n.gpus for n in scenario.nodes}
@@ -797,8 +798,8 @@ class Simulation:
         job.node_names = tuple(a.node for a in placement.allocations)
         if job.started is None:
             job.started = now
-            if self.first_allocations is not None:
-                self.first_allocations[spec.id] = placement.allocations
+            if self.first_starts is not None:
+                self.first_starts[spec.id] = (now, placement.allocations)
         self._event(now, job, "start", job.node_names, job.borrowed)
         self._push(now + spec.duration - job.work_done, _RELEASE, (spec.id, job.attempt))
         if spec.checkpoint_interval:

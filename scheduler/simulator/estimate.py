@@ -94,7 +94,7 @@ def estimate_starts(
         churn_window_seconds=snapshot.churn_window_seconds,
     )
     simulation = Simulation(scenario)
-    simulation.first_allocations = first = {}
+    simulation.first_starts = first = {}
     for _, job in queue:
         if job.preempted_at:
             simulation.jobs[job.id].preempted_at = tuple(at - now for at in job.preempted_at)
@@ -107,12 +107,8 @@ def estimate_starts(
         view = _shifted(placed, now)
         simulation.seed_placed(view, _spec(view, work), left)
     simulation.run(until=horizon, deadline=deadline)
-    waiting = {spec.id for spec in specs}
-    estimates = {}
-    for event in simulation.events:
-        job_id = event["job"]
-        if event["type"] == "start" and job_id in waiting and job_id not in estimates:
-            estimates[job_id] = Estimate(start=event["t"], allocations=first[job_id])
+    # The placed jobs seeded above had started: only the waiting jobs' first starts are here.
+    estimates = {job_id: Estimate(at, on) for job_id, (at, on) in first.items()}
     return Estimates(estimates, min(horizon, simulation.replayed))
 
 
