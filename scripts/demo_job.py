@@ -4,7 +4,7 @@ checkpoint, and on SIGTERM saves and exits within the grace period.
 `python scripts/demo_job.py --steps 20 --step-seconds 0.5 [--ignore-sigterm] [--exit-code N]`
 
 Besides its checkpoint it leaves, in $CHECKPOINT_DIR, the files the tests and benchmarks read:
-`attempt-N.start` (the step it resumed from), `sigterm-N` (time.time() at SIGTERM), `done`."""
+`attempt-N.start` (the step it resumed from, written once its SIGTERM handler is set), `sigterm-N` (time.time() at SIGTERM), `done`."""
 
 from __future__ import annotations
 
@@ -28,10 +28,6 @@ def main() -> int:
     attempt = os.environ.get("ATTEMPT", "1")
     checkpoint = directory / "checkpoint"
     step = int(checkpoint.read_text()) if checkpoint.exists() else 0
-    (directory / f"attempt-{attempt}.start").write_text(str(step))
-    gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
-    print(f"job {os.environ.get('JOB_ID')} attempt {attempt} on GPUs {gpus}: step {step}")
-    sys.stdout.flush()
     stop = False
 
     def on_sigterm(*_args) -> None:
@@ -43,6 +39,12 @@ def main() -> int:
         stop = True
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    # Written once the handler is in place: a test that sees this file knows a SIGTERM from
+    # now on reaches the handler (before it, Python's default ends the process).
+    (directory / f"attempt-{attempt}.start").write_text(str(step))
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
+    print(f"job {os.environ.get('JOB_ID')} attempt {attempt} on GPUs {gpus}: step {step}")
+    sys.stdout.flush()
     while step < args.steps and not stop:
         deadline = time.monotonic() + args.step_seconds
         while not stop and time.monotonic() < deadline:

@@ -160,6 +160,9 @@ def test_sigterm_ignored_timeout_and_retries(world, live):
     failing = submit(world.alice, "research", job_command(1, 0.1, "--exit-code 3"), gpus=2,
                      retry_attempts=1)  # fmt: skip
     wait_state(stubborn, Job.State.RUNNING)
+    # Until the job has set its handler, a SIGTERM ends it like any other job.
+    wait_for(lambda: system.checkpoint_dir(stubborn.pk).joinpath("attempt-1.start").exists(),
+             what="the stubborn job ignoring SIGTERM")  # fmt: skip
     job_cancel(job=stubborn, user=world.alice)
     stubborn = wait_state(stubborn, Job.State.CANCELLED)
     attempt = JobAttempt.objects.get(job=stubborn)
