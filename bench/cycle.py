@@ -122,12 +122,14 @@ def finish_jobs(count: int) -> int:
 
 
 def print_steps(title: str, runs: list[dict[str, float]]) -> None:
-    """Median seconds of each step of a cycle (CycleResult.timings); `commit` is what the
-    steps do not account for: mostly the COMMIT itself."""
+    """Median seconds of each step of a cycle (CycleResult.timings) or of an estimates refresh
+    (EstimateRun.timings); of a cycle, `commit` is what the steps do not account for: mostly
+    the COMMIT itself."""
     steps = [step for step in runs[0] if step != "total"]
-    for timings in runs:
-        timings["commit"] = timings["total"] - sum(timings[step] for step in steps)
-    steps.append("commit")
+    if "total" in runs[0]:
+        for timings in runs:
+            timings["commit"] = timings["total"] - sum(timings[step] for step in steps)
+        steps.append("commit")
     print(f"  {title}, median per step:")
     for step in steps:
         print(f"    {step:<20} {statistics.median(t.get(step, 0.0) for t in runs) * 1000:8.1f} ms")
@@ -237,6 +239,7 @@ def main() -> int:
               f"{med([r.replayed for r in refreshes]) / 60:.0f} simulated minutes, "
               f"{med([r.estimated for r in refreshes]):.0f} of "
               f"{med([r.runnable for r in refreshes]):.0f} waiting jobs estimated")  # fmt: skip
+        print_steps("estimates refresh", [r.timings for r in refreshes])
         print_steps("placing cycle", placing_steps)
         print_steps("steady cycle", steady_steps)
         print_steps("forced re-plan", replan_steps)

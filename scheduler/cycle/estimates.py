@@ -10,7 +10,7 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import cache
 
@@ -60,6 +60,8 @@ class EstimateRun:
     estimated: int = 0
     seconds: float = 0.0
     replayed: float = 0.0  # seconds ahead the replay got
+    # Seconds of each step: snapshot, expected times, replay, write.
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 class History:
@@ -125,8 +127,11 @@ def estimates_refresh(*, horizon: float | None = None) -> EstimateRun:
     """Estimate when every RUNNABLE job starts and store it on the job (none: not within the
     horizon); clear the estimates of jobs no longer waiting."""
     started = time.perf_counter()
+    timings = {}
     snapshot, _context = cycle_snapshot()
-    result, times = _estimate(snapshot, horizon)
+    timings["snapshot"] = time.perf_counter() - started
+    result, times = _estimate(snapshot, horizon, timings=timings)
+    step = time.perf_counter()
     estimates = result.starts
     now = datetime.fromtimestamp(snapshot.now, tz=UTC)
     later = LATER_THAN.format(when=now + timedelta(seconds=result.replayed))
@@ -153,10 +158,13 @@ def estimates_refresh(*, horizon: float | None = None) -> EstimateRun:
         # older.
         stale = _unlocked(Job.objects.exclude(state=Job.State.RUNNABLE).exclude(estimate_basis=""))
         Job.objects.filter(pk__in=stale).update(**Job.no_estimate())
-    run = EstimateRun(len(snapshot.runnable), len(estimates), time.perf_counter() - started,
-                      result.replayed)  # fmt: skip
-    logger.info("estimates: %d of %d waiting jobs within the horizon, in %.2f s",
-                run.estimated, run.runnable, run.seconds)  # fmt: skip
+    ended = time.perf_counter()
+    timings["write"] = ended - step
+    run = EstimateRun(len(snapshot.runnable), len(estimates), ended - started, result.replayed,
+                      timings)  # fmt: skip
+    steps = ", ".join(f"{name} {seconds * 1000:.0f}" for name, seconds in timings.items())
+    logger.info("estimates: %d of %d waiting jobs within the horizon, in %.2f s (ms: %s)",
+                run.estimated, run.runnable, run.seconds, steps)  # fmt: skip
     return run
 
 
@@ -211,8 +219,12 @@ def _estimate(
     snapshot: engine.Snapshot,
     horizon: float | None,
     extra: Mapping[str, ExpectedTime] | None = None,
+    timings: dict[str, float] | None = None,
 ) -> tuple[Estimates, dict[str, ExpectedTime]]:
+    """The replay of `snapshot`, and the expected times it counted on; `timings`, if given,
+    gets the seconds of reading the expected times and of the replay."""
     extra = extra or {}
+    started = time.perf_counter()
     times = _expected_times(
         [job.id for job in snapshot.runnable if job.id not in extra]
         + [job.id for job in snapshot.placed]
@@ -225,6 +237,7 @@ def _estimate(
             remaining[placed.id] = float(grace.get(placed.share, 0))  # at most its grace
         else:
             remaining[placed.id] = times[placed.id].seconds - (snapshot.now - placed.started)
+    read = time.perf_counter()
     estimates = estimate_starts(
         snapshot,
         expected={job_id: time_.seconds for job_id, time_ in times.items()},
@@ -232,6 +245,9 @@ def _estimate(
         horizon=settings.ESTIMATE_HORIZON_SECONDS if horizon is None else horizon,
         budget=settings.ESTIMATE_BUDGET_SECONDS,
     )
+    if timings is not None:
+        timings["expected times"] = read - started
+        timings["replay"] = time.perf_counter() - read
     return estimates, times
 
 

@@ -20,7 +20,6 @@ placeable. Jobs still running there keep counting in their share's usage until t
 
 from __future__ import annotations
 
-import gc
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -28,6 +27,7 @@ from functools import cached_property
 from operator import attrgetter
 
 from scheduler.engine import churn, order, reasons
+from scheduler.engine.collector import collector_paused
 from scheduler.engine.ledger import Ledger
 from scheduler.engine.pool import NodeLayout, NodePool
 from scheduler.engine.shortcuts import KnownFailures, Shortcuts
@@ -66,16 +66,8 @@ def plan(snapshot: Snapshot, *, exhaustive: bool = False) -> Plan:
     searches walk and prune every candidate one at a time, as DESIGN §2 words the rule, without
     the shortcuts that give the same victims faster; tests compare the two.
     """
-    # A plan allocates many small objects and frees them all; none forms a reference cycle,
-    # yet on a large snapshot Python's cycle collector would rescan everything alive many times
-    # over (bench/engine.py shows what that costs).
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         return _plan(snapshot, exhaustive)
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def _plan(snapshot: Snapshot, exhaustive: bool) -> Plan:

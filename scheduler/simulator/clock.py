@@ -33,6 +33,7 @@ from typing import Any
 
 from scheduler.engine import accounting, outcomes
 from scheduler.engine import plan as engine_plan
+from scheduler.engine.collector import collector_paused
 from scheduler.engine.ledger import Ledger
 from scheduler.engine.planner import NodeSizes, rejection_reason
 from scheduler.engine.snapshot import (
@@ -987,9 +988,10 @@ def simulate(
     `full_snapshots=True` runs a cycle at every instant with every node, placed and waiting job
     in its snapshot; the result is the same (tests check it), only slower.
     """
-    return Simulation(
-        scenario, engine=engine, record_series=record_series, full_snapshots=full_snapshots
-    ).run()
+    with collector_paused():
+        return Simulation(
+            scenario, engine=engine, record_series=record_series, full_snapshots=full_snapshots
+        ).run()
 
 
 def percentile(sorted_values: list[float], pct: float) -> float:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from scheduler.engine.collector import collector_paused
 from scheduler.engine.snapshot import Allocation, PlacedJob, Snapshot
 from scheduler.simulator.clock import Simulation
 from scheduler.simulator.scenario import JobSpec, Scenario
@@ -61,6 +62,17 @@ def estimate_starts(
     limit). `expected`: each runnable job's expected run time (seconds), and each stopping
     job's, for when it runs again; `remaining`: each placed job's expected time left (a
     stopping job: what is left of its grace period)."""
+    with collector_paused():
+        return _estimate_starts(snapshot, expected, remaining, horizon, budget)
+
+
+def _estimate_starts(
+    snapshot: Snapshot,
+    expected: Mapping[str, float],
+    remaining: Mapping[str, float],
+    horizon: float,
+    budget: float | None,
+) -> Estimates:
     deadline = None if budget is None else time.perf_counter() + budget
     if snapshot.now is None:
         raise ValueError("an estimate needs the snapshot's time (Snapshot.now)")

@@ -1,7 +1,7 @@
 """A plan's working memory is freed when the plan returns.
 
-A plan runs with Python's cycle collector off (a large snapshot would be rescanned many times
-over), so anything of its own it left in a reference cycle would stay allocated until some
+A plan runs with Python's cycle collector off (scheduler/engine/collector.py: a large snapshot
+would be rescanned many times over), so anything of its own it left in a reference cycle would stay allocated until some
 later collection: on a large cluster, megabytes a long-running cycle worker holds for nothing.
 
 Threads that earlier tests of the same run left behind (a server's, a client's) make garbage of
@@ -27,7 +27,7 @@ from scheduler.engine.tests.test_properties import busy_clusters
 
 
 @contextmanager
-def _no_other_thread_runs() -> Iterator[None]:
+def no_other_thread_runs() -> Iterator[None]:
     interval = sys.getswitchinterval()
     sys.setswitchinterval(60.0)
     try:
@@ -39,7 +39,7 @@ def _no_other_thread_runs() -> Iterator[None]:
         sys.setswitchinterval(interval)
 
 
-def _collect_all() -> None:
+def collect_all() -> None:
     """Collects until nothing is left (finalizers run by a collection may leave new garbage)."""
     for _ in range(5):
         if gc.collect() == 0:
@@ -49,7 +49,7 @@ def _collect_all() -> None:
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cluster=busy_clusters())
 def test_a_plan_leaves_nothing_for_the_cycle_collector(cluster: Snapshot):
-    with _no_other_thread_runs():
-        _collect_all()
+    with no_other_thread_runs():
+        collect_all()
         plan(cluster)
         assert gc.collect() == 0
