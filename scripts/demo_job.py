@@ -4,7 +4,8 @@ checkpoint, and on SIGTERM saves and exits within the grace period.
 `python scripts/demo_job.py --steps 20 --step-seconds 0.5 [--ignore-sigterm] [--exit-code N]`
 
 Besides its checkpoint it leaves, in $CHECKPOINT_DIR, the files the tests and benchmarks read:
-`attempt-N.start` (the step it resumed from, written once its SIGTERM handler is set), `sigterm-N` (time.time() at SIGTERM), `done`."""
+`attempt-N.start` (the step it resumed from, written once its SIGTERM handler is set),
+`sigterm-N` (time.time() at SIGTERM), `done`."""
 
 from __future__ import annotations
 

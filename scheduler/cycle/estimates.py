@@ -22,6 +22,7 @@ from portal.db.sql import ids_param, ids_sql, prepared_cursor
 from portal.redis import redis_client
 from scheduler import engine
 from scheduler.cycle.snapshot import cycle_snapshot
+from scheduler.engine.collector import collector_paused
 from scheduler.models import Job, JobAttempt, allocations_data
 from scheduler.simulator.estimate import Estimates, estimate_starts
 
@@ -126,6 +127,11 @@ def expected_times_of(jobs: Iterable[Job]) -> dict[int, ExpectedTime]:
 def estimates_refresh(*, horizon: float | None = None) -> EstimateRun:
     """Estimate when every RUNNABLE job starts and store it on the job (none: not within the
     horizon); clear the estimates of jobs no longer waiting."""
+    with collector_paused():
+        return _refresh(horizon)
+
+
+def _refresh(horizon: float | None) -> EstimateRun:
     started = time.perf_counter()
     timings = {}
     snapshot, _context = cycle_snapshot()

@@ -27,6 +27,7 @@ from scheduler.cycle.housekeeping import cancels_to_stop_orders, nodes_mark_lost
 from scheduler.cycle.result import CycleResult
 from scheduler.cycle.snapshot import snapshot_cache
 from scheduler.cycle.wake import notify_nodes
+from scheduler.engine.collector import collector_paused
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,8 @@ def cycle_run(*, force: bool = False, after_change: int | None = None) -> CycleR
         result.skipped = result.covered = True
         return result
     try:
-        return _cycle(force=force, result=result)
+        with collector_paused():
+            return _cycle(force=force, result=result)
     except BaseException:
         # Whatever the kept snapshot took in, the transaction is gone: read everything next.
         snapshot_cache.forget()

@@ -4,6 +4,7 @@ node services."""
 
 from __future__ import annotations
 
+import gc
 import threading
 from datetime import timedelta
 
@@ -60,6 +61,8 @@ def test_each_waiting_job_gets_when_and_where_it_would_start(world):
     before = timezone.now()
     refresh = estimates_refresh()
     assert (refresh.runnable, refresh.estimated) == (2, 2)
+    assert list(refresh.timings) == ["snapshot", "expected times", "replay", "write"]
+    assert gc.isenabled()  # paused for the cycle and the refresh only
     second, third = Job.objects.get(pk=second.pk), Job.objects.get(pk=third.pk)
     assert abs((second.estimated_start - before).total_seconds() - 600) < 5
     assert abs((third.estimated_start - before).total_seconds() - 900) < 5

@@ -43,8 +43,10 @@ def test_an_estimate_leaves_nothing_for_the_cycle_collector():
             running("own", "research", "n0", range(8), started=NOW - 50),
             running("borrower", "research", "n1", range(8), started=NOW - 40, borrowed=8),
         ),
-        runnable=tuple(job(f"w{i}", ("vision", "research")[i % 2], 1 + i % 8,
-                           submitted=NOW - 10 + i) for i in range(40)),  # fmt: skip
+        runnable=tuple(
+            job(f"w{i}", ("vision", "research")[i % 2], 1 + i % 8, submitted=NOW - 10 + i)
+            for i in range(40)
+        ),  # fmt: skip
         now=NOW,
     )
     expected = {f"w{i}": 100.0 + 37 * i for i in range(40)}

@@ -1,8 +1,9 @@
 """A plan's working memory is freed when the plan returns.
 
 A plan runs with Python's cycle collector off (scheduler/engine/collector.py: a large snapshot
-would be rescanned many times over), so anything of its own it left in a reference cycle would stay allocated until some
-later collection: on a large cluster, megabytes a long-running cycle worker holds for nothing.
+would be rescanned many times over), so anything of its own it left in a reference cycle would
+stay allocated until some later collection: on a large cluster, megabytes a long-running cycle
+worker holds for nothing.
 
 Threads that earlier tests of the same run left behind (a server's, a client's) make garbage of
 their own. So that only the plan's is counted, this thread keeps the interpreter to itself from
