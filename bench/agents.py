@@ -115,11 +115,13 @@ from portal import server  # noqa: E402
 from scheduler.agent.core import LOG_EVERY_SECONDS, REPORT_WAIT_SECONDS, Backoff  # noqa: E402
 from scheduler.agent.gpus import fake_gpus  # noqa: E402
 from scheduler.agent.protocol import (  # noqa: E402
+    ANSWER_SECONDS,
     END_EXIT,
     END_NEVER_STARTED,
     EVENT_EXITED,
     EVENT_LOG,
     LOG_TAIL_CHARS,
+    POLL_ANSWER_SECONDS,
     POLL_PATH,
     REGISTER_PATH,
     REPORT_PATH,
@@ -305,7 +307,7 @@ class SimAgent:
         }
         while True:
             status, answer = await self.run.post(
-                self.session, "register", REGISTER_PATH, body, timeout=10, ok=201
+                self.session, "register", REGISTER_PATH, body, timeout=ANSWER_SECONDS, ok=201
             )
             if status == 201 and answer is not None:
                 self.headers = {"Authorization": f"Node {answer['token']}"}
@@ -348,7 +350,7 @@ class SimAgent:
             sent = time.time()
             status, answer = await self.run.post(
                 self.session, "poll", POLL_PATH, self._poll_body(events),
-                timeout=POLL_WAIT_SECONDS + 15, headers=self.headers,
+                timeout=POLL_WAIT_SECONDS + POLL_ANSWER_SECONDS, headers=self.headers,
             )  # fmt: skip
             self._events_sent(events, delivered=status == 200 and "results" in (answer or {}))
             if status == 200 and answer is not None:
@@ -373,7 +375,7 @@ class SimAgent:
         if not events:
             return
         status, answer = await self.run.post(
-            self.session, "report", REPORT_PATH, {"events": events}, timeout=10,
+            self.session, "report", REPORT_PATH, {"events": events}, timeout=ANSWER_SECONDS,
             headers=self.headers,
         )  # fmt: skip
         if status == 200:
@@ -446,7 +448,7 @@ class SimAgent:
             return
         sent = time.time()
         status, answer = await self.run.post(
-            self.session, "start", START_PATH, {"attempts": attempts}, timeout=10,
+            self.session, "start", START_PATH, {"attempts": attempts}, timeout=ANSWER_SECONDS,
             headers=self.headers,
         )  # fmt: skip
         if status != 200 or answer is None:

@@ -6,6 +6,11 @@ for the call and given back after it (to the pool of DATABASE_POOL_SIZE, or kept
 usable without one). So thousands of requests that wait (the agents' long polls) hold no thread
 and no connection, and those that work share as many threads as the pool has connections.
 
+A caller may say when it gives up waiting for its answer (`caller_waits`: an agent's request,
+whose agent sends it again then). Database work still waiting for a thread at that moment is
+not done: it raises `GaveUp` instead. Under overload, work done for answers no one reads while
+their agents ask again would only add to the wait of every request after it.
+
 Under WSGI (`manage.py runserver`, the test client) an async view runs on its request's thread
 anyway: `fn` runs there too, as Django's own `sync_to_async` does, so it sees the request's
 transaction (a test's, for instance)."""
@@ -14,11 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ParamSpec, TypeVar
 
@@ -33,8 +39,29 @@ logger = logging.getLogger(__name__)
 
 # A turn that took longer than this is logged, with where its time went.
 SLOW_TURN_SECONDS = 2.0
+# Work left undone for callers that had given up is logged at most this often, with a count.
+GAVE_UP_LOG_SECONDS = 10.0
 
 _executor: ThreadPoolExecutor | None = None
+# When the caller of the database work to come gives up waiting (time.monotonic()), if it says.
+_gives_up_at: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "gives_up_at", default=None
+)
+
+
+class GaveUp(Exception):
+    """The caller had given up waiting before its database work could begin: it was not done."""
+
+
+@contextlib.contextmanager
+def caller_waits(seconds: float) -> Iterator[None]:
+    """Database work asked for within the block is left undone (`GaveUp`) if it has not begun
+    `seconds` from now, when its caller will have given up waiting for the answer."""
+    token = _gives_up_at.set(time.monotonic() + seconds)
+    try:
+        yield
+    finally:
+        _gives_up_at.reset(token)
 
 
 def use_database_threads() -> None:
@@ -52,11 +79,16 @@ async def in_database_thread(fn: Callable[P, R], *args: P.args, **kwargs: P.kwar
     if _executor is None:
         return await sync_to_async(call, thread_sensitive=True)()
     return await sync_to_async(
-        functools.partial(_with_connection, call), thread_sensitive=False, executor=_executor
+        functools.partial(_with_connection, call, _gives_up_at.get()),
+        thread_sensitive=False,
+        executor=_executor,
     )()
 
 
-def _with_connection(call: Callable[[], R]) -> R:
+def _with_connection(call: Callable[[], R], gives_up_at: float | None = None) -> R:
+    if gives_up_at is not None and time.monotonic() >= gives_up_at:
+        _given_up.note(1)
+        raise GaveUp()
     # What Django does around a request (request_started / request_finished), around one call:
     # a broken or too old connection is not reused; with a pool, the connection goes back.
     close_old_connections()
@@ -120,8 +152,9 @@ class KeyedTurns:
     take a turn or two, not 64: under load each turn waits for a database thread, and the
     reports that come meanwhile join it instead of waiting for it and then for a thread again
     (at 2,000 agents, twice such a wait outlasted the agents' 10 s timeout). A call about other
-    keys (or about some of the same keys and others) waits for a turn of its own. Under WSGI
-    each call simply runs."""
+    keys (or about some of the same keys and others) waits for a turn of its own. A call whose
+    caller had given up waiting (`caller_waits`) when the turn's work began is left undone
+    (`GaveUp`). Under WSGI each call simply runs."""
 
     def __init__(self, locks: KeyedLocks) -> None:
         self.locks = locks
@@ -145,7 +178,7 @@ class KeyedTurns:
                 raise outcome
             return outcome
         answer = asyncio.get_running_loop().create_future()
-        entry = ((call, together), answer)
+        entry = ((call, together), answer, _gives_up_at.get())
         turn = self.waiting.get(key)
         if turn is None or not turn.join(entry):
             turn = self.waiting[key] = _Turn()
@@ -158,6 +191,9 @@ class KeyedTurns:
         return await asyncio.shield(answer)
 
     async def _turn(self, key: tuple[int, ...], turn: _Turn) -> None:
+        # Its callers' own times to give up are in its calls; the turn has none (it has the
+        # context of the call that began it).
+        _gives_up_at.set(None)
         began = time.monotonic()
         ran: list[float] = []  # when the database thread took the turn, and when it was done
         try:
@@ -168,7 +204,7 @@ class KeyedTurns:
             calls = turn.close()
             if self.waiting.get(key) is turn:
                 del self.waiting[key]
-            for _, answer in calls:
+            for _, answer, _ in calls:
                 if answer.done():
                     continue
                 if isinstance(error, asyncio.CancelledError):
@@ -181,7 +217,7 @@ class KeyedTurns:
         if self.waiting.get(key) is turn:
             del self.waiting[key]  # closed: a call that came since began the next turn
         _log_if_slow(key, len(calls), began, given, ran)
-        for (_, answer), (raised, outcome) in zip(calls, outcomes, strict=True):
+        for (_, answer, _), (raised, outcome) in zip(calls, outcomes, strict=True):
             if answer.done():
                 continue
             if raised:
@@ -195,11 +231,11 @@ class _Turn:
     thread takes them (`close`), under a lock as the two are different threads."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[Call, asyncio.Future]] = []
+        self.calls: list[Entry] = []
         self.closed = False
         self._lock = threading.Lock()
 
-    def join(self, entry: tuple[Call, asyncio.Future]) -> bool:
+    def join(self, entry: Entry) -> bool:
         """Add the call; False once the turn's work has begun (it waits for the next turn)."""
         with self._lock:
             if self.closed:
@@ -207,23 +243,55 @@ class _Turn:
             self.calls.append(entry)
             return True
 
-    def close(self) -> list[tuple[Call, asyncio.Future]]:
+    def close(self) -> list[Entry]:
         """No call joins any more; the calls it has."""
         with self._lock:
             self.closed = True
             return list(self.calls)
 
 
-def _turn_work(
-    ran: list[float], turn: _Turn
-) -> tuple[list[tuple[Call, asyncio.Future]], list[tuple[bool, Any]]]:
-    """On the turn's database thread: take its calls and run them (`_one_after_another`)."""
+def _turn_work(ran: list[float], turn: _Turn) -> tuple[list[Entry], list[tuple[bool, Any]]]:
+    """On the turn's database thread: take its calls and run them (`_one_after_another`), but
+    those whose callers have given up waiting (`caller_waits`), which raise `GaveUp`."""
     calls = turn.close()
-    ran.append(time.monotonic())
+    now = time.monotonic()
+    ran.append(now)
     try:
-        return calls, _one_after_another([c for c, _ in calls])
+        late = [at is not None and now >= at for _, _, at in calls]
+        live = [call for (call, _, _), gone in zip(calls, late, strict=True) if not gone]
+        done = iter(_one_after_another(live))
+        if any(late):
+            _given_up.note(sum(late))
+        return calls, [(True, GaveUp()) if gone else next(done) for gone in late]
     finally:
         ran.append(time.monotonic())
+
+
+class _GivenUp:
+    """Counts the calls left undone for callers that had given up, and logs them now and then
+    (under overload there are thousands): a sign the database threads cannot keep up."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+        self._unlogged = 0
+        self._logged_at = 0.0
+
+    def note(self, calls: int) -> None:
+        with self._lock:
+            self.count += calls
+            self._unlogged += calls
+            now = time.monotonic()
+            if now - self._logged_at < GAVE_UP_LOG_SECONDS:
+                return
+            unlogged, self._unlogged, self._logged_at = self._unlogged, 0, now
+        logger.warning(
+            "left undone %d agent request(s) whose agents had given up waiting for a database "
+            "thread (they send them again): the database threads do not keep up", unlogged,
+        )  # fmt: skip
+
+
+_given_up = _GivenUp()
 
 
 def _log_if_slow(
@@ -242,6 +310,8 @@ def _log_if_slow(
 
 
 Call = tuple[Callable[[], Any], "Together | None"]
+# A call of a turn, the future of its answer, and when its caller gives up waiting (or None).
+Entry = tuple[Call, asyncio.Future, float | None]
 Together = Callable[[list[Callable[[], Any]]], list[tuple[bool, Any]]]
 
 

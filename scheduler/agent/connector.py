@@ -44,6 +44,7 @@ from scheduler.agent.core import (
 from scheduler.agent.outbox import Backoff, EndedAttempts, Outbox
 from scheduler.agent.protocol import (
     CHECKPOINT_MARKER,
+    CONNECTOR_ANSWER_SECONDS,
     CONNECTOR_POLL_PATH,
     CONNECTOR_REGISTER_PATH,
     CONNECTOR_REPORT_PATH,
@@ -57,6 +58,7 @@ from scheduler.agent.protocol import (
     EVENT_EXITED,
     EVENT_LOG,
     EVENT_STARTED,
+    POLL_ANSWER_SECONDS,
 )
 from scheduler.agent.transport import PortalClient, PortalUnreachable
 
@@ -167,7 +169,8 @@ class Connector:
                 self.read_inventory()
                 body = {"join_token": self.join_token, "name": self.name,
                         "kind": self.cluster.kind, "nodes": self._inventory()}  # fmt: skip
-                response = self.http.post(CONNECTOR_REGISTER_PATH, json=body, timeout=30)
+                response = self.http.post(CONNECTOR_REGISTER_PATH, json=body,
+                                          timeout=CONNECTOR_ANSWER_SECONDS)  # fmt: skip
             except ClusterUnreachable as error:
                 logger.warning("%s does not answer (%s); retrying", self.cluster.manager, error)
             except PortalUnreachable as error:
@@ -272,7 +275,7 @@ class Connector:
                     CONNECTOR_POLL_PATH,
                     json=self._poll_body(events, nodes),
                     headers=self._headers(),
-                    timeout=self.poll_wait + 15,
+                    timeout=self.poll_wait + POLL_ANSWER_SECONDS,
                 )
             except PortalUnreachable as error:
                 self.outbox.sent(events, delivered=False)
@@ -391,8 +394,10 @@ class Connector:
         if not attempt_ids or not self.claim_backoff.ready():
             return
         try:
-            response = self.http.post(CONNECTOR_START_PATH, json={"attempts": attempt_ids},
-                                      headers=self._headers(), timeout=30)  # fmt: skip
+            response = self.http.post(
+                CONNECTOR_START_PATH, json={"attempts": attempt_ids}, headers=self._headers(),
+                timeout=CONNECTOR_ANSWER_SECONDS,
+            )  # fmt: skip
         except PortalUnreachable as error:
             logger.warning("could not ask to start %d attempt(s) (%s)", len(attempt_ids), error)
             self.claim_backoff.failed()

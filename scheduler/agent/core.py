@@ -29,6 +29,7 @@ from pathlib import Path
 from scheduler.agent.gpus import Gpu
 from scheduler.agent.outbox import Backoff, EndedAttempts, Outbox
 from scheduler.agent.protocol import (
+    ANSWER_SECONDS,
     CHECKPOINT_MARKER,
     END_EXIT,
     END_LOST,
@@ -39,6 +40,7 @@ from scheduler.agent.protocol import (
     EVENT_LOG,
     EVENT_STARTED,
     LOG_TAIL_CHARS,
+    POLL_ANSWER_SECONDS,
     POLL_PATH,
     REGISTER_PATH,
     REPORT_PATH,
@@ -291,7 +293,7 @@ class Agent:
         }
         while not self.stopping.is_set():
             try:
-                response = self.http.post(REGISTER_PATH, json=body, timeout=10)
+                response = self.http.post(REGISTER_PATH, json=body, timeout=ANSWER_SECONDS)
             except PortalUnreachable as error:
                 logger.warning("portal unreachable (%s); retrying", error)
             else:
@@ -334,7 +336,7 @@ class Agent:
                     POLL_PATH,
                     json=self._poll_body(events),
                     headers=self._headers(),
-                    timeout=self.poll_wait + 15,
+                    timeout=self.poll_wait + POLL_ANSWER_SECONDS,
                 )
             except PortalUnreachable as error:
                 self.outbox.sent(events, delivered=False)
@@ -443,8 +445,10 @@ class Agent:
             return
         if self.start_grants:
             try:
-                response = self.http.post(START_PATH, json={"attempts": attempts},
-                                          headers=self._headers(), timeout=10)  # fmt: skip
+                response = self.http.post(
+                    START_PATH, json={"attempts": attempts}, headers=self._headers(),
+                    timeout=ANSWER_SECONDS,
+                )  # fmt: skip
             except PortalUnreachable as error:
                 logger.warning("could not ask to start %d attempt(s) (%s)", len(attempts), error)
                 self.claim_backoff.failed()

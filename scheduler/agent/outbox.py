@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from scheduler.agent.protocol import EVENT_EXITED
+from scheduler.agent.protocol import ANSWER_SECONDS, EVENT_EXITED
 from scheduler.agent.transport import PortalClient, PortalUnreachable
 
 logger = logging.getLogger("scheduler.agent")
@@ -160,7 +160,7 @@ class Outbox:
         delivered = False
         try:
             response = http.post(path, json={"events": events, **(extra or {})},
-                                 headers=headers(), timeout=10)  # fmt: skip
+                                 headers=headers(), timeout=ANSWER_SECONDS)  # fmt: skip
         except PortalUnreachable as error:
             logger.warning("report failed (%s); %d event(s) kept", error, len(events))
             self.backoff.failed()

@@ -9,6 +9,15 @@ POLL_PATH = "/api/v1/agent/poll/"
 START_PATH = "/api/v1/agent/start/"
 REPORT_PATH = "/api/v1/agent/report/"
 
+# How long an agent waits for the portal's answer: to a poll, its wait and POLL_ANSWER_SECONDS
+# more; to any other request, ANSWER_SECONDS (a connector's registration and starts, which carry
+# a whole cluster's, CONNECTOR_ANSWER_SECONDS). Then it gives up and sends it again (what it
+# reports it keeps until answered): the portal leaves undone the work of a request that waited
+# longer than that for a database thread (portal.db.threads).
+ANSWER_SECONDS = 10.0
+POLL_ANSWER_SECONDS = 15.0
+CONNECTOR_ANSWER_SECONDS = 30.0
+
 # What an agent reports about an attempt.
 EVENT_STARTED = "started"
 EVENT_EXITED = "exited"

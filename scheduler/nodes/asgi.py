@@ -18,12 +18,17 @@ from django.db import InterfaceError, OperationalError
 from django.http import HttpResponse, JsonResponse
 from django.urls import Resolver404, resolve
 
+from portal.db.threads import GaveUp
 from portal.middleware import database_unavailable
 from scheduler.nodes import views
 
 logger = logging.getLogger(__name__)
 
 PREFIX = "/api/v1/agent/"
+GAVE_UP = (
+    "the portal could not begin this request before its agent gave up waiting for the answer;"
+    " send it again"
+)
 VIEWS = frozenset(
     (
         views.register, views.poll, views.start, views.report,
@@ -68,6 +73,8 @@ class AgentEndpoints:
             return JsonResponse({"detail": "no such agent endpoint"}, status=404)
         try:
             return await match.func(request)
+        except GaveUp:  # no one reads this: the agent sends its request again
+            return JsonResponse({"detail": GAVE_UP}, status=503)
         except (OperationalError, InterfaceError) as error:
             return database_unavailable(request, error)
         except Exception:

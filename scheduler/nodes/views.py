@@ -22,16 +22,20 @@ from django.views.decorators.http import require_POST
 from portal.db.threads import (
     KeyedLocks,
     KeyedTurns,
+    caller_waits,
     in_database_thread,
     release_database_connection,
 )
 from scheduler.agent.protocol import (
+    ANSWER_SECONDS,
+    CONNECTOR_ANSWER_SECONDS,
     END_REASONS,
     EVENT_CHECKPOINT,
     EVENT_EXITED,
     EVENT_STARTED,
     EVENT_TYPES,
     NODE_STATES,
+    POLL_ANSWER_SECONDS,
 )
 from scheduler.cycle.wake import OrderWaiter
 from scheduler.models import MAX_GPUS_PER_NODE, Connector, Node
@@ -199,6 +203,7 @@ def agent_view(
     principal: Principal | None = None,
     once: DecidedStarts | None = None,
     together: bool = False,
+    answer_seconds: float = ANSWER_SECONDS,
 ):
     """POST-only JSON view, async: the body is parsed on the event loop, then `view` runs with
     the database (`in_database_thread`), one at a time with other requests `about` the same
@@ -206,7 +211,8 @@ def agent_view(
     `KeyedTurns`), but for attempts `once` has seen decided; `together`: `view([AgentCall])`
     answers such requests at once (`KeyedTurns`' protocol);
     `authenticated`: the node (or the connector, for `principal` CONNECTOR) is passed in, or
-    401."""
+    401. Its database work is left undone if it has not begun when the agent gives up waiting
+    for the answer (`answer_seconds`, `caller_waits`): the agent sends the request again."""
     principal = principal or NODE
 
     def decorate(view):
@@ -214,6 +220,10 @@ def agent_view(
         @require_POST
         @functools.wraps(view)
         async def wrapper(request: HttpRequest) -> JsonResponse:
+            with caller_waits(answer_seconds):
+                return await answer(request)
+
+        async def answer(request: HttpRequest) -> JsonResponse:
             try:
                 data = _body(request)
                 if not authenticated:
@@ -334,24 +344,27 @@ async def _long_poll(request: HttpRequest, *, principal: Principal, start, again
         extra = more(data)
     except BadRequest as error:
         return JsonResponse(error.errors, status=400)
+    # The agent waits for the answer as long as it asked the poll to wait, and a margin.
+    asked = wait if wait is not None else settings.AGENT_POLL_MAX_WAIT_SECONDS
     waiter = OrderWaiter()
     try:
-        found = await attempt_turns.run(
-            (event["attempt"] for event in events),
-            functools.partial(
-                _poll_start, request, principal, start, running=running, stopping=stopping,
-                events=events, waiter=waiter, **extra,
-            ),
-        )  # fmt: skip
-        if found is None:
-            return principal.not_authenticated()
-        caller, begun = found
-        orders = begun.orders
-        if not begun.news and await waiter.wait(poll_wait_seconds(wait)):
-            if with_news is not None and waiter.carried is not None:
-                orders = with_news(orders, waiter.carried, running)
-            else:
-                orders = await in_database_thread(again, caller, running)
+        with caller_waits(float(asked) + POLL_ANSWER_SECONDS):
+            found = await attempt_turns.run(
+                (event["attempt"] for event in events),
+                functools.partial(
+                    _poll_start, request, principal, start, running=running,
+                    stopping=stopping, events=events, waiter=waiter, **extra,
+                ),
+            )  # fmt: skip
+            if found is None:
+                return principal.not_authenticated()
+            caller, begun = found
+            orders = begun.orders
+            if not begun.news and await waiter.wait(poll_wait_seconds(wait)):
+                if with_news is not None and waiter.carried is not None:
+                    orders = with_news(orders, waiter.carried, running)
+                else:
+                    orders = await in_database_thread(again, caller, running)
     except ValidationError as error:
         return JsonResponse(error.message_dict, status=400)
     finally:
@@ -582,7 +595,7 @@ def _cluster_nodes(data: dict, *, required: bool) -> list[ClusterNode]:
     return checked
 
 
-@agent_view(authenticated=False)
+@agent_view(authenticated=False, answer_seconds=CONNECTOR_ANSWER_SECONDS)
 def connector_register(request: HttpRequest, data: dict) -> JsonResponse:
     """{join_token, name, kind, nodes: [...]} → {connector, token, nodes, ...}: the connector
     and every node of its cluster."""
@@ -615,7 +628,7 @@ def connector_register(request: HttpRequest, data: dict) -> JsonResponse:
 CONNECTOR = Principal(_authenticated_connector, _connector_not_authenticated)
 
 
-@agent_view(about=_attempts_named, principal=CONNECTOR)
+@agent_view(about=_attempts_named, principal=CONNECTOR, answer_seconds=CONNECTOR_ANSWER_SECONDS)
 def connector_start(request: HttpRequest, connector: Connector, data: dict) -> JsonResponse:
     """{attempts: [attempt ids]} → {start: [attempt ids]}, as an agent's start."""
     attempts = _ids(data, "attempts", most=MAX_CONNECTOR_STARTS)

@@ -171,3 +171,45 @@ def test_under_wsgi_each_call_simply_runs(monkeypatch):
 
     assert asyncio.run(main()) == [1, 2]
     assert turns.waiting == {}
+
+
+def test_a_call_whose_caller_gave_up_before_a_database_thread_was_free_is_left_undone(
+    monkeypatch,
+):
+    """Its agent gave up waiting and sends the request again: under overload, doing it anyway
+    would only add to the wait of every request after it. A caller still waiting is answered,
+    in the same turn or alone."""
+    turns = threads.KeyedTurns(threads.KeyedLocks())
+    busy, inside, go_on = held_turn()
+    ran: list[str] = []
+
+    def work(name: str):
+        return lambda: ran.append(name) or name
+
+    with ThreadPoolExecutor(max_workers=1) as executor:
+        monkeypatch.setattr(threads, "_executor", executor)
+
+        async def call(keys, name, seconds):
+            with threads.caller_waits(seconds):
+                return await turns.run(keys, work(name))
+
+        async def main():
+            other = asyncio.create_task(turns.run([8], busy))
+            await asyncio.to_thread(inside.wait, WAIT)
+            calls = [
+                asyncio.create_task(call([7], "gave up", 0.05)),  # it begins attempt 7's turn
+                asyncio.create_task(call([7], "waits", WAIT)),
+                asyncio.create_task(call([], "alone, gave up", 0.05)),
+                asyncio.create_task(call([], "alone, waits", WAIT)),
+            ]
+            await asyncio.sleep(0.2)
+            go_on.set()
+            return await other, await asyncio.gather(*calls, return_exceptions=True)
+
+        other, answers = asyncio.run(main())
+    assert other == "first"
+    assert isinstance(answers[0], threads.GaveUp) and isinstance(answers[2], threads.GaveUp)
+    assert (answers[1], answers[3]) == ("waits", "alone, waits")
+    assert sorted(ran) == ["alone, waits", "waits"]
+    assert threads._given_up.count >= 2
+    assert turns.waiting == {} and turns.turns == set()
