@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.engine import Snapshot
-from scheduler.engine.snapshot import LEND, LEND_AND_BORROW, RESERVE, Allocation
+from scheduler.engine.snapshot import LEND, LEND_AND_BORROW, RESERVE, Allocation, RunnableJob
 from scheduler.engine.tests.helpers import job, nodes, running, share
 from scheduler.simulator.estimate import Estimate, estimate_starts
 
@@ -18,19 +18,25 @@ def on(node: str, gpus: int) -> Allocation:
     return Allocation(node, tuple(range(gpus)))
 
 
-def test_an_owner_job_starts_once_its_reclaimed_borrower_has_stopped():
-    """vision's 8 h100 are lent to research's second job; vision submits: the reclaim stops
-    that borrower (grace 120 s), so vision's job starts in 120 s on the borrower's node."""
-    snapshot = Snapshot(
+def lent_to_research(*runnable: RunnableJob) -> Snapshot:
+    """Two nodes of 8 h100: research runs a job on its own quota and one on vision's (lent,
+    grace 120 s); `runnable` wait."""
+    return Snapshot(
         nodes(2),
         (share("vision", 8, LEND), share("research", 8, LEND_AND_BORROW, grace_seconds=120)),
         placed=(
             running("own", "research", "n0", range(8), started=NOW - 50),
             running("borrower", "research", "n1", range(8), started=NOW - 40, borrowed=8),
         ),
-        runnable=(job("owner", "vision", 8, submitted=NOW - 1),),
+        runnable=runnable,
         now=NOW,
     )
+
+
+def test_an_owner_job_starts_once_its_reclaimed_borrower_has_stopped():
+    """vision's 8 h100 are lent to research's second job; vision submits: the reclaim stops
+    that borrower (grace 120 s), so vision's job starts in 120 s on the borrower's node."""
+    snapshot = lent_to_research(job("owner", "vision", 8, submitted=NOW - 1))
     estimates = estimate_starts(
         snapshot, expected={"owner": 600}, remaining={"own": 1000, "borrower": 5000}, horizon=1e6
     ).starts

@@ -10,15 +10,12 @@ import gc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.engine import Snapshot
-from scheduler.engine.snapshot import LEND, LEND_AND_BORROW
-from scheduler.engine.tests.helpers import job, nodes, running, share
+from scheduler.engine.tests.helpers import job
 from scheduler.engine.tests.test_memory import collect_all, no_other_thread_runs
 from scheduler.simulator import parse_scenario, simulate
 from scheduler.simulator.estimate import estimate_starts
+from tests.simulator.test_estimate import NOW, lent_to_research
 from tests.simulator.test_fast_path import random_scenario
-
-NOW = 1_000_000.0
 
 
 @settings(max_examples=15, deadline=None)
@@ -36,19 +33,10 @@ def test_a_simulation_leaves_nothing_for_the_cycle_collector(seed):
 
 def test_an_estimate_leaves_nothing_for_the_cycle_collector():
     """A replay from a live snapshot: a reclaim, a stopping borrower, jobs queued behind."""
-    snapshot = Snapshot(
-        nodes(2),
-        (share("vision", 8, LEND), share("research", 8, LEND_AND_BORROW, grace_seconds=120)),
-        placed=(
-            running("own", "research", "n0", range(8), started=NOW - 50),
-            running("borrower", "research", "n1", range(8), started=NOW - 40, borrowed=8),
-        ),
-        runnable=tuple(
-            job(f"w{i}", ("vision", "research")[i % 2], 1 + i % 8, submitted=NOW - 10 + i)
-            for i in range(40)
-        ),  # fmt: skip
-        now=NOW,
-    )
+    snapshot = lent_to_research(
+        *(job(f"w{i}", ("vision", "research")[i % 2], 1 + i % 8, submitted=NOW - 10 + i)
+          for i in range(40))
+    )  # fmt: skip
     expected = {f"w{i}": 100.0 + 37 * i for i in range(40)}
     with no_other_thread_runs():
         collect_all()
