@@ -268,18 +268,16 @@ def _turn_work(ran: list[float], turn: _Turn) -> tuple[list[Entry], list[tuple[b
 
 
 class _GivenUp:
-    """Counts the calls left undone for callers that had given up, and logs them now and then
-    (under overload there are thousands): a sign the database threads cannot keep up."""
+    """Logs the calls left undone for callers that had given up, a count now and then (under
+    overload there are thousands): a sign the database threads cannot keep up."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.count = 0
         self._unlogged = 0
         self._logged_at = 0.0
 
     def note(self, calls: int) -> None:
         with self._lock:
-            self.count += calls
             self._unlogged += calls
             now = time.monotonic()
             if now - self._logged_at < GAVE_UP_LOG_SECONDS:
