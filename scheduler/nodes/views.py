@@ -203,7 +203,7 @@ def agent_view(
     principal: Principal | None = None,
     once: DecidedStarts | None = None,
     together: bool = False,
-    answer_seconds: float = ANSWER_SECONDS,
+    answer_seconds: float | None = None,
 ):
     """POST-only JSON view, async: the body is parsed on the event loop, then `view` runs with
     the database (`in_database_thread`), one at a time with other requests `about` the same
@@ -212,7 +212,8 @@ def agent_view(
     answers such requests at once (`KeyedTurns`' protocol);
     `authenticated`: the node (or the connector, for `principal` CONNECTOR) is passed in, or
     401. Its database work is left undone if it has not begun when the agent gives up waiting
-    for the answer (`answer_seconds`, `caller_waits`): the agent sends the request again."""
+    for the answer (`answer_seconds`, by default the protocol's ANSWER_SECONDS; `caller_waits`):
+    the agent sends the request again."""
     principal = principal or NODE
 
     def decorate(view):
@@ -220,7 +221,7 @@ def agent_view(
         @require_POST
         @functools.wraps(view)
         async def wrapper(request: HttpRequest) -> JsonResponse:
-            with caller_waits(answer_seconds):
+            with caller_waits(ANSWER_SECONDS if answer_seconds is None else answer_seconds):
                 return await answer(request)
 
         async def answer(request: HttpRequest) -> JsonResponse:
