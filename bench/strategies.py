@@ -16,7 +16,9 @@ Figures, per seed and as the median over seeds:
   GPUs over those periods: what lending is for, and a tail job running alone after the queue
   has emptied does not weigh on it); LEND_AND_BORROW's as ratios of the bound's;
 - the GPU-hours a preemption throws away (grace periods, work done again from the last
-  checkpoint, failed jobs), as a part of the GPU-hours held;
+  checkpoint, failed jobs), as a part of the GPU-hours held; LEND_AND_BORROW's split into
+  grace periods, checkpointed jobs' work done again and jobs without checkpoints started over,
+  with the preemptions that threw away the most;
 - lenders worse off: for every (trace, share), the share's p95 and mean wait under
   LEND_AND_BORROW against RESERVE; and, to tell what lending itself costs a team from what its
   own borrowing changes, the same with that share alone LEND (it lends, never borrows) and the
@@ -70,6 +72,42 @@ class Replay:
     makespan: float
     lost: float  # part of the GPU-hours held that no finished job's work accounts for
     waits: dict[str, list[float]]  # by team
+    losses: list[Loss]  # what each preemption threw away
+    held: float  # GPU-hours held
+
+
+@dataclass
+class Loss:
+    """What one preemption threw away, in GPU-seconds: the victim's grace period, and the work
+    it does again (since its last checkpoint, or all of its run without checkpoints)."""
+
+    grace: float
+    again: float
+    checkpoints: bool  # whether the job saves checkpoints
+    gpus: int
+    ran: float  # seconds of the run it ended
+
+
+def losses(data: dict, result: dict, trace_rows: Sequence[dict]) -> list[Loss]:
+    """Each preemption's loss, from the events, as the simulator counts it: a job resumes from
+    its last checkpoint (every `checkpoint_interval` seconds of its work: its runs start on one)
+    or from scratch; its grace period holds its GPUs without progress."""
+    spec = {row["id"]: row for row in trace_rows}
+    grace = {share["name"]: share.get("grace_seconds", 120) for share in data["shares"]}
+    share_of = {job["id"]: job["share"] for job in result["jobs"]}
+    started: dict[str, float] = {}
+    found = []
+    for event in result["events"]:
+        job, kind = event["job"], event["type"]
+        if kind == "start":
+            started[job] = event["t"]
+        elif kind == "preempt":
+            gpus = int(spec[job]["gpus"])
+            ran = event["t"] - started[job]
+            interval = float(spec[job].get("checkpoint_interval") or 0)
+            again = ran % interval if interval else ran
+            found.append(Loss(gpus * grace[share_of[job]], gpus * again, bool(interval), gpus, ran))
+    return found
 
 
 def one_share(data: dict, trace: Path) -> dict:
@@ -162,6 +200,8 @@ def replay(data: dict, trace_rows: list[dict]) -> Replay:
         cluster["makespan"],
         1 - work / cluster["gpu_hours_used"],
         waits,
+        losses(data, result, trace_rows),
+        cluster["gpu_hours_used"],
     )
 
 
@@ -200,6 +240,40 @@ def replay_seed(
         shares[index]["strategy"] = "LEND"
         runs[f"lend:{share['name']}"] = replay(lend_and_borrow | {"shares": shares}, rows)
     return runs
+
+
+def print_losses(runs: list[dict[str, Replay]], seeds: range) -> None:
+    """What LEND_AND_BORROW's loss is made of, as parts of the GPU-hours held (medians over
+    seeds), and the preemptions that threw away the most."""
+    parts: dict[str, list[float]] = {"grace": [], "checkpointed": [], "from scratch": []}
+    counts = {"checkpointed": 0, "from scratch": 0}
+    largest: list[tuple[float, int, Loss]] = []
+    for seed, run in zip(seeds, runs, strict=True):
+        replay = run["LEND_AND_BORROW"]
+        held = 3600 * replay.held
+        parts["grace"].append(sum(loss.grace for loss in replay.losses) / held)
+        for name, checkpoints in (("checkpointed", True), ("from scratch", False)):
+            chosen = [loss for loss in replay.losses if loss.checkpoints == checkpoints]
+            parts[name].append(sum(loss.again for loss in chosen) / held)
+            counts[name] += len(chosen)
+        largest += [(loss.again, seed, loss) for loss in replay.losses]
+    print(
+        f"  of which, medians over seeds: grace periods {median(parts['grace']):.3%}; work done"
+        f" again since the last checkpoint {median(parts['checkpointed']):.3%} (from"
+        f" {min(parts['checkpointed']):.3%} to {max(parts['checkpointed']):.3%}; "
+        f"{counts['checkpointed']} preemptions); jobs without checkpoints started over"
+        f" {median(parts['from scratch']):.3%} (from {min(parts['from scratch']):.3%} to"
+        f" {max(parts['from scratch']):.3%}; {counts['from scratch']} preemptions)"
+    )
+    largest.sort(key=lambda entry: -entry[0])
+    print(
+        "  the preemptions that threw away the most work: "
+        + ", ".join(
+            f"seed {seed} {loss.gpus} GPUs after {loss.ran / 3600:.1f} h"
+            f"{'' if loss.checkpoints else ' without checkpoints'} ({again / 3600:.0f} GPU-h)"
+            for again, seed, loss in largest[:5]
+        )
+    )
 
 
 @dataclass
@@ -330,6 +404,7 @@ def main() -> None:
         f"LEND_AND_BORROW GPU-hours lost to preemption: median {median(lost):.3%} of those held"
         f" (from {lost[0]:.3%} to {lost[-1]:.3%})"
     )
+    print_losses(runs, seeds)
     grace = float(GRACE_SECONDS)
     print_worse_off(
         worse_off(runs, seeds, lender_view=False),

@@ -74,3 +74,31 @@ def test_skewed_traces_have_a_mostly_idle_team_and_one_always_over_its_quota():
     for (name, quota), (_, low, high) in zip(quotas.items(), SKEWED_PROFILES, strict=True):
         # Durations are whole seconds of at least a minute: a little above what was drawn.
         assert low * 0.95 <= asked[name] / (quota * horizon) <= high * 1.1, name
+
+
+@pytest.mark.parametrize(("interval", "again"), [(None, 100), (40, 20)])
+def test_a_preemption_loses_its_grace_period_and_the_work_since_its_last_checkpoint(
+    interval, again
+):
+    """b1 (8 GPUs, borrowing) runs from 0; the owner reclaims at 100 (grace 30). It lost its
+    8 GPUs' grace period and, without checkpoints, its 100 s of work; saving every 40 s, the
+    20 s since its checkpoint at 80."""
+    saves = {} if interval is None else {"checkpoint_interval": interval}
+    data = two_nodes(
+        share("owner", "LEND", grace_seconds=30),
+        share("borrower", "LEND_AND_BORROW", grace_seconds=30),
+        jobs=[
+            h100_job("b0", "borrower", 8, 0, 5000),
+            h100_job("b1", "borrower", 8, 0, 1000, **saves),
+            h100_job("o1", "owner", 4, 100, 500),
+        ],
+    )
+    result = run(data)
+    assert strategies.losses(data, result, data["jobs"]) == [
+        strategies.Loss(
+            grace=8 * 30, again=8 * again, checkpoints=interval is not None, gpus=8, ran=100
+        )
+    ]
+    # What the loss counts is what the simulator's GPU-hours held and finished work leave over.
+    work = sum(job["gpus"] * job["duration"] for job in data["jobs"])
+    assert result["cluster"]["gpu_hours_used"] * 3600 - work == pytest.approx(8 * 30 + 8 * again)
