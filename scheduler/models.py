@@ -248,11 +248,10 @@ class Job(models.Model):
         default=False, help_text="A cancel arrived while the job held GPUs: it is being stopped."
     )
 
-    # When a RUNNABLE job is estimated to start (scheduler/cycle/estimates.py), on which nodes
-    # and GPUs ([{node, gpu_indices}], as an attempt's allocations), and what the estimate
-    # counted on; null: none (not waiting, or not within the horizon).
+    # When a RUNNABLE job is estimated to start (scheduler/cycle/estimates.py), on which GPUs
+    # ([{node, gpu_indices}], as an attempt's allocations), and what the estimate counted on;
+    # null: none (not waiting, or not within the horizon).
     estimated_start = models.DateTimeField(null=True, blank=True)
-    estimated_nodes = models.JSONField(default=list, blank=True)
     estimated_allocations = models.JSONField(default=list, blank=True)
     estimate_basis = models.CharField(max_length=300, blank=True)
 
@@ -309,10 +308,14 @@ class Job(models.Model):
         estimated start, and a job that leaves the queue loses it (`scheduler.transitions`)."""
         return {
             "estimated_start": None,
-            "estimated_nodes": [],
             "estimated_allocations": [],
             "estimate_basis": "",
         }
+
+    @property
+    def estimated_nodes(self) -> list[str]:
+        """The nodes it is estimated to start on, in its allocations' order."""
+        return [allocation["node"] for allocation in self.estimated_allocations]
 
     def clean(self) -> None:
         errors: dict[str, str] = {}

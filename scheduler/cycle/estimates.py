@@ -146,12 +146,11 @@ def _refresh(horizon: float | None) -> EstimateRun:
         estimate = estimates.get(job.id)
         basis = BASIS.format(own=times[job.id].basis)
         if estimate is None:
-            rows.append((int(job.id), None, [], [], later + basis))
+            rows.append((int(job.id), None, [], later + basis))
         else:
             start = now + timedelta(seconds=estimate.start)
-            rows.append((int(job.id), start, list(estimate.nodes),
-                         allocations_data(estimate.allocations), basis))  # fmt: skip
-    fields = ("estimated_start", "estimated_nodes", "estimated_allocations", "estimate_basis")
+            rows.append((int(job.id), start, allocations_data(estimate.allocations), basis))
+    fields = ("estimated_start", "estimated_allocations", "estimate_basis")
     with transaction.atomic():
         # The jobs are locked first, in id order, as the cycle locks them, and those that
         # another transaction holds (a cycle placing them, a report) are left for the next

@@ -408,7 +408,6 @@ def test_a_job_page_says_how_far_its_times_are_from_now(
     Job.objects.filter(pk=job.pk).update(
         submitted_at=now - timedelta(minutes=3),
         estimated_start=now + timedelta(minutes=20, seconds=10),
-        estimated_nodes=["h0"],
         estimated_allocations=[{"node": "h0", "gpu_indices": [0, 1, 2, 3, 4, 5, 6, 7]}],
         estimate_basis="b",
     )
