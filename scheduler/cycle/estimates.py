@@ -236,10 +236,15 @@ def _estimate(
     )
     times.update(extra)
     grace = {share.name: share.grace_seconds for share in snapshot.shares}
+    stopped = _stops_ordered([placed.id for placed in snapshot.placed if placed.stopping])
     remaining = {}
     for placed in snapshot.placed:
         if placed.stopping:
-            remaining[placed.id] = float(grace.get(placed.share, 0))  # at most its grace
+            # At most what is left of its grace period since its stop was ordered.
+            left = float(grace.get(placed.share, 0))
+            if placed.id in stopped:
+                left = max(0.0, left - (snapshot.now - stopped[placed.id]))
+            remaining[placed.id] = left
         else:
             remaining[placed.id] = times[placed.id].seconds - (snapshot.now - placed.started)
     read = time.perf_counter()
@@ -254,6 +259,22 @@ def _estimate(
         timings["expected times"] = read - started
         timings["replay"] = time.perf_counter() - read
     return estimates, times
+
+
+def _stops_ordered(job_ids: list[str]) -> dict[str, float]:
+    """When the stop of each job's open attempt was ordered (epoch seconds), for the jobs
+    among `job_ids` (those being stopped: a few) that have one."""
+    if not job_ids:
+        return {}
+    attempts = JobAttempt.objects.filter(
+        job_id__in=[int(job_id) for job_id in job_ids],
+        ended_at__isnull=True,
+        stop_requested_at__isnull=False,
+    )
+    return {
+        str(job_id): at.timestamp()
+        for job_id, at in attempts.values_list("job_id", "stop_requested_at")
+    }
 
 
 def _expected_times(job_ids: Iterable[str]) -> dict[str, ExpectedTime]:

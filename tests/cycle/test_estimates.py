@@ -27,7 +27,8 @@ from scheduler.cycle.run import cycle_run
 from scheduler.jobs.services import job_submit
 from scheduler.models import Job, JobAttempt, Node
 from scheduler.nodes.attempts import attempt_exited
-from tests.conftest import make_node
+from shares.models import QuotaShare
+from tests.conftest import make_node, place_a_borrower
 from tests.conftest import start_latest_attempt as run
 
 pytestmark = pytest.mark.django_db
@@ -80,6 +81,35 @@ def test_each_waiting_job_gets_when_and_where_it_would_start(world):
     queue = page.get("/dash/queue/").content.decode()
     assert "<th>estimated start (UTC)</th>" in queue
     assert f" data-from-now>{third.estimated_start:%Y-%m-%d %H:%M}</time></td>" in queue
+
+
+def test_a_reclaiming_job_starts_when_what_is_left_of_its_victim_s_grace_period_ends(world):
+    """research's borrower holds vision's idle node, with a grace period of 120 s; vision's
+    own job reclaims it. Refreshed as the stop is ordered, the owner is estimated to start
+    when the grace period ends, 120 s later; refreshed 90 s into the grace period, in 30 s,
+    not 120 s from then."""
+    make_node("node-a")
+    make_node("node-b")
+    QuotaShare.objects.filter(name="research").update(grace_seconds=120)
+    _borrower, attempt = place_a_borrower(world)
+    run(_borrower)
+    owner = submit(world.carol, "vision", expected_seconds=600)
+    cycle_run(force=True)
+    attempt.refresh_from_db()
+    assert attempt.preempted_for_id == owner.pk and attempt.stop_requested_at
+
+    estimates_refresh()
+    owner.refresh_from_db()
+    assert abs((owner.estimated_start - attempt.stop_requested_at).total_seconds() - 120) < 5
+
+    JobAttempt.objects.filter(pk=attempt.pk).update(
+        stop_requested_at=timezone.now() - timedelta(seconds=90)
+    )
+    before = timezone.now()
+    estimates_refresh()
+    owner.refresh_from_db()
+    assert abs((owner.estimated_start - before).total_seconds() - 30) < 5
+    assert owner.estimated_nodes == [attempt.allocations[0]["node"]]
 
 
 def test_a_job_that_leaves_the_queue_loses_its_estimate_at_once(world):
