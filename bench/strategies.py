@@ -88,13 +88,19 @@ class Loss:
     ran: float  # seconds of the run it ended
 
 
+def graces(data: dict, result: dict) -> dict[str, float]:
+    """Each job's grace period: its share's in this replay (the bound's trace puts every job
+    in one share)."""
+    grace = {share["name"]: share.get("grace_seconds", 120) for share in data["shares"]}
+    return {job["id"]: grace[job["share"]] for job in result["jobs"]}
+
+
 def losses(data: dict, result: dict, trace_rows: Sequence[dict]) -> list[Loss]:
     """Each preemption's loss, from the events, as the simulator counts it: a job resumes from
     its last checkpoint (every `checkpoint_interval` seconds of its work: its runs start on one)
     or from scratch; its grace period holds its GPUs without progress."""
     spec = {row["id"]: row for row in trace_rows}
-    grace = {share["name"]: share.get("grace_seconds", 120) for share in data["shares"]}
-    share_of = {job["id"]: job["share"] for job in result["jobs"]}
+    grace = graces(data, result)
     started: dict[str, float] = {}
     found = []
     for event in result["events"]:
@@ -106,7 +112,7 @@ def losses(data: dict, result: dict, trace_rows: Sequence[dict]) -> list[Loss]:
             ran = event["t"] - started[job]
             interval = float(spec[job].get("checkpoint_interval") or 0)
             again = ran % interval if interval else ran
-            found.append(Loss(gpus * grace[share_of[job]], gpus * again, bool(interval), gpus, ran))
+            found.append(Loss(gpus * grace[job], gpus * again, bool(interval), gpus, ran))
     return found
 
 
@@ -137,9 +143,7 @@ def utilization_while_waiting(data: dict, result: dict, trace_rows: Sequence[dic
     result JSON. A preempted job holds its GPUs for its share's grace period, then waits again
     (or fails)."""
     spec = {row["id"]: row for row in trace_rows}
-    grace = {share["name"]: share.get("grace_seconds", 120) for share in data["shares"]}
-    # The job's share in this replay (the bound's trace puts every job in one share).
-    share_of = {job["id"]: job["share"] for job in result["jobs"]}
+    grace = graces(data, result)
     gpus_of_type: dict[str, int] = {}
     for node in data["nodes"]:
         gpus = node["gpus"] * node.get("count", 1)
@@ -156,7 +160,7 @@ def utilization_while_waiting(data: dict, result: dict, trace_rows: Sequence[dic
         elif kind == "finish":
             changes.append((t, job, -gpus, 0))
         elif kind == "preempt":
-            changes.append((t + grace[share_of[job]], job, -gpus, 1))
+            changes.append((t + grace[job], job, -gpus, 1))
         else:  # fail (at the end of a grace period) or reject: it waits no more
             changes.append((t, job, 0, -1))
     changes.sort(key=lambda change: change[0])
