@@ -55,7 +55,9 @@ last stop orders):
   it writes right after its commit and its wake-ups (so it can be a few ms below zero); a node
   whose agent had ended the attempt there before the stop was ordered (its process exited, as
   a gang's nodes do one by one at its end) has no stop to hear and is not counted; any other
-  node whose agent never read the stop is "never received";
+  node whose agent never read the stop is "never received"; an attempt preempted before any
+  agent was granted its start, which the cycle ended at once (started_at unset, ended_at equal
+  to stop_requested_at), had no stop order to hear: it is counted apart ("ended at once");
 - submit latency p50 / p99 of the submits sent in the window (refused ones included);
 - placing cycle: median and max over the cycles in the window that placed a job, each from when
   it could take the cycle lock (its Celery task's start, the worker's "succeeded in" line minus
@@ -304,6 +306,7 @@ class SimAgent:
             "gpu_type": GPU_TYPE,
             "gpus": GPUS_PER_NODE,
             "gpu_details": [gpu.as_json() for gpu in fake_gpus(GPUS_PER_NODE, GPU_TYPE)],
+            "asks_to_start": True,  # as the real agent: it starts only what is granted
         }
         while True:
             status, answer = await self.run.post(
@@ -907,7 +910,7 @@ class Run:
         stops = list(
             JobAttempt.objects.filter(stop_requested_at__gte=window[0],
                                       stop_requested_at__lt=window[1])
-            .values_list("pk", "stop_requested_at", "allocations")
+            .values_list("pk", "stop_requested_at", "allocations", "started_at", "ended_at")
         )  # fmt: skip
         placed = JobAttempt.objects.filter(
             scheduled_at__gte=window[0], scheduled_at__lt=window[1]
@@ -923,8 +926,13 @@ class Run:
         cycles = worker_cycles(self.tmp / "worker.log")
         commits = sorted(c.end for c in cycles if c.preempted)
         latencies, from_commit, never, later_poll, by_start, samples = [], [], [], 0, 0, []
-        ended_before = 0
-        for attempt, stop_at, allocations in stops:
+        ended_before = ended_at_once = 0
+        for attempt, stop_at, allocations, started_at, ended_at in stops:
+            if started_at is None and ended_at == stop_at:
+                # Preempted before any agent was granted its start: the cycle ended it at once
+                # (scheduler.cycle.apply._end_unstarted); there is no stop order to hear.
+                ended_at_once += 1
+                continue
             ordered = stop_at.timestamp()
             following = bisect.bisect_left(commits, ordered)
             commit = commits[following] if following < len(commits) else math.nan
@@ -990,6 +998,7 @@ class Run:
             "stops": len(latencies),
             "never received": len(never),
             "ended before": ended_before,
+            "ended at once": ended_at_once,
             "later poll": later_poll,
             "by start": by_start,
             "lag p99": soak.percentile(lags, 0.99) * 1000,
@@ -1230,7 +1239,9 @@ def run_lines(agents: int, figures: dict, run: Run) -> list[str]:
         f"  stop → agent p50/p99/max {number(f['stop p50'], 'ms')}/{number(f['stop p99'], 'ms')}/"
         f"{number(f['stop max'], 'ms')} ms over {f['stops']} receipts ({f['never received']} "
         f"never received, {f['ended before']} nodes not counted whose process of the attempt "
-        f"had ended before the stop); from the commit p50/p99 {number(f['commit p50'], 'ms')}/"
+        f"had ended before the stop; {f['ended at once']} attempts preempted before their start"
+        f" was granted, ended at once with no stop order); from the commit p50/p99 "
+        f"{number(f['commit p50'], 'ms')}/"
         f"{number(f['commit p99'], 'ms')} ms; {f['by start']} came with the answer to a start "
         f"(the attempt's stop came first), {f['later poll']} on a poll sent after the commit "
         "(the agent was busy with its last answer)",

@@ -46,12 +46,16 @@ class NodeAdmin(admin.ModelAdmin):
         "connector",
         "last_heartbeat",
     ]
-    list_filter = ["state", "gpu_type", "connector"]
+    # asks_to_start: False on a node whose agent is of an earlier release (docs/deploy.md).
+    list_filter = ["state", "gpu_type", "connector", "asks_to_start"]
     list_select_related = ["connector"]
     search_fields = ["name"]
     actions = ["drain", "undrain"]
-    # A connector's cluster manager says which node is its and how many GPUs its own jobs hold.
-    readonly_fields = ["gpu_details", "last_heartbeat", "connector", "outside_gpus"]
+    # A connector's cluster manager says which node is its and how many GPUs its own jobs hold;
+    # an agent says whether it asks before it starts (set by hand, a node could be double-booked).
+    readonly_fields = [
+        "gpu_details", "last_heartbeat", "connector", "outside_gpus", "asks_to_start",
+    ]  # fmt: skip
 
     @admin.action(description="Drain: finish running jobs, take no new ones")
     def drain(self, request: HttpRequest, queryset) -> None:

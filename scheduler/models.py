@@ -149,6 +149,11 @@ class Node(models.Model):
         default=0,
         help_text="GPUs held by work the portal did not submit (its cluster manager's own jobs).",
     )
+    asks_to_start = models.BooleanField(
+        default=False,
+        help_text="Its agent (or connector) starts an attempt only once the portal granted it, "
+        "so an attempt preempted before its start was granted ends at once.",
+    )
 
     class Meta:
         ordering = ["name"]

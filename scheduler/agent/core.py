@@ -290,6 +290,7 @@ class Agent:
             "gpu_type": self.gpu_type,
             "gpus": len(self.gpus),
             "gpu_details": [g.as_json() for g in self.gpus],
+            "asks_to_start": True,  # it starts only what the portal grants (`claim`)
         }
         while not self.stopping.is_set():
             try:

@@ -23,6 +23,9 @@ class CycleResult:
     stop_orders: int = 0
     nodes_lost: int = 0
     attempts_lost: int = 0
+    # Preempted attempts that had not started, ended at once: their GPUs are free for the next
+    # cycle, which no agent's report will ask for.
+    ended_unstarted: int = 0
     reasons_updated: int = 0
     stale: list[str] = field(default_factory=list)  # plan entries refused at apply
     # Nodes whose orders changed: their polls read them again.

@@ -27,6 +27,9 @@ def cycle(after_change: int | None = None) -> None:
     if result.covered:
         return
     cycle_record(time.perf_counter() - start, True)
+    if result.ended_unstarted:
+        # Their GPUs were freed by the cycle itself: the next one gives them out.
+        cycle.delay()
     history_sample()
     if estimates_wanted(planned=not result.skipped):
         try:

@@ -103,6 +103,7 @@ def connector_register(
             )
         node = node or Node(name=reported.name, connector=connector)
         _set_node(node, reported)
+        node.asks_to_start = True  # a connector starts only what the portal grants
         node.last_heartbeat = now
         node.full_clean(exclude=["token_hash", "connector"])
         node.save()

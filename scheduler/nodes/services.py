@@ -42,11 +42,19 @@ def node_for_token(token: str) -> Node | None:
 
 @transaction.atomic
 def node_register(
-    *, join_token: str, name: str, gpu_type: str, gpus: int, gpu_details: list[dict]
+    *,
+    join_token: str,
+    name: str,
+    gpu_type: str,
+    gpus: int,
+    gpu_details: list[dict],
+    asks_to_start: bool = False,
 ) -> tuple[Node, str]:
     """Register (or re-register) a node; returns it and its new token. The token is stored
     hashed; registering again replaces it, so a replaced agent's old token stops working.
-    Raises PermissionError on a wrong join token."""
+    `asks_to_start`: the agent says it starts only what the portal grants (`Node.asks_to_start`;
+    an agent of an earlier release does not say so). Raises PermissionError on a wrong join
+    token."""
     expected = ClusterSettings.load().agent_join_token
     if not join_token or not secrets.compare_digest(join_token.encode(), expected.encode()):
         raise PermissionError(JOIN_TOKEN_INVALID)
@@ -58,6 +66,7 @@ def node_register(
     node.gpu_type = gpu_type
     node.gpus = gpus
     node.gpu_details = gpu_details
+    node.asks_to_start = asks_to_start
     node.token_hash = hash_token(token)
     node.last_heartbeat = timezone.now()
     if node.state == Node.State.DOWN:

@@ -283,7 +283,7 @@ NODE = Principal(_authenticated_node, _not_authenticated)
 
 @agent_view(authenticated=False)
 def register(request: HttpRequest, data: dict) -> JsonResponse:
-    """{join_token, name, gpu_type, gpus, gpu_details?} → {node, token, ...}."""
+    """{join_token, name, gpu_type, gpus, gpu_details?, asks_to_start?} → {node, token, ...}."""
     join_token = _str(data, "join_token", max_length=128)
     name = _str(data, "name", max_length=253)
     gpu_type = _str(data, "gpu_type", max_length=32)
@@ -293,10 +293,14 @@ def register(request: HttpRequest, data: dict) -> JsonResponse:
         raise BadRequest("gpu_details", "gpu_details: must be a list of objects.")
     if _has_nul(details):
         raise BadRequest("gpu_details", "gpu_details: must not contain NUL characters.")
+    asks_to_start = data.get("asks_to_start", False)
+    if not isinstance(asks_to_start, bool):
+        raise BadRequest("asks_to_start", "asks_to_start: must be true or false.")
     try:
         node, token = node_register(
-            join_token=join_token, name=name, gpu_type=gpu_type, gpus=gpus, gpu_details=details
-        )
+            join_token=join_token, name=name, gpu_type=gpu_type, gpus=gpus, gpu_details=details,
+            asks_to_start=asks_to_start,
+        )  # fmt: skip
     except PermissionError as error:
         return JsonResponse({"join_token": str(error)}, status=403)
     return JsonResponse(

@@ -1,7 +1,8 @@
-"""An attempt whose stop is ordered after its run order reached the agent but before the agent
-asked to start it: the answer to the start refuses it and brings its stop order, and the agent
-reports it never started at once, instead of learning of the stop from its next poll (a real
-agent on a live portal)."""
+"""An attempt preempted after its run order reached the agent but before the agent asked to
+start it: the agent says when it registers that it starts only what the portal grants, so the
+cycle that chose the victim ends the attempt at once and gives its GPUs out in the next cycle;
+the agent's start is refused and it starts nothing, reports nothing (a real agent on a live
+portal)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import pytest
 
 from scheduler.agent.core import Agent
 from scheduler.agent.gpus import fake_gpus
-from scheduler.agent.protocol import END_NEVER_STARTED, EVENT_EXITED
 from scheduler.cycle.run import cycle_run
 from scheduler.jobs.services import job_submit
 from scheduler.models import Job, JobAttempt, Node
@@ -19,7 +19,7 @@ from tests.live import JOIN_TOKEN
 
 
 @pytest.mark.live
-def test_a_refused_start_brings_the_stop_order_and_the_agent_reports_it_at_once(
+def test_a_victim_that_had_not_started_ends_at_once_and_its_agent_starts_nothing(
     world, live, tmp_path
 ):
     system = live()
@@ -49,14 +49,18 @@ def test_a_refused_start_brings_the_stop_order_and_the_agent_reports_it_at_once(
     cycle_run(force=True)
     assert JobAttempt.objects.get(pk=attempt.pk).preempted_for_id == owner.pk
 
-    agent = agents[node]
-    agent.apply({"run": orders.run, "stop": []})
-    assert not agent.processes and not agent.claims
-    assert [(e["type"], e["attempt"], e["end"]) for e in agent.outbox] == [
-        (EVENT_EXITED, attempt.pk, END_NEVER_STARTED)
-    ]
-    agent.flush()
-    assert not agent.outbox
     attempt = JobAttempt.objects.get(pk=attempt.pk)
     assert attempt.outcome == JobAttempt.Outcome.PREEMPTED and attempt.started_at is None
-    assert Job.objects.get(pk=borrower.pk).state == Job.State.RUNNABLE
+    assert attempt.ended_at == attempt.stop_requested_at
+    borrower = Job.objects.get(pk=borrower.pk)
+    assert borrower.state == Job.State.RUNNABLE and borrower.preemption_count == 1
+    events = list(borrower.events.order_by("pk").values_list("to_state", "reason"))
+    assert [state for state, _ in events[-2:]] == [Job.State.PREEMPTING, Job.State.RUNNABLE]
+    assert "it had not started: its GPUs were released at once" in events[-1][1]
+
+    agent = agents[node]
+    agent.apply({"run": orders.run, "stop": []})
+    assert not agent.processes and not agent.claims and not agent.outbox
+    cycle_run(force=True)
+    (placed,) = JobAttempt.objects.filter(job=owner).values_list("allocations", flat=True)
+    assert [allocation["node"] for allocation in placed] == [node]

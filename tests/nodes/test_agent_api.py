@@ -16,7 +16,7 @@ from scheduler.cycle.run import cycle_run
 from scheduler.jobs.services import job_submit
 from scheduler.models import ClusterSettings, Job, JobAttempt, Node
 from scheduler.nodes import queries
-from scheduler.nodes.services import hash_token
+from scheduler.nodes.services import hash_token, node_orders
 from tests.conftest import place_a_borrower
 
 pytestmark = pytest.mark.django_db
@@ -35,9 +35,9 @@ def post(client, path, body, token=None, scheme="Node"):
     return client.post(f"/api/v1/agent/{path}/", body, content_type="application/json", **headers)
 
 
-def register(client, name="node-a", gpus=8):
+def register(client, name="node-a", gpus=8, **more):
     response = post(client, "register", {"join_token": JOIN, "name": name, "gpu_type": "h100",
-                                         "gpus": gpus})  # fmt: skip
+                                         "gpus": gpus, **more})  # fmt: skip
     assert response.status_code == 201, response.content
     return response.json()["token"]
 
@@ -63,6 +63,10 @@ def test_wrong_join_token_is_refused(client_):
         ({"join_token": JOIN, "name": "n", "gpu_type": "h100", "gpus": 0}, "gpus"),
         ({"join_token": JOIN, "name": "n", "gpu_type": "H 100", "gpus": 8}, "gpu_type"),
         ({"join_token": JOIN, "gpu_type": "h100", "gpus": 8}, "name"),
+        (
+            {"join_token": JOIN, "name": "n", "gpu_type": "h100", "gpus": 8, "asks_to_start": 1},
+            "asks_to_start",
+        ),
         ([1, 2], "body"),
     ],
 )
@@ -246,10 +250,11 @@ def test_a_report_reads_a_gangs_attempt_once_per_node_not_once_per_gpu(client_, 
 
 
 def test_an_attempt_whose_stop_came_first_never_starts(client_, world):
-    """A borrower's run order has reached its agent, but before the agent asks to start it the
-    owner's job reclaims the GPUs: the start is refused and its answer gives the stop order (so
-    does the poll, until the end is reported), the agent reports the attempt never started,
-    and it ends PREEMPTED without ever starting; the borrower waits for its next turn."""
+    """A borrower's run order has reached its agent, an agent that does not say it asks before
+    it starts (an earlier release's), but before the agent asks to start it the owner's job
+    reclaims the GPUs: the start is refused and its answer gives the stop order (so does the
+    poll, until the end is reported), the agent reports the attempt never started, and it ends
+    PREEMPTED without ever starting; the borrower waits for its next turn."""
     register(client_)
     register(client_, name="node-b")
     borrower, attempt = place_a_borrower(world)
@@ -273,6 +278,62 @@ def test_an_attempt_whose_stop_came_first_never_starts(client_, world):
     assert attempt.outcome == JobAttempt.Outcome.PREEMPTED and attempt.started_at is None
     borrower = Job.objects.get(pk=borrower.pk)
     assert borrower.state == Job.State.RUNNABLE and borrower.started_at is None
+
+
+def test_a_victim_whose_agent_asks_to_start_ends_at_once_if_it_had_not_started(client_, world):
+    """The same reclaim, where the agent says when it registers that it starts only what the
+    portal grants: the cycle that orders the stop ends the attempt (PREEMPTED, never started)
+    and releases its GPUs, so the owner's job is placed by the next cycle, with no report from
+    the agent; the agent's start is refused with no stop order to hear, its polls order
+    nothing, and its late report of the end changes nothing."""
+    for name in ("node-a", "node-b"):
+        register(client_, name=name, asks_to_start=True)
+    borrower, attempt = place_a_borrower(world)
+    node = attempt.allocations[0]["node"]
+    token = register(client_, name=node, asks_to_start=True)
+    (run,) = post(client_, "poll", {"running": [], "wait": 0}, token).json()["run"]
+    owner, _ = job_submit(user=world.carol, share_name="vision", gpu_type="h100", gpus=8,
+                          command="sleep 1")  # fmt: skip
+    cycle_run(force=True)
+    attempt = JobAttempt.objects.get(pk=attempt.pk)
+    assert attempt.preempted_for_id == owner.pk and attempt.started_at is None
+    assert attempt.outcome == JobAttempt.Outcome.PREEMPTED and attempt.ended_at is not None
+    assert not attempt.gpus.filter(released=False).exists()
+    borrower = Job.objects.get(pk=borrower.pk)
+    assert borrower.state == Job.State.RUNNABLE and borrower.preemption_count == 1
+    answer = post(client_, "start", {"attempts": [run["attempt"]]}, token).json()
+    assert answer == {"start": [], "stop": []}
+    answer = post(client_, "poll", {"running": [], "wait": 0}, token).json()
+    assert answer["run"] == [] and answer["stop"] == []
+    never = {"events": [{"type": "exited", "attempt": attempt.pk, "end": "never_started",
+                         "detail": "stopped before it started"}]}  # fmt: skip
+    assert post(client_, "report", never, token).json() == {"results": ["ignored"]}
+    cycle_run(force=True)
+    placed = JobAttempt.objects.get(job=owner)
+    assert [allocation["node"] for allocation in placed.allocations] == [node]
+
+
+def test_a_gang_with_a_node_whose_agent_does_not_ask_to_start_gets_its_stop_orders(client_, world):
+    """A victim that had not started but holds GPUs on a node whose agent starts what it is
+    ordered (an earlier release's) may be starting there: it keeps its GPUs and gets its stop
+    orders, on every node, until its agents report the end."""
+    register(client_, name="node-a", asks_to_start=True)
+    register(client_, name="node-b")
+    job, _ = job_submit(user=world.alice, share_name="research", gpu_type="h100", gpus=16,
+                        nodes=2, command="sleep 60")  # fmt: skip
+    cycle_run(force=True)
+    attempt = Job.objects.get(pk=job.pk).attempts.get()
+    owner, _ = job_submit(user=world.carol, share_name="vision", gpu_type="h100", gpus=8,
+                          command="sleep 1")  # fmt: skip
+    cycle_run(force=True)
+    attempt = JobAttempt.objects.get(pk=attempt.pk)
+    assert attempt.preempted_for_id == owner.pk and attempt.ended_at is None
+    assert attempt.gpus.filter(released=False).count() == 16
+    assert Job.objects.get(pk=job.pk).state == Job.State.PREEMPTING
+    stops = dict(Node.objects.values_list("name", "pk"))
+    for name in ("node-a", "node-b"):
+        node = Node.objects.get(pk=stops[name])
+        assert [order["attempt"] for order in node_orders(node=node).stop] == [attempt.pk]
 
 
 def test_orders_and_reports_end_to_end_over_http(client_, world):

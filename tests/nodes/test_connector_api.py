@@ -56,10 +56,12 @@ def submit(world, gpus=8, nodes=1, user="alice", share="research"):
 
 def test_one_registration_brings_every_node_of_the_cluster(client_):
     """A connector registers its cluster's nodes at once, with the states its cluster manager
-    gives them and the reason; registering again without a node puts that node DOWN."""
+    gives them and the reason, each taken to start only what the portal grants (a connector
+    asks before it submits); registering again without a node puts that node DOWN."""
     register(client_, [slurm_node("sn1"), slurm_node("sn2", "DRAINING", reason="Slurm: drained")])
     connector = Connector.objects.get(name="hpc")
     nodes = {n.name: n for n in Node.objects.filter(connector=connector)}
+    assert all(node.asks_to_start for node in nodes.values())
     assert nodes["sn1"].state == Node.State.READY
     assert (nodes["sn2"].state, nodes["sn2"].state_reason) == ("DRAINING", "Slurm: drained")
     register(client_, [slurm_node("sn1")])
