@@ -4,7 +4,6 @@ still runs and is not already stopping. A stale plan therefore changes nothing i
 
 from __future__ import annotations
 
-from collections import defaultdict
 from functools import cache
 
 from django.db import connection
@@ -16,15 +15,13 @@ from portal.db.sql import ids_param, ids_sql, prepared_cursor
 from scheduler import engine
 from scheduler.cycle.result import CycleResult
 from scheduler.cycle.snapshot import SnapshotContext
-from scheduler.engine import outcomes
+from scheduler.cycle.unstarted import attempts_end_unstarted
 from scheduler.models import GpuAssignment, Job, JobAttempt, Node, allocations_data
 from scheduler.transitions import Transitions, jobs_set_reasons
 
 SCHEDULED_REASON = "scheduled on {where}"
 # The job row's reason while its agents pick it up; where it runs is in its attempt and event.
 SCHEDULED_JOB_REASON = "scheduled: waiting for its node agent(s) to start it"
-# A preempted attempt that had not started yet: it ends at once (`_end_unstarted`).
-NOT_STARTED_REASON = "{reason} (it had not started: its GPUs were released at once)"
 
 
 def _lock_jobs(
@@ -76,7 +73,7 @@ def cycle_apply(plan: engine.Plan, context: SnapshotContext, *, result: CycleRes
 
 def _apply_preemptions(preemptions: tuple[engine.Preemption, ...], *, result: CycleResult) -> None:
     """Preempted jobs get a stop order: PREEMPTING, attempt.stop_requested_at, preempted_for.
-    An attempt whose start no agent was granted yet ends at once (`_end_unstarted`)."""
+    An attempt whose start no agent was granted yet ends at once (`attempts_end_unstarted`)."""
     if not preemptions:
         return
     by_job = {int(p.job_id): p for p in preemptions}
@@ -106,54 +103,11 @@ def _apply_preemptions(preemptions: tuple[engine.Preemption, ...], *, result: Cy
         ],
     ).save()
     result.preempted += len(stopping_jobs)
-    unstarted = _end_unstarted([a for a in attempts if a.started_at is None], now=stopped_at)
+    unstarted = attempts_end_unstarted(
+        attempts, outcome=JobAttempt.Outcome.PREEMPTED, now=stopped_at, result=result
+    )
     result.ended_unstarted += len(unstarted)
     result.orders_given(stop=[a.pk for a in attempts if a.pk not in unstarted])
-
-
-def _end_unstarted(attempts: list[JobAttempt], *, now) -> set[int]:
-    """Of these attempts, just told to stop before any agent was granted their start, end at
-    once those whose nodes' agents all ask before they start (`Node.asks_to_start`): nothing
-    runs, and none of them will start (a start is granted only to an attempt whose stop was not
-    ordered), so their GPUs are released now and their jobs move on as after a preemption
-    (`outcomes.after_preemption`) without waiting for their agents to hear of it. Returns their
-    ids. The callers hold the jobs' locks, which a start grant takes too."""
-    if not attempts:
-        return set()
-    ids = [a.pk for a in attempts]
-    unsure = set(
-        GpuAssignment.objects.filter(
-            attempt_id__in=ids, released=False, node__asks_to_start=False
-        ).values_list("attempt_id", flat=True)
-    )
-    attempts = [a for a in attempts if a.pk not in unsure]
-    if not attempts:
-        return set()
-    ended = {a.pk for a in attempts}
-    GpuAssignment.objects.filter(attempt_id__in=ended, released=False).update(released=True)
-    counts = {
-        pk: (preemptions, limit)
-        for pk, preemptions, limit in Job.objects.filter(
-            pk__in={a.job_id for a in attempts}
-        ).values_list("pk", "preemption_count", "max_preemptions")
-    }
-    moves: dict[str, list[tuple[int, str, str]]] = defaultdict(list)
-    for attempt in attempts:
-        preemptions, limit = counts[attempt.job_id]
-        step = outcomes.after_preemption(preemptions=preemptions, max_preemptions=limit)
-        reason = NOT_STARTED_REASON.format(reason=step.reason)
-        attempt.outcome = JobAttempt.Outcome.PREEMPTED
-        attempt.ended_at = now
-        attempt.end_reason = reason
-        moves[step.state].append((attempt.job_id, Job.State.PREEMPTING, reason))
-    JobAttempt.objects.bulk_update(attempts, ["outcome", "ended_at", "end_reason"], batch_size=500)
-    transitions = Transitions()
-    for to_state, changes in moves.items():
-        transitions.move_rows(
-            to_state=to_state, changes=changes, preemption_count=F("preemption_count") + 1
-        )
-    transitions.save()
-    return ended
 
 
 def _describe(allocations: tuple[engine.Allocation, ...]) -> str:

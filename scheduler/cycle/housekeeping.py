@@ -13,6 +13,7 @@ from django.db import connection
 
 from portal.db.sql import prepared_cursor
 from scheduler.cycle.result import CycleResult
+from scheduler.cycle.unstarted import attempts_end_unstarted
 from scheduler.engine import outcomes
 from scheduler.models import GpuAssignment, Job, JobAttempt, Node
 from scheduler.transitions import Transitions
@@ -96,33 +97,43 @@ def _silent_nodes_sql() -> str:
 
 def cancels_to_stop_orders(*, now: datetime, result: CycleResult) -> None:
     """A job cancelled while it held GPUs (PREEMPTING, cancel_requested) gets a stop order on
-    its attempt; one with no attempt left ends CANCELLED."""
+    its attempt, or, where no agent was granted its start, ends CANCELLED at once
+    (`attempts_end_unstarted`, before this cycle's snapshot: the plan sees its GPUs free); one
+    with no attempt left ends CANCELLED."""
     with prepared_cursor() as cursor:
         cursor.execute(_cancelled_sql(), [Job.State.PREEMPTING, True])
         pending = dict(cursor.fetchall())
     if not pending:
         return
-    open_attempts = dict(
-        JobAttempt.objects.filter(job_id__in=pending, ended_at__isnull=True).values_list(
-            "job_id", "pk"
+    # Locked, in id order, as a start grant locks them: whether an attempt started is read
+    # under the lock.
+    pending = dict(
+        Job.objects.select_for_update()
+        .filter(pk__in=pending, state=Job.State.PREEMPTING, cancel_requested=True)
+        .order_by("pk")
+        .values_list("pk", "state")
+    )
+    attempts = list(
+        JobAttempt.objects.filter(job_id__in=pending, ended_at__isnull=True).only(
+            "pk", "job_id", "started_at", "stop_requested_at"
         )
     )
-    to_stop = [
-        attempt_id
-        for attempt_id in JobAttempt.objects.filter(
-            pk__in=open_attempts.values(), stop_requested_at__isnull=True
-        ).values_list("pk", flat=True)
-    ]
+    to_stop = [a for a in attempts if a.stop_requested_at is None]
     if to_stop:
-        JobAttempt.objects.filter(pk__in=to_stop, stop_requested_at__isnull=True).update(
-            stop_requested_at=now
+        JobAttempt.objects.filter(
+            pk__in=[a.pk for a in to_stop], stop_requested_at__isnull=True
+        ).update(stop_requested_at=now)
+        ended = attempts_end_unstarted(
+            to_stop, outcome=JobAttempt.Outcome.CANCELLED, now=now, result=result
         )
+        ordered = [a.pk for a in to_stop if a.pk not in ended]
         result.stop_orders += len(to_stop)
-        result.orders_given(stop=to_stop)
+        result.orders_given(stop=ordered)
+    with_attempt = {a.job_id for a in attempts}
     orphans = [
         (job_id, state, CANCELLED_NOT_RUNNING)
         for job_id, state in pending.items()
-        if job_id not in open_attempts
+        if job_id not in with_attempt
     ]
     Transitions().move_rows(to_state=Job.State.CANCELLED, changes=orphans).save()
 

@@ -6,7 +6,8 @@ reports an exit) and the simulator (when a preempted job's grace period ends) bo
 
 - SUCCEEDED ends the job; CANCELLED ends it;
 - PREEMPTED requeues it and counts a preemption; past `max_preemptions` it fails instead
-  (`max_preemptions = N`: requeued after its first N preemptions, failed at the next one);
+  (`max_preemptions = N`: requeued after its first N preemptions, failed at the next one),
+  also when the attempt had not started yet and the portal ended it at once;
 - NODE_LOST requeues it and counts nothing (a job being cancelled ends CANCELLED instead);
 - WITHDRAWN (a cluster manager would not start it on the GPUs the portal gave it) requeues it
   and counts nothing;
@@ -44,6 +45,8 @@ LOST_DEFAULT_DETAIL = "its agent no longer has the job (agent restarted)"
 WITHDRAWN_REASON = "{node} would not start it ({detail}); withdrawn and requeued"
 NODE_SILENT_REASON = "node {node} lost (no heartbeat for {seconds:g} s); requeued"
 NODE_SILENT_CANCELLED = "node {node} lost while the job was being cancelled"
+NOT_STARTED_REASON = "{reason} (it had not started: its GPUs were released at once)"
+CANCELLED_NOT_STARTED_REASON = "cancelled before it started; its GPUs were released at once"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +67,18 @@ def after_preemption(*, preemptions: int, max_preemptions: int | None) -> NextSt
         reason = PREEMPTED_FINAL_REASON.format(count=count, limit=max_preemptions)
         return NextStep(FAILED, reason, preemption=True)
     return NextStep(RUNNABLE, PREEMPTED_REQUEUE_REASON.format(count=count), preemption=True)
+
+
+def after_stop_before_start(
+    outcome: str, *, preemptions: int, max_preemptions: int | None
+) -> NextStep:
+    """An attempt whose stop was ordered before any agent started it, which the portal ends at
+    once (PREEMPTED or CANCELLED): a preemption counts as one (`after_preemption`); a cancel
+    ends the job."""
+    if outcome == CANCELLED:
+        return NextStep(CANCELLED, CANCELLED_NOT_STARTED_REASON)
+    step = after_preemption(preemptions=preemptions, max_preemptions=max_preemptions)
+    return NextStep(step.state, NOT_STARTED_REASON.format(reason=step.reason), preemption=True)
 
 
 def after_node_lost(*, node: str, silent_seconds: float, cancel_requested: bool) -> NextStep:

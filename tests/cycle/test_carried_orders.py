@@ -108,6 +108,39 @@ def test_a_cancel_before_the_start_takes_the_run_order_back_in_the_wake_up(world
     assert after == node_poll_orders(node=node, running=set()) == {"run": [], "stop": [stop]}
 
 
+def test_a_cancel_before_the_start_on_a_node_that_asks_to_start_frees_its_gpus_at_once(
+    world, published
+):
+    """Where the node's agent starts only what the portal grants (`Node.asks_to_start`), a job
+    cancelled before its start was granted ends CANCELLED in the cycle that takes the cancel,
+    with no stop order: that same cycle gives its GPUs to the job waiting for them, and the
+    node's waiting poll reads its orders again (the cancelled run order is gone)."""
+    for name in ("node-0", "node-1"):
+        make_node(name, asks_to_start=True)
+    cancelled = submit(world.alice, "research", gpus=8)
+    submit(world.carol, "vision", gpus=8)
+    cycle_run(force=True)
+    waiting = submit(world.alice, "research", gpus=8)
+    cycle_run(force=True)
+    assert Job.objects.get(pk=waiting.pk).state == Job.State.RUNNABLE
+    node = node_of(cancelled)
+    job_cancel(job=Job.objects.get(pk=cancelled.pk), user=world.alice)
+
+    messages = published(lambda: cycle_run(force=True))
+
+    attempt = JobAttempt.objects.get(job=cancelled)
+    assert attempt.outcome == JobAttempt.Outcome.CANCELLED and attempt.started_at is None
+    assert not attempt.gpus.filter(released=False).exists()
+    cancelled = Job.objects.get(pk=cancelled.pk)
+    assert cancelled.state == Job.State.CANCELLED
+    assert cancelled.reason == "cancelled before it started; its GPUs were released at once"
+    assert node_of(waiting) == node
+    assert messages == {node.pk: "read again"}
+    (run,) = node_poll_orders(node=node, running=set())["run"]
+    assert run["job"] == waiting.pk
+    assert node_poll_orders(node=node, running=set())["stop"] == []
+
+
 def test_a_gang_member_s_end_sends_the_stop_order_to_its_other_nodes(world, nodes, published):
     job = submit(world.alice, "research", gpus=8, nodes=2)
     cycle_run(force=True)

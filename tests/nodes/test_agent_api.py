@@ -313,6 +313,29 @@ def test_a_victim_whose_agent_asks_to_start_ends_at_once_if_it_had_not_started(c
     assert [allocation["node"] for allocation in placed.allocations] == [node]
 
 
+def test_a_victim_ended_before_its_start_counts_a_preemption_and_fails_past_max_preemptions(
+    client_, world
+):
+    """Ended at once or after its agent's report, a preemption is a preemption: a borrower
+    allowed none (`max_preemptions: 0`) fails, and says why."""
+    for name in ("node-a", "node-b"):
+        register(client_, name=name, asks_to_start=True)
+    for max_preemptions in (None, 0):
+        borrower, _ = job_submit(user=world.alice, share_name="research", gpu_type="h100",
+                                 gpus=8, command="sleep 60",
+                                 max_preemptions=max_preemptions)  # fmt: skip
+        cycle_run(force=True)
+    job_submit(user=world.carol, share_name="vision", gpu_type="h100", gpus=8, command="true")
+    cycle_run(force=True)
+    borrower = Job.objects.get(pk=borrower.pk)
+    assert (borrower.state, borrower.preemption_count) == (Job.State.FAILED, 1)
+    assert borrower.reason == (
+        "preempted 1 times; max_preemptions is 0 (it had not started: its GPUs were released at "
+        "once)"
+    )
+    assert borrower.attempts.get().outcome == JobAttempt.Outcome.PREEMPTED
+
+
 def test_a_gang_with_a_node_whose_agent_does_not_ask_to_start_gets_its_stop_orders(client_, world):
     """A victim that had not started but holds GPUs on a node whose agent starts what it is
     ordered (an earlier release's) may be starting there: it keeps its GPUs and gets its stop
