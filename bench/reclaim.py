@@ -5,6 +5,8 @@ A borrower fills the idle GPUs; then, --reclaims times, the owner submits an 8-G
 measure from job_submit returning to (a) the borrower's SIGTERM (time.time() the job script
 writes on SIGTERM) and (b) the owner's job RUNNING (started_at, set when its agent reports the
 start). Baseline in the same run: the owner's job started on idle GPUs (no reclaim).
+The same two borrowers are reclaimed again and again, so the churn breaker (which would keep a
+job preempted that often off borrowed GPUs) is turned off here: what is measured is the reclaim.
 Prints p50 and p99. `python bench/reclaim.py [--reclaims 20]`"""
 
 from __future__ import annotations
@@ -48,12 +50,17 @@ def main() -> int:
     from django.core.management import call_command
 
     from scheduler.jobs.services import job_submit
-    from scheduler.models import Job, JobAttempt
+    from scheduler.models import ClusterSettings, Job, JobAttempt
     from shares.models import QuotaShare, Team
     from shares.services import share_create
-    from tests.live import LiveSystem, job_command, wait_for
+    from tests.live import JOIN_TOKEN, LiveSystem, job_command, wait_for
 
     call_command("migrate", verbosity=0)
+    # The agents' join token (as the live system's own processes would make it), and the churn
+    # breaker off (see above).
+    ClusterSettings.objects.update_or_create(
+        pk=1, defaults={"agent_join_token": JOIN_TOKEN, "churn_preemptions": 0}
+    )
     user = get_user_model().objects.create(username="bench")
     lender, borrower = (Team.objects.create(name=n, slug=n) for n in ("lender", "borrower"))
     share_create(name="owner", team=lender, capacity_limits={"h100": 8},
