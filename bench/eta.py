@@ -84,11 +84,12 @@ def replay(seed: int, jobs: int, cluster_gpus: int, sample: int, tmp: Path) -> d
             errors[knowledge].append((abs(start - wait) / max(wait, MIN_WAIT), wait))
     # The perfect estimates against the start each job would have had had nothing been
     # submitted after it: the same trace replayed without the later jobs.
+    submitted_at = {row["id"]: row["submit"] for row in rows}
     for job_id, start in estimated["perfect"].items():
         wait = actual[job_id]["wait_seconds"]
         if start is None or wait is None:
             continue
-        submitted = next(row["submit"] for row in rows if row["id"] == job_id)
+        submitted = submitted_at[job_id]
         earlier = tmp / f"eta-{seed}-until-{job_id}.csv"
         write_csv([row for row in rows if row["submit"] <= submitted], earlier)
         alone = parse_scenario(skewed_scenario(earlier, 5, seed=seed, cluster_gpus=cluster_gpus,

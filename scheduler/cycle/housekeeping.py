@@ -105,14 +105,6 @@ def cancels_to_stop_orders(*, now: datetime, result: CycleResult) -> None:
         pending = dict(cursor.fetchall())
     if not pending:
         return
-    # Locked, in id order, as a start grant locks them: whether an attempt started is read
-    # under the lock.
-    pending = dict(
-        Job.objects.select_for_update()
-        .filter(pk__in=pending, state=Job.State.PREEMPTING, cancel_requested=True)
-        .order_by("pk")
-        .values_list("pk", "state")
-    )
     attempts = list(
         JobAttempt.objects.filter(job_id__in=pending, ended_at__isnull=True).only(
             "pk", "job_id", "started_at", "stop_requested_at"
@@ -140,8 +132,11 @@ def cancels_to_stop_orders(*, now: datetime, result: CycleResult) -> None:
 
 @cache
 def _cancelled_sql() -> str:
-    """(id, state) of the jobs in a state (the first parameter) being cancelled (the second)."""
-    return (
+    """(id, state) of the jobs in a state (the first parameter) being cancelled (the second),
+    locked in id order, as a start grant locks them: whether their attempts started is then
+    read under the lock."""
+    sql = (
         f"SELECT id, state FROM {connection.ops.quote_name(Job._meta.db_table)} "
-        "WHERE state = %s AND cancel_requested = %s"
+        "WHERE state = %s AND cancel_requested = %s ORDER BY id"
     )
+    return sql + " FOR UPDATE" if connection.features.has_select_for_update else sql
