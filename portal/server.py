@@ -60,6 +60,9 @@ def _environment() -> dict[str, str]:
         sys.exit("gpu-portal-server: DATABASE_POOL_SIZE must be 1 or more (connections per "
                  "process; 8 by default).")  # fmt: skip
     var = Path(env.setdefault("PORTAL_VAR_DIR", str(Path.cwd() / "var")))
+    # Every process keeps its state there (beat its schedule), also on a host where `setup`,
+    # which creates it with the static files, never ran.
+    var.mkdir(parents=True, exist_ok=True)
     if not env.get("SECRET_KEY"):
         env["SECRET_KEY"] = _kept_secret_key(var / "secret-key")
     env.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")

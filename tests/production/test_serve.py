@@ -127,6 +127,34 @@ def test_setup_says_which_service_does_not_answer_without_a_traceback(tmp_path):
         assert len(result.stderr.strip().splitlines()) == 1
 
 
+def test_beat_alone_keeps_its_schedule_where_setup_never_ran(tmp_path):
+    """`gpu-portal-server beat` as its own systemd unit, maybe on a host of its own: the state
+    directory does not exist yet (`setup` makes it, with the static files, where it runs). Beat
+    makes it and keeps its schedule there, instead of ending on a FileNotFoundError."""
+    from django.conf import settings
+
+    var = tmp_path / "state" / "var"
+    redis_url = settings.REDIS_URL.rsplit("/", 1)[0] + "/13"  # its cycle messages go nowhere
+    env = {**os.environ, "DATABASE_URL": "postgres://127.0.0.1/unused", "REDIS_URL": redis_url,
+           "PORTAL_VAR_DIR": str(var),
+           "SECRET_KEY": "test-only-secret-key-0123456789-0123456789-0123456789"}  # fmt: skip
+    log_path = tmp_path / "beat.log"
+    with open(log_path, "wb") as log:
+        beat = subprocess.Popen([sys.executable, "-m", "portal.server", "beat"], cwd=ROOT,
+                                env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        try:
+            wait_for(lambda: beat.poll() is not None or any(var.glob("celerybeat-schedule*")),
+                     timeout=60, what="beat's schedule file")  # fmt: skip
+            assert beat.poll() is None, log_path.read_text(errors="replace")[-2000:]
+        finally:
+            beat.terminate()
+            try:
+                beat.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                beat.kill()
+                beat.wait()
+
+
 def _logged(tmp_path) -> list[dict]:
     lines = (tmp_path / "serve.log").read_text(errors="replace").splitlines()
     entries = []
