@@ -5,17 +5,16 @@ run on this machine.
     python bench/kubernetes.py [--runs 3] [--quick] [--keep] [--sim-nodes 100] [--no-agents]
 
 Starts, all on 127.0.0.1: its own Kubernetes v1.20.2 (scripts/k8s_up.sh with K8S_DIR
-/tmp/gpu-portal-k8s-bench, K8S_PORT_BASE 17443: etcd, kube-apiserver, controller-manager,
-scheduler; stopped and started afresh before each Kubernetes part, stopped at the end), and with
-bench/soak.py's machinery a scratch PostgreSQL database `portal_k8s_bench` (or
-K8S_BENCH_DATABASE; dropped and re-created for each portal part, dropped at the end), Redis
-K8S_BENCH_REDIS_URL (default redis://127.0.0.1:6379/12, flushed), the production server
-(`gpu-portal-server web`: uvicorn, 2 processes) and a Celery worker with beat (a cycle every
-second). Two shares: `vision` (LEND, 8 h100) of the owner, `research` (LEND_AND_BORROW, 4 h100:
-an 8-GPU job there borrows, on kube1's 8 GPUs as anywhere) of the borrower, grace 2 s; one
-admin, lead of both teams, submits with its API token over POST /api/v1/jobs/. The churn
-breaker is off (cluster setting churn_preemptions 0): on one node, one borrower is reclaimed
---reclaims times in a row.
+/tmp/gpu-portal-k8s-bench, K8S_PORT_BASE 17443: etcd, kube-apiserver, controller-manager, scheduler;
+stopped and started afresh before each Kubernetes part, stopped at the end), and with
+bench/soak.py's machinery a scratch PostgreSQL database `portal_k8s_bench` (or K8S_BENCH_DATABASE;
+dropped and re-created for each portal part, dropped at the end), Redis K8S_BENCH_REDIS_URL (default
+redis://127.0.0.1:6379/12, flushed), the production server (`gpu-portal-server web`: uvicorn, 2
+processes), its Celery worker and beat (`gpu-portal-server worker` and `beat`; a cycle every
+second). Two shares: `vision` (LEND, 8 h100) of the owner, `research` (LEND_AND_BORROW, 4 h100: an
+8-GPU job there borrows, on kube1's 8 GPUs as anywhere) of the borrower, grace 2 s; one admin, lead
+of both teams, submits with its API token over POST /api/v1/jobs/. The churn breaker is off (cluster
+setting churn_preemptions 0): on one node, one borrower is reclaimed --reclaims times in a row.
 
 The clock. Every job is a busybox shell script (`exec /bin/busybox sh -c '...'`, the same
 static binary in the kubelet's image and on this machine), which writes busybox ash's
@@ -485,7 +484,7 @@ class PortalPart(soak.Soak):
         return used
 
     def stop_everything(self) -> None:
-        tree = descendants([self.web, self.worker, *self.agents.values()])
+        tree = descendants([self.web, self.worker, self.beat, *self.agents.values()])
         self.stop.set()
         self.stop_all()
         stop_tree(tree)

@@ -17,12 +17,12 @@ every 0.5 s) and 50 large (20 GPUs, `sleep 1`, priority 200, one every 1.2 s): 1
 Each run starts, with bench/soak.py's machinery and all on 127.0.0.1: a scratch PostgreSQL database
 `portal_kueue` (dropped and re-created), Redis REDIS_URL (default redis://127.0.0.1:6379/10,
 flushed), the production server (`gpu-portal-server web`: uvicorn, 2 processes, a pool of 8 database
-connections each), a Celery worker with beat (a cycle every second), and the 10 agents. Once every
-agent is READY, 90 client threads (one per share and class, each with its own session) submit over
-POST /api/v1/jobs/: job i of a class at t0 + i × its interval, the same t0 for all (a late submit is
-followed at once by the next). A run ends when every client is done and every accepted job has
-ended, or at --minutes from its start; then every process is stopped and the books are read from the
-database and from the agents' work dirs.
+connections each; its Celery worker, 2 processes, and beat, a cycle every second), and the 10
+agents. Once every agent is READY, 90 client threads (one per share and class, each with its own
+session) submit over POST /api/v1/jobs/: job i of a class at t0 + i × its interval, the same t0 for
+all (a late submit is followed at once by the next). A run ends when every client is done and every
+accepted job has ended, or at --minutes from its start; then every process is stopped and the books
+are read from the database and from the agents' work dirs.
 
 The same workload goes once through scheduler.simulator (submits at the schedule's times,
 durations = the sleeps): what the policy itself gives, to divide the live figures by.

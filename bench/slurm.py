@@ -10,7 +10,7 @@ the end), and with bench/soak.py's machinery a scratch PostgreSQL database `port
 (or SLURM_BENCH_DATABASE; dropped and re-created for each portal part, dropped at the end),
 Redis REDIS_URL (default redis://127.0.0.1:6379/11, flushed), the production server
 (`gpu-portal-server web`, as soak.py starts it: uvicorn, 2 processes, 8 database connections
-each) and a Celery worker with beat (a cycle every second). Two shares, as the tests' world:
+each), its Celery worker and beat (a cycle every second). Two shares, as the tests' world:
 `vision` (LEND, 8 h100) of the owner, `research` (LEND_AND_BORROW, 8 h100) of the borrower,
 grace 2 s; the churn breaker off (a borrower may be the victim of every reclaim); one admin,
 lead of both teams, submits with its API token.

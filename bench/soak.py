@@ -2,14 +2,15 @@
 
     python bench/soak.py [--agents 64] [--jobs 20000] [--minutes 10] [--clients 16] [--sqlite]
 
-Starts, all on 127.0.0.1: a scratch database (PostgreSQL `portal_soak` or SOAK_DATABASE,
-dropped and re-created; or a SQLite file with --sqlite), the production server
-(`gpu-portal-server web`: uvicorn, 2 processes, a pool of 8 database connections each; with
---sqlite, which it does not serve, gunicorn with 2 gthread workers), a Celery worker
-with beat, and --agents node agents with fake GPUs (h100 ×8 and l4 ×4 nodes). Eight shares
-of mixed strategies. Once every agent is READY, --clients threads submit --jobs jobs of mixed
-sizes that each run `sleep X` (0.5-3 s; GPU types in proportion to the cluster's GPUs) over
-60% of the time cap, while a chaos thread edits shares (limits, strategy, lend_limit) and
+Starts, all on 127.0.0.1: a scratch database (PostgreSQL `portal_soak` or SOAK_DATABASE, dropped and
+re-created; or a SQLite file with --sqlite), the production server (`gpu-portal-server web`:
+uvicorn, 2 processes, a pool of 8 database connections each; with --sqlite, which it does not serve,
+gunicorn with 2 gthread workers), the Celery worker and beat as `gpu-portal-server worker` and
+`beat` run them (a prefork worker of 2 processes, beat on its own; with --sqlite, the same as `make
+run` starts them), and --agents node agents with fake GPUs (h100 ×8 and l4 ×4 nodes). Eight shares
+of mixed strategies. Once every agent is READY, --clients threads submit --jobs jobs of mixed sizes
+that each run `sleep X` (0.5-3 s; GPU types in proportion to the cluster's GPUs) over 60% of the
+time cap, while a chaos thread edits shares (limits, strategy, lend_limit) and
 restarts agents (SIGKILL, then start again under the same name). It stops when every job has
 ended or at --minutes (counted from the start, startup included), whichever comes first,
 then prints:
@@ -183,6 +184,7 @@ class Soak:
         }
         self.web: subprocess.Popen | None = None
         self.worker: subprocess.Popen | None = None
+        self.beat: subprocess.Popen | None = None
         self.agents: dict[str, subprocess.Popen] = {}
         self.agent_specs: dict[str, tuple[str, int]] = {}
         self.lock = threading.Lock()
@@ -258,11 +260,21 @@ class Soak:
                 time.sleep(0.2)
         else:
             raise SystemExit("the web server did not start")
-        self.worker = self.spawn(
-            "worker",
-            [PYTHON, "-m", "celery", "-A", "portal", "worker", "-B", "--pool", "solo",
-             "-l", "warning", "-s", str(self.tmp / "beat-schedule")],
-        )  # fmt: skip
+        # The Celery worker and beat as the production server runs them (`gpu-portal-server
+        # worker` and `beat`, one process each, as their systemd units: a prefork worker of
+        # WORKER_CONCURRENCY processes), so that an estimates refresh in one worker process
+        # never holds up a cycle. The production server does not run on SQLite: there, the
+        # same worker and beat as `make run` starts them.
+        if self.sqlite is None:
+            worker = [PYTHON, "-m", "portal.server", "worker"]
+            beat = [PYTHON, "-m", "portal.server", "beat"]
+        else:
+            (self.tmp / "var").mkdir(exist_ok=True)
+            worker = [PYTHON, "-m", "celery", "-A", "portal", "worker", "-l", "warning", "-c", "2"]
+            beat = [PYTHON, "-m", "celery", "-A", "portal", "beat", "-l", "warning",
+                    "-s", str(self.tmp / "var" / "celerybeat-schedule")]  # fmt: skip
+        self.worker = self.spawn("worker", worker)
+        self.beat = self.spawn("beat", beat)
         for i in range(self.args.agents):
             # Three h100 nodes for every l4 node.
             spec = ("l4", 4) if i % 4 == 3 else ("h100", 8)
@@ -292,17 +304,17 @@ class Soak:
     def stop_all(self) -> None:
         # The portal goes first: an agent that is stopped stops its jobs and reports them as
         # exited (code -15), which must not count against the run.
-        for process in [self.web, self.worker]:
+        for process in [self.web, self.beat, self.worker]:
             if process is not None and process.poll() is None:
                 process.terminate()
                 try:
                     process.wait(15)
                 except subprocess.TimeoutExpired:
                     process.kill()
-        for process in [*self.agents.values(), self.worker, self.web]:
+        for process in [*self.agents.values(), self.beat, self.worker, self.web]:
             if process is not None and process.poll() is None:
                 process.terminate()
-        for process in [*self.agents.values(), self.worker, self.web]:
+        for process in [*self.agents.values(), self.beat, self.worker, self.web]:
             if process is None:
                 continue
             try:
@@ -371,16 +383,17 @@ class Soak:
             self.sample_cpu()
 
     def sample_cpu(self) -> None:
-        for part, root in (("web", self.web), ("worker", self.worker)):
-            if root is None:
-                continue
+        for part, roots in (("web", [self.web]), ("worker", [self.worker, self.beat])):
             rss = 0
-            with contextlib.suppress(psutil.Error):
-                tree = psutil.Process(root.pid)
-                for process in [tree, *tree.children(recursive=True)]:
-                    with contextlib.suppress(psutil.Error):
-                        self.cpu_seen[part][process.pid] = process_cpu(process)
-                        rss += process.memory_info().rss
+            for root in roots:
+                if root is None:
+                    continue
+                with contextlib.suppress(psutil.Error):
+                    tree = psutil.Process(root.pid)
+                    for process in [tree, *tree.children(recursive=True)]:
+                        with contextlib.suppress(psutil.Error):
+                            self.cpu_seen[part][process.pid] = process_cpu(process)
+                            rss += process.memory_info().rss
             self.peak_rss[part] = max(self.peak_rss[part], rss)
         # An agent's jobs are its children: their CPU is in its own once they have ended.
         for agent in list(self.agents.values()):
