@@ -5,6 +5,8 @@ node services."""
 from __future__ import annotations
 
 import gc
+import os
+import sys
 import threading
 from datetime import timedelta
 
@@ -13,6 +15,7 @@ from django.db import connection, transaction
 from django.test import Client
 from django.utils import timezone
 
+from portal.priority import LOWER_BY
 from scheduler.agent.protocol import END_EXIT
 from scheduler.cycle.estimates import (
     BASIS_DEFAULT,
@@ -24,7 +27,7 @@ from scheduler.cycle.estimates import (
     expected_time,
 )
 from scheduler.cycle.run import cycle_run
-from scheduler.jobs.services import job_submit
+from scheduler.jobs.services import job_estimate, job_submit
 from scheduler.models import Job, JobAttempt, Node
 from scheduler.nodes.attempts import attempt_exited
 from shares.models import QuotaShare
@@ -81,6 +84,27 @@ def test_each_waiting_job_gets_when_and_where_it_would_start(world):
     queue = page.get("/dash/queue/").content.decode()
     assert "<th>estimated start (UTC)</th>" in queue
     assert f" data-from-now>{third.estimated_start:%Y-%m-%d %H:%M}</time></td>" in queue
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values")
+def test_a_refresh_replays_at_low_priority_and_a_what_if_at_the_caller_s(world, monkeypatch):
+    """On a busy machine the refresh takes only the CPU that cycles and requests leave; a what-if
+    someone waits for does not."""
+    from scheduler.cycle import estimates
+
+    one_running_two_waiting(world, expected_seconds=60)
+    replayed_at = []
+    real = estimates.estimate_starts
+
+    def replay(*args, **kwargs):
+        replayed_at.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(estimates, "estimate_starts", replay)
+    own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert estimates_refresh().estimated == 2
+    job_estimate(user=world.alice, share_name="research", gpu_type="h100", gpus=8)
+    assert replayed_at == [min(19, own + LOWER_BY), own]
 
 
 def test_a_reclaiming_job_starts_when_what_is_left_of_its_victim_s_grace_period_ends(world):
