@@ -20,9 +20,10 @@ p50/p99 submit latency, p50/p99 reclaim latency (stop order − reclaiming job's
 RSS of web and worker, /health/ latency measured in the same run as the baseline, what is
 still open (by state, share and GPU type) when the cap stopped it, and the CPU seconds of
 each part (web, worker, agents with their jobs, the soak itself, PostgreSQL).
-Redis: REDIS_URL (default redis://127.0.0.1:6379/9, flushed at start). On a PostgreSQL server
-whose autovacuum is off, the soak runs VACUUM (ANALYZE) of its database every 30 s in its place
-(see Soak.vacuumer) and says so.
+Redis: REDIS_URL (default redis://127.0.0.1:6379/9, flushed at start). SOAK_LOG_LEVEL (default
+WARNING) is the portal processes' log level: INFO logs every cycle and estimates refresh. On a
+PostgreSQL server whose autovacuum is off, the soak runs VACUUM (ANALYZE) of its database every 30 s
+in its place (see Soak.vacuumer) and says so.
 """
 
 from __future__ import annotations
@@ -174,7 +175,7 @@ class Soak:
             "SECURE_SSL_REDIRECT": "false",
             "SESSION_COOKIE_SECURE": "false",
             "CSRF_COOKIE_SECURE": "false",
-            "LOG_LEVEL": "WARNING",
+            "LOG_LEVEL": os.environ.get("SOAK_LOG_LEVEL", "WARNING"),
             "AGENT_JOIN_TOKEN": JOIN_TOKEN,
             "CYCLE_INTERVAL_SECONDS": "1",
             "AGENT_POLL_MAX_WAIT_SECONDS": "5",
