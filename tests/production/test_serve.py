@@ -14,7 +14,7 @@ import psutil
 import pytest
 import requests
 
-from tests.live import ROOT, database_url, free_port, wait_for
+from tests.live import ROOT, database_url, free_port, stop, wait_for
 
 pytestmark = pytest.mark.live
 
@@ -147,12 +147,7 @@ def test_beat_alone_keeps_its_schedule_where_setup_never_ran(tmp_path):
                      timeout=60, what="beat's schedule file")  # fmt: skip
             assert beat.poll() is None, log_path.read_text(errors="replace")[-2000:]
         finally:
-            beat.terminate()
-            try:
-                beat.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                beat.kill()
-                beat.wait()
+            stop(beat)
 
 
 def _logged(tmp_path) -> list[dict]:
