@@ -295,6 +295,7 @@ class LiveRun(soak.Soak):
         while Node.objects.filter(state=Node.State.READY).count() < len(AGENTS):
             if time.monotonic() > deadline:
                 raise SystemExit("the agents did not all register before --minutes")
+            self.check_portal_alive()
             time.sleep(1)
         self.ready_after = time.monotonic() - started
         print(f"[{self.ready_after:5.0f} s] {len(AGENTS)} agents registered", flush=True)
@@ -319,6 +320,7 @@ class LiveRun(soak.Soak):
         next_line = time.monotonic() + 5
         while time.monotonic() < deadline:
             time.sleep(1)
+            self.check_portal_alive()
             submitting = any(thread.is_alive() for thread in clients)
             open_jobs = Job.objects.exclude(state__in=Job.FINAL_STATES).count()
             done = not submitting and open_jobs == 0

@@ -302,6 +302,16 @@ class Soak:
                 os.killpg(int(pgid_file.read_text()), signal.SIGKILL)
         self.start_agent(name)
 
+    def check_portal_alive(self) -> None:
+        """SystemExit, naming the process and its log, if the web server, the worker or beat has
+        exited: the run would otherwise wait until --minutes for jobs nothing places."""
+        for name, process in (("web", self.web), ("worker", self.worker), ("beat", self.beat)):
+            if process is not None and process.poll() is not None:
+                log = self.tmp / f"{name}.log"
+                raise SystemExit(
+                    f"the portal's {name} exited (code {process.returncode}); its log: {log}"
+                )
+
     def stop_all(self) -> None:
         # The portal goes first: an agent that is stopped stops its jobs and reports them as
         # exited (code -15), which must not count against the run.
@@ -479,6 +489,7 @@ class Soak:
         while Node.objects.filter(state=Node.State.READY).count() < self.args.agents:
             if time.monotonic() > deadline:
                 raise SystemExit("the agents did not all register before --minutes")
+            self.check_portal_alive()
             time.sleep(1)
         self.ready_after = time.monotonic() - started
         print(f"[{self.ready_after:5.0f} s] {self.args.agents} agents registered", flush=True)
@@ -507,6 +518,7 @@ class Soak:
         finished_all = False
         while time.monotonic() < deadline:
             time.sleep(5)
+            self.check_portal_alive()
             submitting = any(t.is_alive() for t in threads[:clients])
             with self.lock:
                 accepted = len(self.accepted)
