@@ -396,9 +396,7 @@ class Soak:
     def sample_cpu(self) -> None:
         for part, roots in (("web", [self.web]), ("worker", [self.worker, self.beat])):
             rss = 0
-            for root in roots:
-                if root is None:
-                    continue
+            for root in (root for root in roots if root is not None):
                 with contextlib.suppress(psutil.Error):
                     tree = psutil.Process(root.pid)
                     for process in [tree, *tree.children(recursive=True)]:

@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 R = TypeVar("R")
@@ -26,19 +27,14 @@ def at_low_priority(fn: Callable[[], R]) -> R:
     database connection, context variables): it runs on another thread."""
     if not sys.platform.startswith("linux"):
         return fn()
-    outcome: dict[str, object] = {}
 
-    def run() -> None:
-        try:
-            thread = threading.get_native_id()
-            os.setpriority(os.PRIO_PROCESS, thread, os.getpriority(os.PRIO_PROCESS, 0) + LOWER_BY)
-            outcome["value"] = fn()
-        except BaseException as error:  # noqa: BLE001 — handed to the caller
-            outcome["error"] = error
+    def lowered() -> R:
+        os.setpriority(
+            os.PRIO_PROCESS,
+            threading.get_native_id(),
+            os.getpriority(os.PRIO_PROCESS, 0) + LOWER_BY,
+        )
+        return fn()
 
-    worker = threading.Thread(target=run, name="low-priority")
-    worker.start()
-    worker.join()
-    if "error" in outcome:
-        raise outcome["error"]  # type: ignore[misc]
-    return outcome["value"]  # type: ignore[return-value]
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="low-priority") as pool:
+        return pool.submit(lowered).result()
