@@ -164,3 +164,53 @@ def _logged(tmp_path) -> list[dict]:
 
 def _loggers(tmp_path) -> set[str]:
     return {entry.get("logger", "") for entry in _logged(tmp_path)}
+
+
+def test_the_worker_keeps_its_database_sessions_from_one_cycle_to_the_next(transactional_db,
+                                                                          tmp_path):  # fmt: skip
+    """The production worker (prefork, with a pool of DATABASE_POOL_SIZE connections) runs
+    cycle after cycle on the PostgreSQL sessions it opened: Celery's Django fixup would close
+    them (and the pool) after every task, so that each cycle opened a new session, a backend
+    process whose caches start cold and whose prepared statements are gone."""
+    from django.conf import settings
+    from django.db import connection
+
+    from dashboards.models import CycleStats
+
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's sessions")
+    redis_url = settings.REDIS_URL.rsplit("/", 1)[0] + "/12"  # this worker's messages only
+    import redis
+
+    redis.Redis.from_url(redis_url).flushdb()
+    env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": redis_url,
+           "PORTAL_VAR_DIR": str(tmp_path / "var"), "CYCLE_INTERVAL_SECONDS": "0.2",
+           "WORKER_CONCURRENCY": "1", "DATABASE_POOL_SIZE": "2",
+           "SECRET_KEY": "test-only-secret-key-0123456789-0123456789-0123456789"}  # fmt: skip
+
+    def cycles() -> int:
+        return CycleStats.objects.filter(pk=1).values_list("runs_ok", flat=True).first() or 0
+
+    def sessions() -> set[tuple[int, object]]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pid, backend_start FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            return set(cursor.fetchall())
+
+    processes = []
+    try:
+        for name in ("worker", "beat"):
+            log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 — closed with the process
+            processes.append(subprocess.Popen(
+                [sys.executable, "-m", "portal.server", name], cwd=ROOT, env=env, stdout=log,
+                stderr=subprocess.STDOUT,
+            ))  # fmt: skip
+        wait_for(lambda: cycles() >= 3, timeout=90, what="the worker's first cycles")
+        before, counted = sessions(), cycles()
+        wait_for(lambda: cycles() >= counted + 10, timeout=60, what="ten more cycles")
+        assert before & sessions(), (before, sessions())
+    finally:
+        for process in processes:
+            stop(process)
