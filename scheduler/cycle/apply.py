@@ -237,24 +237,21 @@ def _apply_waiting(waiting, context: SnapshotContext, *, result: CycleResult) ->
     a record in the change feed and updated here: a job whose row changed meanwhile is in the
     feed anyway, and the next cycle reads it again; the feed's history names the jobs for the
     other worker processes' copies (`context.reasons_written`)."""
-    reasons = context.reasons
-    changed = {
-        job_id: reason
-        for job_id, reason in zip(map(int, waiting), waiting.values(), strict=True)
-        if reasons.get(job_id) != reason
-    }
+    reasons = context.reasons  # by the engine's ids, as `waiting`: no conversion per job
+    changed = {job: reason for job, reason in waiting.items() if reasons.get(job) != reason}
     if not changed:
         return
+    by_id = {int(job_id): reason for job_id, reason in changed.items()}
     quiet = context.keeps_reasons and connection.vendor == "postgresql"
     if quiet:
         _feed_quiet(True)
     try:
-        jobs_set_reasons(changed, state=Job.State.RUNNABLE)
+        jobs_set_reasons(by_id, state=Job.State.RUNNABLE)
     finally:
         if quiet:
             _feed_quiet(False)
     if quiet:
-        context.reasons_written(changed)
+        context.reasons_written(by_id)
     reasons.update(changed)
     result.reasons_updated += len(changed)
 

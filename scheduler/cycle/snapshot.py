@@ -75,7 +75,7 @@ FEED_TRIGGERS = {
 class SnapshotContext:
     """What applying a plan needs to know about the snapshot it came from."""
 
-    reasons: dict[int, str]  # runnable job id → its reason when loaded
+    reasons: dict[str, str]  # runnable job's engine id (RunnableJob.id) → its reason when loaded
     # The reasons are the kept snapshot's own: the cycle writes them without recording them in
     # the change feed, updates `reasons` with what it wrote (apply._apply_waiting) and tells
     # `reasons_written` which jobs' it wrote.
@@ -143,7 +143,9 @@ class _Jobs:
     # many as it counts, go with it.
     churn: tuple[int, float] = (0, 0.0)
     runnable: dict[int, engine.RunnableJob] = field(default_factory=dict)  # no claims
-    reasons: dict[int, str] = field(default_factory=dict)
+    # By the engine's id of the job, as the plan's `waiting` names them: a cycle compares
+    # every waiting job's reason with this.
+    reasons: dict[str, str] = field(default_factory=dict)
     # Requeued victims whose latest attempt was preempted for a job: id → (that job's id,
     # the attempt's end), for `_claims`.
     victims: dict[int, tuple[int, float]] = field(default_factory=dict)
@@ -153,7 +155,7 @@ class _Jobs:
     def forget(self, ids: Iterable[int]) -> None:
         for job_id in ids:
             self.runnable.pop(job_id, None)
-            self.reasons.pop(job_id, None)
+            self.reasons.pop(str(job_id), None)
             self.victims.pop(job_id, None)
             for attempt_id in self.attempts_of.pop(job_id, ()):
                 self.placed.pop(attempt_id, None)
@@ -227,8 +229,9 @@ class _Jobs:
             job_id, share_id, gpu_type, gpus, nodes_wanted, priority, submitted, reason,
             claimant, ended, preemptible, preemptions,
         ) in rows:  # fmt: skip
+            view_id = str(job_id)
             runnable[job_id] = runnable_job(
-                str(job_id),
+                view_id,
                 share_names[share_id],
                 gpu_type,
                 gpus,
@@ -237,7 +240,7 @@ class _Jobs:
                 to_epoch(submitted),
                 preemptible=bool(preemptible),
             )
-            reasons[job_id] = reason
+            reasons[view_id] = reason
             if claimant is not None:
                 victims[job_id] = (claimant, to_epoch(ended))
             if limit and preemptions >= limit:

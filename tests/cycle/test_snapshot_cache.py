@@ -184,7 +184,7 @@ def test_the_cycles_own_reasons_are_kept_and_written(world, cluster):
     assert kept_snapshot() == "changes"
     assert cycle_run(force=True).reasons_updated == 0
     waiting = Job.objects.filter(state=Job.State.RUNNABLE)
-    assert all(job.reason == snapshot_cache.jobs.reasons[job.pk] for job in waiting)
+    assert all(job.reason == snapshot_cache.jobs.reasons[str(job.pk)] for job in waiting)
 
 
 def test_a_load_the_history_does_not_link_to_makes_the_next_cycle_read_everything(world, cluster):
