@@ -211,6 +211,15 @@ def test_the_worker_keeps_its_database_sessions_from_one_cycle_to_the_next(trans
         before, counted = sessions(), cycles()
         wait_for(lambda: cycles() >= counted + 10, timeout=60, what="ten more cycles")
         assert before & sessions(), (before, sessions())
+        # A session cut under it (PostgreSQL restarted, an administrator's
+        # pg_terminate_backend): a task may fail on it, and the next ones run on a new one.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        counted = cycles()
+        wait_for(lambda: cycles() >= counted + 5, timeout=60, what="cycles after the cut")
     finally:
         for process in processes:
             stop(process)
