@@ -25,16 +25,16 @@ def log_as_django_does(**kwargs) -> None:
 
 @signals.task_prerun.connect
 @signals.task_postrun.connect
-def close_old_connections(sender=None, **kwargs) -> None:
+def end_task_as_a_request(sender=None, **kwargs) -> None:
     """Around each task, what Django does around each request: a connection that failed, or is
     older than CONN_MAX_AGE, is closed; with DATABASE_POOL_SIZE, the connection goes back to
     the pool. The rest stay open for the next task (settings.CELERY_DB_REUSE_MAX keeps Celery's
     Django fixup from closing them all). Not for a task run eagerly, inside its caller."""
     if sender is not None and getattr(sender.request, "is_eager", False):
         return
-    from django.db import close_old_connections as close
+    from django.db import close_old_connections
 
-    close()
+    close_old_connections()
 
 
 @app.on_after_finalize.connect

@@ -215,7 +215,7 @@ CELERY_TIMEZONE = TIME_ZONE
 # Celery's Django fixup closes every database connection before and after each task (and, with
 # DATABASE_POOL_SIZE, the whole pool): each cycle would open a new PostgreSQL session. It closes
 # them only every this many tasks instead; portal/celery.py ends each task as Django ends a
-# request (close_old_connections), which keeps a sound connection and drops a broken one.
+# request (end_task_as_a_request), which keeps a sound connection and drops a broken one.
 CELERY_DB_REUSE_MAX = 1_000_000_000
 
 # The scheduling cycle: beat runs it every CYCLE_INTERVAL_SECONDS, and submits, finishes,

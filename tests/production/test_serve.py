@@ -172,6 +172,7 @@ def test_the_worker_keeps_its_database_sessions_from_one_cycle_to_the_next(trans
     cycle after cycle on the PostgreSQL sessions it opened: Celery's Django fixup would close
     them (and the pool) after every task, so that each cycle opened a new session, a backend
     process whose caches start cold and whose prepared statements are gone."""
+    import redis
     from django.conf import settings
     from django.db import connection
 
@@ -180,8 +181,6 @@ def test_the_worker_keeps_its_database_sessions_from_one_cycle_to_the_next(trans
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL's sessions")
     redis_url = settings.REDIS_URL.rsplit("/", 1)[0] + "/12"  # this worker's messages only
-    import redis
-
     redis.Redis.from_url(redis_url).flushdb()
     env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": redis_url,
            "PORTAL_VAR_DIR": str(tmp_path / "var"), "CYCLE_INTERVAL_SECONDS": "0.2",
@@ -191,13 +190,17 @@ def test_the_worker_keeps_its_database_sessions_from_one_cycle_to_the_next(trans
     def cycles() -> int:
         return CycleStats.objects.filter(pk=1).values_list("runs_ok", flat=True).first() or 0
 
-    def sessions() -> set[tuple[int, object]]:
+    def others(select: str) -> set[tuple]:
+        """`select` over the sessions of the test database but this test's own."""
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT pid, backend_start FROM pg_stat_activity"
+                f"SELECT {select} FROM pg_stat_activity"
                 " WHERE datname = current_database() AND pid <> pg_backend_pid()"
             )
             return set(cursor.fetchall())
+
+    def sessions() -> set[tuple]:
+        return others("pid, backend_start")
 
     processes = []
     try:
@@ -213,11 +216,7 @@ def test_the_worker_keeps_its_database_sessions_from_one_cycle_to_the_next(trans
         assert before & sessions(), (before, sessions())
         # A session cut under it (PostgreSQL restarted, an administrator's
         # pg_terminate_backend): a task may fail on it, and the next ones run on a new one.
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
+        others("pg_terminate_backend(pid)")
         counted = cycles()
         wait_for(lambda: cycles() >= counted + 5, timeout=60, what="cycles after the cut")
     finally:
