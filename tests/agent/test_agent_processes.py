@@ -5,6 +5,7 @@ portal, which grants no starts, gets its orders started."""
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import signal
 import subprocess
@@ -126,6 +127,45 @@ def test_a_portal_that_grants_no_starts_gets_its_orders_started_and_reported(tmp
         assert [(e["type"], e["attempt"]) for e in agent.outbox] == [("started", 7)]
         agent.apply({"run": [{**order, "attempt": 8}], "stop": []})  # no more asking
         assert server.paths == ["/api/v1/agent/start/"] and 8 in agent.processes
+    finally:
+        for process in agent.processes.values():
+            os.killpg(process.popen.pid, signal.SIGKILL)
+        server.shutdown()
+        server.server_close()
+
+
+class _RefusingPortal(_OlderPortal):
+    """A portal that grants no start the agent asks for (as for an attempt ended meanwhile)."""
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.paths.append(self.path)
+        body = json.dumps({"start": [], "stop": []}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_run_orders_granted_in_the_poll_s_answer_start_without_a_request(tmp_path):
+    """The agent's polls ask the portal to grant the starts of their new run orders (it records
+    them, as it does for `start/`): a run order the answer grants starts at once, with no
+    request and no started event of the agent's own; one the answer does not grant is asked
+    for as before (`start/`)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RefusingPortal)
+    server.paths = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        agent = offline_agent(tmp_path, portal=f"http://127.0.0.1:{server.server_address[1]}")
+        agent.token = "t"
+        assert agent._poll_body([])["grant_starts"] is True
+        order = run_order(7, 3, "sleep 30")
+        agent.apply({"run": [order], "stop": [], "start": [7]})
+        assert 7 in agent.processes and not agent.claims and not agent.outbox
+        assert server.paths == []
+        agent.apply({"run": [order, {**order, "attempt": 8}], "stop": [], "start": []})
+        assert server.paths == ["/api/v1/agent/start/"] and 8 not in agent.processes
     finally:
         for process in agent.processes.values():
             os.killpg(process.popen.pid, signal.SIGKILL)
