@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from itertools import compress
 from typing import Any
 
-from scheduler.engine import accounting, outcomes
+from scheduler.engine import accounting, churn, outcomes
 from scheduler.engine import plan as engine_plan
 from scheduler.engine.collector import collector_paused
 from scheduler.engine.ledger import Ledger
@@ -48,6 +48,7 @@ from scheduler.engine.snapshot import (
     ShareView,
     Snapshot,
 )
+from scheduler.engine.victims import victim_from
 from scheduler.simulator.scenario import JobSpec, Scenario, ShareChange, share_with
 
 # Job states as in DESIGN §2 (the simulator skips SCHEDULED/STARTING: a placed job runs at once).
@@ -62,7 +63,7 @@ FAILED = "FAILED"
 _RELEASE = 0  # a finish, or the end of a preempted job's grace period
 _CHANGE = 1
 _SUBMIT = 2
-_WAKE = 3  # a time a plan named: a minimum runtime or a churn hold ends (Plan.wake_at)
+_WAKE = 3  # a time a rule of time lets the engine decide otherwise (`Simulation._wake_at`)
 
 # A cycle whose plan frees GPUs at once (grace 0) is followed by another at the same instant;
 # an engine that kept doing that would never let the clock move.
@@ -320,8 +321,43 @@ class Simulation:
             job.state = RUNNING
             job.work_done = max(0.0, spec.duration - remaining)
             self._count_running(view, +1)
+            self._victim_from(view)
         self._rates_stale = True
         self._push(remaining, _RELEASE, (spec.id, job.attempt))
+
+    def preempted_before(self, job_id: str, times: tuple[float, ...]) -> None:
+        """Before `run`: the waiting job `job_id` was preempted at `times` (on the simulated
+        clock, before 0), which the churn breaker counts."""
+        job = self.jobs[job_id]
+        job.preempted_at = times
+        self._hold_ends(job)
+
+    def _wake_at(self, t: float) -> None:
+        """A cycle at `t`, when a rule of time lets the engine decide otherwise: a running job
+        reaches its share's minimum runtime (it may be a victim from then on), or a job's
+        churn hold ends. Every such time is an instant, whichever jobs the cycles before it
+        were sent, not only the earliest one a plan names (`Plan.wake_at`, which depends on
+        the jobs it was given): so the fast path and full snapshots plan at the same
+        instants."""
+        if t > self._now and t not in self._wakes:
+            self._wakes.add(t)
+            self._push(t, _WAKE, None)
+
+    def _victim_from(self, view: PlacedJob) -> None:
+        """A wake when the running job reaches its share's minimum runtime."""
+        minimum = self.shares[view.share].min_runtime_seconds
+        if minimum and view.preemptible:
+            self._wake_at(victim_from(view, minimum))
+
+    def _hold_ends(self, job: SimJob) -> None:
+        """A wake when the job's churn hold ends, if it is held off now."""
+        scenario = self.scenario
+        until = churn.held_off_until(
+            job.preempted_at, self._now, scenario.churn_preemptions,
+            scenario.churn_window_seconds,
+        )  # fmt: skip
+        if until is not None:
+            self._wake_at(until)
 
     def _push(self, t: float, kind: int, payload: Any) -> None:
         self._seq += 1
@@ -446,6 +482,10 @@ class Simulation:
 
     def _apply_change(self, change: ShareChange) -> None:
         self.shares[change.share] = share_with(self.shares[change.share], change.fields)
+        if "min_runtime_seconds" in change.fields:
+            for view in self.placed.values():
+                if view.share == change.share and not view.stopping:
+                    self._victim_from(view)
         self._refresh_snapshot_parts()
         self._rates_stale = True  # what is borrowed and lent
         self._rejected.clear()
@@ -474,9 +514,6 @@ class Simulation:
                 acted: set[str] = set()
                 break
             plan = self.engine(snapshot)
-            if plan.wake_at is not None and plan.wake_at > now and plan.wake_at not in self._wakes:
-                self._wakes.add(plan.wake_at)
-                self._push(plan.wake_at, _WAKE, None)
             acted, freed = self._apply(now, plan)
             acted |= self._searching(snapshot, plan)
             if not freed:
@@ -792,6 +829,7 @@ class Simulation:
         self.usage[key] = self.usage.get(key, 0) + spec.gpus
         self._rates_stale = True
         self._count_running(self.placed[spec.id], +1)
+        self._victim_from(self.placed[spec.id])
         job.state = RUNNING
         job.run_start = now
         job.reason = None
@@ -832,6 +870,7 @@ class Simulation:
         )
         job.preemptions += 1
         job.preempted_at = (*job.preempted_at, now)
+        self._hold_ends(job)
         self._share_preemptions[self.share_index[spec.share]] += 1
         if step.state == FAILED:
             job.fail_on_release = True

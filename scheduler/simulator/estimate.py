@@ -109,7 +109,7 @@ def _estimate_starts(
     simulation.first_starts = first = {}
     for _, job in queue:
         if job.preempted_at:
-            simulation.jobs[job.id].preempted_at = tuple(at - now for at in job.preempted_at)
+            simulation.preempted_before(job.id, tuple(at - now for at in job.preempted_at))
     for placed in _held(snapshot):
         if placed.stopping:
             left = max(0.0, remaining[placed.id])

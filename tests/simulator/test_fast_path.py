@@ -131,3 +131,13 @@ def test_fast_path_on_a_long_busy_trace_sends_fewer_jobs():
     data["borrow_order"] = "fifo"
     fast_sent, full_sent = assert_same_result(data)
     assert fast_sent < full_sent / 2
+
+
+def test_fast_path_plans_at_the_instants_of_full_snapshots():
+    """Every end of a minimum runtime and of a churn hold is an instant in both modes, not only
+    the earliest one a plan names (which depends on the jobs it was sent). Before, a wake the
+    fast path's plan named at t=4740 (a full plan named an earlier one, after which that time
+    no longer mattered) gave it an instant at 6690 that full snapshots did not have, and an
+    in-share preemption came 60 s earlier than with full snapshots."""
+    assert_same_result(random_scenario(5015, jobs=400))
+
