@@ -140,4 +140,3 @@ def test_fast_path_plans_at_the_instants_of_full_snapshots():
     no longer mattered) gave it an instant at 6690 that full snapshots did not have, and an
     in-share preemption came 60 s earlier than with full snapshots."""
     assert_same_result(random_scenario(5015, jobs=400))
-
