@@ -63,7 +63,7 @@ FAILED = "FAILED"
 _RELEASE = 0  # a finish, or the end of a preempted job's grace period
 _CHANGE = 1
 _SUBMIT = 2
-_WAKE = 3  # a time a rule of time lets the engine decide otherwise (`Simulation._wake_at`)
+_WAKE = 3  # a time a rule of time may decide otherwise in a GPU type (`Simulation._wake_at`)
 
 # A cycle whose plan frees GPUs at once (grace 0) is followed by another at the same instant;
 # an engine that kept doing that would never let the clock move.
@@ -233,7 +233,7 @@ class Simulation:
         self._seq = 0
         self._now = 0.0
         self.replayed = math.inf  # how far `run` took the clock, when it stopped early
-        self._wakes: set[float] = set()  # the times of the _WAKE events in the heap
+        self._wakes: set[tuple[float, str]] = set()  # the _WAKE events in the heap
         # (time, job id, attempt) of each running job's next checkpoint, for the work a
         # preemption loses (PlacedJob.checkpointed), brought up to date as snapshots are made.
         self._checkpoints: list[tuple[float, str, int]] = []
@@ -284,8 +284,8 @@ class Simulation:
                     self._apply_change(payload)
                     dirty.update(self.gpu_types)
                 elif kind == _WAKE:
-                    self._wakes.discard(now)
-                    dirty.update(self.gpu_types)
+                    self._wakes.discard((now, payload))
+                    dirty.add(payload)
                 else:
                     gpu_type = self._submit(now, payload)
                     if gpu_type is not None:
@@ -332,22 +332,22 @@ class Simulation:
         job.preempted_at = times
         self._hold_ends(job)
 
-    def _wake_at(self, t: float) -> None:
-        """A cycle at `t`, when a rule of time lets the engine decide otherwise: a running job
-        reaches its share's minimum runtime (it may be a victim from then on), or a job's
-        churn hold ends. Every such time is an instant, whichever jobs the cycles before it
-        were sent, not only the earliest one a plan names (`Plan.wake_at`, which depends on
-        the jobs it was given): so the fast path and full snapshots plan at the same
-        instants."""
-        if t > self._now and t not in self._wakes:
-            self._wakes.add(t)
-            self._push(t, _WAKE, None)
+    def _wake_at(self, t: float, gpu_type: str) -> None:
+        """A cycle of `gpu_type` at `t`, when a rule of time lets the engine decide otherwise
+        there: a running job reaches its share's minimum runtime (it may be a victim from then
+        on), or a job's churn hold ends. Every such time is an instant, whichever jobs the
+        cycles before it were sent, not only the earliest one a plan names (`Plan.wake_at`,
+        which depends on the jobs it was given): so the fast path and full snapshots plan at
+        the same instants."""
+        if t > self._now and (t, gpu_type) not in self._wakes:
+            self._wakes.add((t, gpu_type))
+            self._push(t, _WAKE, gpu_type)
 
     def _victim_from(self, view: PlacedJob) -> None:
         """A wake when the running job reaches its share's minimum runtime."""
         minimum = self.shares[view.share].min_runtime_seconds
         if minimum and view.preemptible:
-            self._wake_at(victim_from(view, minimum))
+            self._wake_at(victim_from(view, minimum), view.gpu_type)
 
     def _hold_ends(self, job: SimJob) -> None:
         """A wake when the job's churn hold ends, if it is held off now."""
@@ -357,7 +357,7 @@ class Simulation:
             scenario.churn_window_seconds,
         )  # fmt: skip
         if until is not None:
-            self._wake_at(until)
+            self._wake_at(until, job.spec.gpu_type)
 
     def _push(self, t: float, kind: int, payload: Any) -> None:
         self._seq += 1

@@ -15,10 +15,12 @@ from scheduler.simulator import parse_scenario, simulate
 STRATEGIES = ("RESERVE", "LEND", "LEND_AND_BORROW")
 
 
-def random_scenario(seed: int, jobs: int) -> dict[str, Any]:
+def random_scenario(seed: int, jobs: int, min_runtimes: bool = False) -> dict[str, Any]:
     """A small, busy cluster of two GPU types, shares of every kind, and a stream of jobs
     that queue up: some borrow, some reclaim, some preempt in their share, a few can never
-    run or are rejected, and shares change along the way."""
+    run or are rejected, and shares change along the way. `min_runtimes`: some shares' jobs
+    are no victims before a minimum runtime, which some changes set too (drawn after the rest,
+    so the same seed gives the same scenario otherwise)."""
     rng = random.Random(seed)
     h100_nodes, a100_nodes = rng.randint(2, 5), rng.randint(1, 3)
     capacity = {"h100": 8 * h100_nodes, "a100": 4 * a100_nodes}
@@ -79,6 +81,14 @@ def random_scenario(seed: int, jobs: int) -> dict[str, Any]:
             # A lend_limit above the new limit would be refused: drop it with the limits.
             change["lend_limit"] = None
         changes.append({"at": rng.randrange(0, 8000, 10), "share": name, "set": change})
+    if min_runtimes:
+        for share in shares:
+            if rng.random() < 0.4:
+                share["min_runtime_seconds"] = rng.choice([60, 300, 900])
+        for _ in range(rng.randint(0, 2)):
+            at, minimum = rng.randrange(0, 8000, 10), rng.choice([0, 120, 600])
+            changes.append({"at": at, "share": rng.choice(names),
+                            "set": {"min_runtime_seconds": minimum}})  # fmt: skip
     return {
         "borrow_order": "fair" if rng.random() < 0.25 else "fifo",
         "nodes": [
@@ -116,12 +126,12 @@ def assert_same_result(data: dict[str, Any]) -> tuple[int, int]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1))
-def test_fast_path_gives_the_result_of_full_snapshots(seed):
-    """Whatever the shares, jobs and changes: the same starts, preemptions, finishes, failures
-    and rejections at the same times, the same reasons for jobs left waiting, the same
-    figures."""
-    assert_same_result(random_scenario(seed, jobs=50))
+@given(seed=st.integers(0, 2**32 - 1), min_runtimes=st.booleans())
+def test_fast_path_gives_the_result_of_full_snapshots(seed, min_runtimes):
+    """Whatever the shares (minimum runtimes included), jobs and changes: the same starts,
+    preemptions, finishes, failures and rejections at the same times, the same reasons for
+    jobs left waiting, the same figures."""
+    assert_same_result(random_scenario(seed, jobs=50, min_runtimes=min_runtimes))
 
 
 def test_fast_path_on_a_long_busy_trace_sends_fewer_jobs():
