@@ -18,13 +18,12 @@ niceness -5 where it may and starts the server at 0: the agents stand for machin
 The agents, N nodes of 8 h100 GPUs, do what scheduler/agent/core.py does, but start no
 processes: they register with the join token (64 at a time, a fleet coming up), then each
 long-polls (asking for a 20 s wait) with what it runs and stops and the events it has to report;
-starts the new run orders its poll's answer grants (asking with POST start/ for any it does not)
-and "runs" them for the job's runtime (its command is `sleep S`), with a log tail every 15 s;
-reports by POST report/ what happens while its poll waits; keeps every event until the portal
-acknowledged it and sends it again if not; backs off (up to 10 s) after a failure and registers
-again on a 401. A stop order is obeyed after a short simulated checkpoint (0.2-1 s, within the
-share's grace; SIGKILL's -9 past it): the exit is reported with `signalled: true`. Each agent
-has its own kept-alive connections, as a real one.
+asks to start every new run order (POST start/) and "runs" what is granted for the job's runtime
+(its command is `sleep S`), with a log tail every 15 s; reports by POST report/ what happens while
+its poll waits; keeps every event until the portal acknowledged it and sends it again if not;
+backs off (up to 10 s) after a failure and registers again on a 401. A stop order is obeyed after
+a short simulated checkpoint (0.2-1 s, within the share's grace; SIGKILL's -9 past it): the exit
+is reported with `signalled: true`. Each agent has its own kept-alive connections, as a real one.
 
 The workload: 8 client coroutines (two per share, each with its team's user token) submit over
 POST /api/v1/jobs/ to four shares of the cluster's GPUs. train (LEND, 35 %) and serve (LEND,
@@ -340,7 +339,6 @@ class SimAgent:
             "running": sorted(set(self.processes) | pending),
             "stopping": sorted(stopping | pending),
             "wait": POLL_WAIT_SECONDS,
-            "grant_starts": True,  # as the real agent: the answer grants its new run orders
         }
         if events:
             body["events"] = events
@@ -423,8 +421,6 @@ class SimAgent:
             self._stop(order)
         for attempt in set(self.claims) - ordered:
             del self.claims[attempt]
-        for attempt in sorted(self.claims.keys() & set(orders.get("start", []))):
-            self.start(self.claims.pop(attempt))
         await self.claim()
 
     def _stop(self, order: dict) -> None:

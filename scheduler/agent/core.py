@@ -319,9 +319,6 @@ class Agent:
                 ),
                 "wait": self.poll_wait,
             }
-        if self.start_grants:
-            # The answer grants the starts of its new run orders: no start request of its own.
-            body["grant_starts"] = True
         if events:
             body["events"] = events
         return body
@@ -400,9 +397,8 @@ class Agent:
 
     def apply(self, orders: dict, *, answered: int | None = None) -> None:
         """Reconcile with the portal's orders (the answer to poll number `answered`). A run
-        order the agent does not have yet is claimed; the claims the answer grants (`start`:
-        a portal that grants starts in a poll's answer) start now, and the agent asks the
-        portal at once to start the others (`claim`)."""
+        order the agent does not have yet is claimed, and the agent asks the portal at once to
+        start its claims (`claim`)."""
         ordered = set()
         for order in orders.get("run", []):
             attempt = order["attempt"]
@@ -421,10 +417,6 @@ class Agent:
             del self.claims[attempt]
         if answered is not None:
             self.finished.forget(answered=answered, keep=ordered)
-        granted = orders.get("start", [])
-        if self.start_grants:
-            for attempt in sorted(self.claims.keys() & set(granted)):
-                self.start(self.claims.pop(attempt))
         self.claim()
 
     def _stop(self, order: dict) -> None:

@@ -233,11 +233,17 @@ def agent_view(
                 if once is None:
                     call = AgentCall(principal, view, request, data)
                     return await attempt_turns.run(keys, call, together=view if together else None)
-                return await _deciding_once(
-                    once, keys, functools.partial(_authenticated_call, principal, view, request,
-                                                  data),
-                    decided=lambda response: response.status_code == 200,
-                )  # fmt: skip
+                while True:
+                    alone = once.undecided(keys)
+                    async with attempt_locks.held(alone):
+                        if once.undecided(alone) != alone:
+                            continue  # decided while this request waited: no need to wait
+                        response = await in_database_thread(
+                            _authenticated_call, principal, view, request, data
+                        )
+                        if response.status_code == 200:
+                            once.decided(alone)
+                        return response
             except BadRequest as error:
                 return JsonResponse(error.errors, status=400)
             except ValidationError as error:
@@ -246,21 +252,6 @@ def agent_view(
         return wrapper
 
     return decorate
-
-
-async def _deciding_once(once: DecidedStarts, keys: list[int], call: Callable, decided):
-    """`call()` in a database thread, one at a time with other calls about the same attempts in
-    this process, but for attempts `once` has seen decided (those need not wait); the
-    attempts are decided when `decided(its result)`."""
-    while True:
-        alone = once.undecided(keys)
-        async with attempt_locks.held(alone):
-            if once.undecided(alone) != alone:
-                continue  # decided while this call waited: no need to wait
-            result = await in_database_thread(call)
-            if decided(result):
-                once.decided(alone)
-            return result
 
 
 @dataclass(frozen=True)
@@ -338,18 +329,15 @@ async def poll(request: HttpRequest) -> JsonResponse:
         start=lambda node, **poll: node_poll_start(node=node, **poll),
         again=lambda node, running: node_poll_orders(node=node, running=running),
         with_news=orders_with_news,
-        grant=_granted_with_answer,
     )
 
 
 async def _long_poll(request: HttpRequest, *, principal: Principal, start, again,
-                     more=lambda data: {}, with_news=None, grant=None) -> JsonResponse:  # fmt: skip
+                     more=lambda data: {}, with_news=None) -> JsonResponse:  # fmt: skip
     """A long poll, of an agent or a connector: `start(caller, running, stopping, events,
     waiter, **more(data))` its database step (a PollStart), `again(caller, running)` the orders
     read again when a change woke the waiting poll, unless the notifications carried the new
-    orders and `with_news(orders, news, running)` gives the orders with them. When the poll
-    asks for it (`grant_starts`), `grant(caller, orders)` grants the starts of its run orders
-    before it answers (agents only)."""
+    orders and `with_news(orders, news, running)` gives the orders with them."""
     try:
         data = _body(request)
         running = _ids(data, "running")
@@ -359,9 +347,6 @@ async def _long_poll(request: HttpRequest, *, principal: Principal, start, again
             raise BadRequest("wait", "wait: must be a number of seconds.")
         events = _events(data, required=False)
         extra = more(data)
-        grant_starts = data.get("grant_starts", False)
-        if not isinstance(grant_starts, bool):
-            raise BadRequest("grant_starts", "grant_starts: must be true or false.")
     except BadRequest as error:
         return JsonResponse(error.errors, status=400)
     # The agent waits for the answer as long as it asked the poll to wait, and a margin.
@@ -385,8 +370,6 @@ async def _long_poll(request: HttpRequest, *, principal: Principal, start, again
                     orders = with_news(orders, waiter.carried, running)
                 else:
                     orders = await in_database_thread(again, caller, running)
-            if grant is not None and grant_starts:
-                orders = await grant(caller, orders)
     except ValidationError as error:
         return JsonResponse(error.message_dict, status=400)
     finally:
@@ -426,41 +409,15 @@ def start(request: HttpRequest, node: Node, data: dict) -> JsonResponse:
     give it. At most MAX_GPUS_PER_NODE attempts: each holds a GPU here."""
     attempts = _ids(data, "attempts", most=MAX_GPUS_PER_NODE)
     node_heartbeat(node=node)
-    granted, stops = _start_grants(node, attempts)
-    return JsonResponse({"start": sorted(granted), "stop": stops})
-
-
-def _start_grants(node: Node, attempts: set[int]) -> tuple[set[int], list[dict]]:
-    """The attempts of `attempts` granted to start on `node` (`attempts_start`), and the stop
-    orders of those refused because their stop was ordered first, by attempt."""
     known = decided_starts.stops_of(attempts)  # refused already, for another node of the gang
     asked = attempts - known.keys()
     granted = attempts_start(node=node, attempt_ids=asked)
     stops = stops_ordered_first(node=node, attempt_ids=asked - granted)
     decided_starts.stopped(stops)
     stops += known.values()
-    return granted, sorted(stops, key=lambda order: order["attempt"])
-
-
-async def _granted_with_answer(node: Node, orders: dict[str, Any]) -> dict[str, Any]:
-    """A poll's orders with the starts of its run orders granted (`start`), as the agent's own
-    `start` request would grant them, so that a new run order costs the agent no request of
-    its own. A run order refused because its stop was ordered since the orders were read
-    becomes that stop order, as reading the orders again would give it."""
-    attempts = [order["attempt"] for order in orders["run"]]
-    if not attempts:
-        return {**orders, "start": []}
-    granted, stops = await _deciding_once(
-        decided_starts, attempts, functools.partial(_start_grants, node, set(attempts)),
-        decided=lambda result: True,
-    )  # fmt: skip
-    stopped = {order["attempt"] for order in stops}
-    listed = {order["attempt"] for order in orders["stop"]}
-    return {
-        "run": [order for order in orders["run"] if order["attempt"] not in stopped],
-        "stop": orders["stop"] + [order for order in stops if order["attempt"] not in listed],
-        "start": sorted(granted),
-    }
+    return JsonResponse(
+        {"start": sorted(granted), "stop": sorted(stops, key=lambda order: order["attempt"])}
+    )
 
 
 @agent_view(about=_attempts_named, together=True)

@@ -4,9 +4,7 @@ portal, which grants no starts, gets its orders started."""
 
 from __future__ import annotations
 
-import contextlib
 import http.server
-import json
 import os
 import signal
 import subprocess
@@ -96,60 +94,31 @@ def test_a_command_that_cannot_be_found_never_starts(tmp_path):
     assert not agent.processes
 
 
-class _StubPortal(http.server.BaseHTTPRequestHandler):
-    """A portal that records the paths the agent posts to and answers each with `ANSWER`
-    (status, JSON body or None)."""
+class _OlderPortal(http.server.BaseHTTPRequestHandler):
+    """A portal from before start grants: it does not know the start endpoint."""
 
     protocol_version = "HTTP/1.1"
-    ANSWER: tuple[int, dict | None] = (404, None)
 
     def do_POST(self):
         self.rfile.read(int(self.headers["Content-Length"]))
         self.server.paths.append(self.path)
-        status, answer = self.ANSWER
-        body = b"" if answer is None else json.dumps(answer).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
         self.end_headers()
-        self.wfile.write(body)
 
     def log_message(self, *args):
         pass
 
 
-class _OlderPortal(_StubPortal):
-    """A portal from before start grants: it does not know the start endpoint."""
-
-
-class _RefusingPortal(_StubPortal):
-    """A portal that grants no start the agent asks for (as for an attempt ended meanwhile)."""
-
-    ANSWER = (200, {"start": [], "stop": []})
-
-
-@contextlib.contextmanager
-def _agent_of(portal: type[_StubPortal], tmp_path):
-    """An agent talking to `portal` (the server, with the paths it was sent, beside it); the
-    processes it started are killed after."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), portal)
-    server.paths = []
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    agent = offline_agent(tmp_path, portal=f"http://127.0.0.1:{server.server_address[1]}")
-    agent.token = "t"
-    try:
-        yield agent, server
-    finally:
-        for process in agent.processes.values():
-            os.killpg(process.popen.pid, signal.SIGKILL)
-        server.shutdown()
-        server.server_close()
-
-
 def test_a_portal_that_grants_no_starts_gets_its_orders_started_and_reported(tmp_path):
     """The agent asks to start its new run orders; a portal that does not know how to grant
     (404) gets them started as ordered, reported with a started event, as before grants."""
-    with _agent_of(_OlderPortal, tmp_path) as (agent, server):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OlderPortal)
+    server.paths = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        agent = offline_agent(tmp_path, portal=f"http://127.0.0.1:{server.server_address[1]}")
+        agent.token = "t"
         order = run_order(7, 3, "sleep 30")
         agent.apply({"run": [order], "stop": []})
         assert server.paths == ["/api/v1/agent/start/"]
@@ -157,18 +126,8 @@ def test_a_portal_that_grants_no_starts_gets_its_orders_started_and_reported(tmp
         assert [(e["type"], e["attempt"]) for e in agent.outbox] == [("started", 7)]
         agent.apply({"run": [{**order, "attempt": 8}], "stop": []})  # no more asking
         assert server.paths == ["/api/v1/agent/start/"] and 8 in agent.processes
-
-
-def test_run_orders_granted_in_the_poll_s_answer_start_without_a_request(tmp_path):
-    """The agent's polls ask the portal to grant the starts of their new run orders (it records
-    them, as it does for `start/`): a run order the answer grants starts at once, with no
-    request and no started event of the agent's own; one the answer does not grant is asked
-    for as before (`start/`)."""
-    with _agent_of(_RefusingPortal, tmp_path) as (agent, server):
-        assert agent._poll_body([])["grant_starts"] is True
-        order = run_order(7, 3, "sleep 30")
-        agent.apply({"run": [order], "stop": [], "start": [7]})
-        assert 7 in agent.processes and not agent.claims and not agent.outbox
-        assert server.paths == []
-        agent.apply({"run": [order, {**order, "attempt": 8}], "stop": [], "start": []})
-        assert server.paths == ["/api/v1/agent/start/"] and 8 not in agent.processes
+    finally:
+        for process in agent.processes.values():
+            os.killpg(process.popen.pid, signal.SIGKILL)
+        server.shutdown()
+        server.server_close()

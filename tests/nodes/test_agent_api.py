@@ -4,7 +4,6 @@ clear 400s naming the field, and replayed reports that change nothing."""
 from __future__ import annotations
 
 import pytest
-from asgiref.sync import async_to_sync
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -16,7 +15,7 @@ from scheduler.agent.gpus import gpu_type_for_model
 from scheduler.cycle.run import cycle_run
 from scheduler.jobs.services import job_submit
 from scheduler.models import ClusterSettings, Job, JobAttempt, Node
-from scheduler.nodes import queries, views
+from scheduler.nodes import queries
 from scheduler.nodes.services import hash_token, node_orders
 from tests.conftest import place_a_borrower
 
@@ -179,46 +178,6 @@ def test_an_agent_starts_an_attempt_once_the_portal_grants_it(client_, world):
     states = list(job.events.order_by("pk").values_list("to_state", flat=True))
     assert states[-3:] == [Job.State.SCHEDULED, Job.State.STARTING, Job.State.RUNNING]
     assert states.count(Job.State.RUNNING) == 1
-
-
-def test_a_poll_that_asks_grants_the_starts_of_its_new_run_orders(client_, world):
-    """An agent that asks for it (`grant_starts`) gets the starts of its new run orders granted
-    in the poll's own answer (`start`), as `start/` grants them: the job is RUNNING, with no
-    request of the agent's own; asked again (an answer that was lost), granted again, with no
-    second RUNNING. A poll with no new run order grants nothing; one that does not ask writes
-    nothing."""
-    job, mine, theirs = placed_job(client_, world)
-    answer = post(client_, "poll", {"running": [], "wait": 0}, mine).json()
-    assert "start" not in answer and Job.objects.get(pk=job.pk).state == Job.State.SCHEDULED
-    asking = {"running": [], "wait": 0, "grant_starts": True}
-    assert post(client_, "poll", asking, theirs).json()["start"] == []
-    assert Job.objects.get(pk=job.pk).state == Job.State.SCHEDULED
-    for _ in range(2):
-        answer = post(client_, "poll", asking, mine).json()
-        (run,) = answer["run"]
-        assert answer["start"] == [run["attempt"]] and answer["stop"] == []
-    job = Job.objects.get(pk=job.pk)
-    assert job.state == Job.State.RUNNING and job.attempts.get().started_at is not None
-    states = list(job.events.order_by("pk").values_list("to_state", flat=True))
-    assert states[-3:] == [Job.State.SCHEDULED, Job.State.STARTING, Job.State.RUNNING]
-    assert states.count(Job.State.RUNNING) == 1
-    bad = post(client_, "poll", {**asking, "grant_starts": "yes"}, mine)
-    assert bad.status_code == 400 and "grant_starts" in bad.json()
-
-
-def test_a_poll_answer_refuses_a_start_whose_stop_came_after_its_orders_were_read(client_, world):
-    """The orders a poll answers with were read (or carried by a wake-up) before it grants their
-    starts: a run order whose stop was ordered in between is refused, and its stop order joins
-    the answer's, so the agent reports at once that it never started."""
-    job, mine, _ = placed_job(client_, world)
-    (run,) = post(client_, "poll", {"running": [], "wait": 0}, mine).json()["run"]
-    attempt = JobAttempt.objects.get(pk=run["attempt"])
-    JobAttempt.objects.filter(pk=attempt.pk).update(stop_requested_at=timezone.now())
-    node = Node.objects.get(name=attempt.allocations[0]["node"])
-    answer = async_to_sync(views._granted_with_answer)(node, {"run": [run], "stop": []})
-    stop = {"attempt": attempt.pk, "grace_seconds": 2, "started": False}
-    assert answer == {"run": [], "stop": [stop], "start": []}
-    assert JobAttempt.objects.get(pk=attempt.pk).started_at is None
 
 
 def test_each_node_of_a_gang_is_granted_its_start_until_the_gang_is_stopped(client_, world):
