@@ -1,12 +1,13 @@
 """The agent's work: register, long-poll for orders, run and stop job processes, report.
 
 Threads: the poller long-polls the portal and hands each answer to the main thread, which
-alone starts and signals processes; the reporter sends what the main thread has to report
-(unless the next poll is about to carry it), so the main thread never waits on the portal
-while orders wait to be carried out. Orders are declarative (every attempt
-that should run here, every attempt to stop); the agent reconciles them with what it runs.
-When the portal is unreachable, jobs keep running and events wait in the outbox, retried with
-backoff and sent in order when the portal answers again."""
+alone starts and signals processes; the starter asks the portal to start the new run orders and
+hands its answers to the main thread; the reporter sends what the main thread has to report
+(unless the next poll is about to carry it). So the main thread never waits on the portal
+while orders wait to be carried out, and a poll goes on while a start is being asked. Orders
+are declarative (every attempt that should run here, every attempt to stop); the agent
+reconciles them with what it runs. When the portal is unreachable, jobs keep running and events
+wait in the outbox, retried with backoff and sent in order when the portal answers again."""
 
 from __future__ import annotations
 
@@ -254,6 +255,13 @@ class Agent:
         self.claims: dict[int, dict] = {}
         self.start_grants = True  # the portal grants starts (off for an older portal)
         self.claim_backoff = Backoff()
+        # While the agent runs (`run`), the starter thread asks to start the claims: the main
+        # thread hands it the attempts (`to_ask`; those on their way are in `asking`) and goes
+        # on carrying out orders; the answers come back on `grants`. Without it (one call at a
+        # time, as the tests make them) `claim` asks itself and waits for the answer.
+        self.to_ask: queue.Queue[list[int]] | None = None
+        self.asking: set[int] = set()
+        self.grants: queue.Queue[tuple[list[int], dict | None]] = queue.Queue()
         # Attempts a previous run of this agent had started (their process groups were left
         # behind, and killed): the portal hears they are lost.
         self.previous_life: set[int] = set()
@@ -313,7 +321,11 @@ class Agent:
         pending = self.outbox.pending_exits()
         with self.lock:
             body = {
-                "running": sorted(set(self.processes) | pending),
+                # The claims too: the agent has their orders, and the portal leaves out the run
+                # orders of what the agent runs (a poll that goes while a start is being asked
+                # would otherwise be answered at once with them). An attempt that ended at the
+                # portal meanwhile comes back as a stop order.
+                "running": sorted(set(self.processes) | set(self.claims) | pending),
                 "stopping": sorted(
                     {a for a, p in self.processes.items() if p.term_sent_at is not None} | pending
                 ),
@@ -398,7 +410,9 @@ class Agent:
     def apply(self, orders: dict, *, answered: int | None = None) -> None:
         """Reconcile with the portal's orders (the answer to poll number `answered`). A run
         order the agent does not have yet is claimed, and the agent asks the portal at once to
-        start its claims (`claim`)."""
+        start its claims (`claim`). A claim stays until its start is answered or its stop is
+        ordered: the polls list it as running, so the portal leaves its run order out of
+        their answers, and orders its stop if it ended there."""
         ordered = set()
         for order in orders.get("run", []):
             attempt = order["attempt"]
@@ -412,9 +426,6 @@ class Agent:
         for order in orders.get("stop", []):
             ordered.add(order["attempt"])
             self._stop(order)
-        # Claims the portal no longer orders (their attempts ended there) are dropped.
-        for attempt in set(self.claims) - ordered:
-            del self.claims[attempt]
         if answered is not None:
             self.finished.forget(answered=answered, keep=ordered)
         self.claim()
@@ -436,39 +447,80 @@ class Agent:
                 self._end(attempt, end=END_NEVER_STARTED, detail="stopped before it started")
 
     def claim(self) -> None:
-        """Ask the portal to start the claimed attempts (START_PATH) and start those it grants.
-        One it refuses had its stop ordered first (its stop order comes with the answer, and
-        it is reported as never started at once) or ended (the next poll's answer drops it). A
-        portal that does not know START_PATH (an older one) grants no starts: the agent then
-        starts what it is ordered."""
-        attempts = sorted(self.claims)
+        """Ask the portal to start the claims not yet asked about (START_PATH): the starter
+        thread asks while the main thread goes on, or this call asks and waits. A portal that
+        grants no starts (an older one) is not asked: the agent starts what it is ordered."""
+        attempts = sorted(set(self.claims) - self.asking)
         if not attempts or not self.claim_backoff.ready():
             return
-        if self.start_grants:
+        if not self.start_grants:
+            self.granted(attempts, {"start": attempts})
+        elif self.to_ask is None:
+            self.granted(attempts, self.ask_to_start(attempts))
+        else:
+            self.asking.update(attempts)
+            self.to_ask.put(attempts)
+
+    def ask_to_start(self, attempts: list[int]) -> dict | None:
+        """The portal's answer to a request to start `attempts`; None if it gave none. A
+        portal that does not know START_PATH (an older one) grants them all, and grants no
+        more from now on."""
+        try:
+            response = self.http.post(
+                START_PATH, json={"attempts": attempts}, headers=self._headers(),
+                timeout=ANSWER_SECONDS,
+            )  # fmt: skip
+        except PortalUnreachable as error:
+            logger.warning("could not ask to start %d attempt(s) (%s)", len(attempts), error)
+            return None
+        if response.status_code == 404:
+            logger.warning("the portal grants no starts; starting what it orders")
+            self.start_grants = False
+            return {"start": attempts}
+        if response.status_code != 200:
+            logger.warning("start refused (%s): %s", response.status_code,
+                           response.text[:200])  # fmt: skip
+            return None
+        return response.json()
+
+    def starter(self) -> None:
+        """Ask to start what the main thread hands over (those handed over meanwhile go
+        together), and hand each answer back to it."""
+        while not self.stopping.is_set():
             try:
-                response = self.http.post(
-                    START_PATH, json={"attempts": attempts}, headers=self._headers(),
-                    timeout=ANSWER_SECONDS,
-                )  # fmt: skip
-            except PortalUnreachable as error:
-                logger.warning("could not ask to start %d attempt(s) (%s)", len(attempts), error)
-                self.claim_backoff.failed()
-                return
-            if response.status_code == 404:
-                logger.warning("the portal grants no starts; starting what it orders")
-                self.start_grants = False
-            elif response.status_code != 200:
-                logger.warning("start refused (%s): %s", response.status_code,
-                               response.text[:200])  # fmt: skip
-                self.claim_backoff.failed()
-                return
+                attempts = self.to_ask.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    attempts += self.to_ask.get_nowait()
+            self.grants.put((attempts, self.ask_to_start(attempts)))
+            with contextlib.suppress(BlockingIOError):
+                os.write(self.wake_write, b"!")
+
+    def granted(self, attempts: list[int], answer: dict | None) -> None:
+        """Carry out the answer to a request to start `attempts` (None: none came, so they are
+        asked again once the backoff allows): start those granted that are still claimed (a
+        stop order that came meanwhile took its claim, and the attempt never starts). One the
+        portal refused had its stop ordered first (its stop order comes with the answer, and
+        it is reported as never started at once) or ended there (it is done here, and the
+        portal knows: a stop order a poll brings for it is not answered with a report)."""
+        self.asking.difference_update(attempts)
+        if answer is None:
+            self.claim_backoff.failed()
+            return
         self.claim_backoff.succeeded()
-        answer = response.json() if self.start_grants else {"start": attempts}
         granted = set(answer.get("start", []))
+        stopped = {order.get("attempt") for order in answer.get("stop", [])}
         for attempt in attempts:
-            order = self.claims.pop(attempt)
+            order = self.claims.pop(attempt, None)
+            if order is None:
+                continue
             if attempt in granted:
                 self.start(order, report_start=not self.start_grants)
+            elif attempt not in stopped:
+                self.finished.add(attempt)
+                self.finished.acknowledged([attempt], poll=None)
         for order in answer.get("stop", []):
             if order.get("attempt") in attempts:
                 self._stop(order)
@@ -666,7 +718,12 @@ class Agent:
             answered, orders = None, None
         if orders is not None:
             self.apply(orders, answered=answered)
-        elif self.claims:
+        # The answers to starts after the poll's: a stop order it brought takes its claim
+        # first, so a start granted just before the stop was ordered does not begin.
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self.granted(*self.grants.get_nowait())
+        if self.claims:
             self.claim()  # after a failed request, once its backoff allows
         self.supervise()
         if orders is not None:
@@ -676,8 +733,9 @@ class Agent:
         self.log_retention.prune_when_due(lambda: {p.log_path for p in self.processes.values()})
 
     def _wait(self, seconds: float) -> None:
-        """Until an answer is queued, a process ends (its pidfd), or `seconds` pass."""
-        if not self.answers.empty():
+        """Until an answer (to a poll or a start) is queued, a process ends (its pidfd), or
+        `seconds` pass."""
+        if not self.answers.empty() or not self.grants.empty():
             return
         poller = select.poll()
         poller.register(self.wake_read, select.POLLIN)
@@ -693,7 +751,8 @@ class Agent:
     def run(self) -> None:
         self.kill_leftovers()
         self.register()
-        for target in (self.poller, self.reporter):
+        self.to_ask = queue.Queue()
+        for target in (self.poller, self.reporter, self.starter):
             threading.Thread(target=target, name=target.__name__, daemon=True).start()
         while not self.stopping.is_set():
             # A turn ends when an answer comes or a process ends (see _wait); otherwise often

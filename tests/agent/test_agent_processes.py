@@ -1,11 +1,13 @@
 """How the agent starts job processes: a dead agent leaves no job behind (PR_SET_PDEATHSIG,
-through setpriv or set in the child), a command exec cannot find never starts, and an older
-portal, which grants no starts, gets its orders started."""
+through setpriv or set in the child), a command exec cannot find never starts, an older
+portal, which grants no starts, gets its orders started, and a stop order that comes as its
+start is granted wins."""
 
 from __future__ import annotations
 
 import http.server
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -131,3 +133,22 @@ def test_a_portal_that_grants_no_starts_gets_its_orders_started_and_reported(tmp
             os.killpg(process.popen.pid, signal.SIGKILL)
         server.shutdown()
         server.server_close()
+
+
+def test_a_stop_that_comes_with_the_grant_of_its_start_wins(tmp_path):
+    """The starter's answer granting attempt 7 and a poll's answer ordering its stop wait for
+    the same turn of the main loop (the portal granted the start just before the stop was
+    ordered): the stop is applied first, so the process never begins; it is reported as never
+    started."""
+    agent = offline_agent(tmp_path)
+    agent.to_ask = queue.Queue()
+    agent.apply({"run": [run_order(7, 3, "sleep 30")], "stop": []})
+    assert agent.to_ask.get_nowait() == [7] and agent.asking == {7}
+    agent.grants.put(([7], {"start": [7], "stop": []}))
+    agent.answers.put((agent.finished.poll_sent(), {"run": [], "stop": [
+        {"attempt": 7, "grace_seconds": 0, "started": True}]}))  # fmt: skip
+    agent.step(0)
+    assert not agent.processes and not agent.claims and not agent.asking
+    assert [(e["type"], e["attempt"], e["end"]) for e in agent.outbox] == [
+        ("exited", 7, "never_started")
+    ]
