@@ -17,8 +17,9 @@ niceness -5 where it may and starts the server at 0: the agents stand for machin
 
 The agents, N nodes of 8 h100 GPUs, do what scheduler/agent/core.py does, but start no
 processes: they register with the join token (64 at a time, a fleet coming up), then each
-long-polls (asking for a 20 s wait) with what it runs and stops and the events it has to report;
-asks to start every new run order (POST start/) and "runs" what is granted for the job's runtime
+long-polls (asking for a 20 s wait) with what it runs (its claims included) and stops and the
+events it has to report; asks to start every new run order (POST start/, beside its polls, one
+request at a time) and "runs" what is granted for the job's runtime
 (its command is `sleep S`), with a log tail every 15 s; reports by POST report/ what happens while
 its poll waits; keeps every event until the portal acknowledged it and sends it again if not;
 backs off (up to 10 s) after a failure and registers again on a 401. A stop order is obeyed after
@@ -248,8 +249,10 @@ class SimProcess:
 
 class SimAgent:
     """One node agent, as scheduler.agent.core.Agent behaves: the poller's long polls, the main
-    thread's work (applying an answer, asking to start, starting and stopping) one at a time
-    under `main`, and the reporter's reports of what happens while the poll waits."""
+    thread's work (applying an answer, starting and stopping) one at a time under `main`, the
+    starter's requests to start (one at a time, beside the polls; the claims that come while
+    one is on its way go with the next), and the reporter's reports of what happens while the
+    poll waits."""
 
     def __init__(self, run: Run, name: str) -> None:
         self.run = run
@@ -260,6 +263,7 @@ class SimAgent:
         self.processes: dict[int, SimProcess] = {}
         self.finished: set[int] = set()  # attempts done here; never started again
         self.claims: dict[int, dict] = {}  # run orders to ask to start (attempt → order)
+        self.starter: asyncio.Task | None = None  # the request to start on its way
         self.outbox: list[dict] = []  # events not yet acknowledged by the portal, in order
         self.in_flight: set[int] = set()  # id() of the outbox events a request carries now
         self.outbox_filled = asyncio.Event()
@@ -336,7 +340,7 @@ class SimAgent:
         pending = {e["attempt"] for e in self.outbox if e["type"] == EVENT_EXITED}
         stopping = {a for a, p in self.processes.items() if p.term_sent_at is not None}
         body = {
-            "running": sorted(set(self.processes) | pending),
+            "running": sorted(set(self.processes) | set(self.claims) | pending),
             "stopping": sorted(stopping | pending),
             "wait": POLL_WAIT_SECONDS,
         }
@@ -410,18 +414,13 @@ class SimAgent:
     # --- Orders ------------------------------------------------------------------------------
 
     async def apply(self, orders: dict) -> None:
-        ordered = set()
         for order in orders.get("run", []):
             attempt = order["attempt"]
-            ordered.add(attempt)
             if attempt not in self.processes and attempt not in self.finished:
                 self.claims[attempt] = order
         for order in orders.get("stop", []):
-            ordered.add(order["attempt"])
             self._stop(order)
-        for attempt in set(self.claims) - ordered:
-            del self.claims[attempt]
-        await self.claim()
+        self.claim()
 
     def _stop(self, order: dict) -> None:
         attempt = order["attempt"]
@@ -442,32 +441,43 @@ class SimAgent:
                 self.stops_seen.add(order["attempt"])
                 self.run.stop_received[order["attempt"], self.name] = (received, sent, via)
 
-    async def claim(self) -> None:
-        attempts = sorted(self.claims)
-        if not attempts:
+    def claim(self) -> None:
+        """Hand the claims to the starter, unless its request is on its way (then they go with
+        the next one)."""
+        if self.starter is not None or not self.claims:
             return
         if not self.claim_backoff.ready():
             self._claim_later()
             return
+        self.starter = self.run.spawn(self.ask_to_start(sorted(self.claims)))
+
+    async def ask_to_start(self, attempts: list[int]) -> None:
         sent = time.time()
         status, answer = await self.run.post(
             self.session, "start", START_PATH, {"attempts": attempts}, timeout=ANSWER_SECONDS,
             headers=self.headers,
         )  # fmt: skip
-        if status != 200 or answer is None:
-            self.claim_backoff.failed()
-            self._claim_later()
-            return
-        self.claim_backoff.succeeded()
-        granted = set(answer.get("start", []))
-        stops = [order for order in answer.get("stop", []) if order["attempt"] in attempts]
-        self._stops_received(stops, sent, "start")
-        for attempt in attempts:
-            order = self.claims.pop(attempt, None)
-            if order is not None and attempt in granted:
-                self.start(order)
-        for order in stops:
-            self._stop(order)
+        async with self.main:
+            self.starter = None
+            if status != 200 or answer is None:
+                self.claim_backoff.failed()
+                self._claim_later()
+                return
+            self.claim_backoff.succeeded()
+            granted = set(answer.get("start", []))
+            stops = [order for order in answer.get("stop", []) if order["attempt"] in attempts]
+            self._stops_received(stops, sent, "start")
+            stopped = {order["attempt"] for order in stops}
+            for attempt in attempts:
+                # None: its stop came meanwhile, and it never starts.
+                order = self.claims.pop(attempt, None)
+                if order is not None and attempt in granted:
+                    self.start(order)
+                elif order is not None and attempt not in stopped:
+                    self.finished.add(attempt)  # it ended at the portal: nothing to report
+            for order in stops:
+                self._stop(order)
+            self.claim()  # those that came meanwhile
 
     def _claim_later(self) -> None:
         """The real agent's main loop asks again at a later turn, once its backoff allows."""
@@ -481,7 +491,7 @@ class SimAgent:
 
         async def again() -> None:
             async with self.main:
-                await self.claim()
+                self.claim()
 
         self.run.spawn(again())
 
