@@ -357,7 +357,14 @@ class Agent:
                 backoff.failed()
                 self.stopping.wait(backoff.delay)
                 continue
-            answer = response.json() if response.status_code == 200 else {}
+            try:
+                answer = response.json() if response.status_code == 200 else {}
+            except ValueError:  # not the portal's answer (a proxy's page): as if unreachable
+                self.outbox.sent(events, delivered=False)
+                logger.warning("poll answered with no JSON: %s", response.text[:200])
+                backoff.failed()
+                self.stopping.wait(backoff.delay)
+                continue
             # A portal that answers without `results` did not apply the events (an older
             # one), and a refused poll may be refused for them: reports carry them from now on.
             delivered = "results" in answer
@@ -481,7 +488,11 @@ class Agent:
             logger.warning("start refused (%s): %s", response.status_code,
                            response.text[:200])  # fmt: skip
             return None
-        return response.json()
+        try:
+            return response.json()
+        except ValueError:  # not the portal's answer (a proxy's page): asked again later
+            logger.warning("start answered with no JSON: %s", response.text[:200])
+            return None
 
     def starter(self) -> None:
         """Ask to start what the main thread hands over (those handed over meanwhile go
@@ -494,7 +505,12 @@ class Agent:
             with contextlib.suppress(queue.Empty):
                 while True:
                     attempts += self.to_ask.get_nowait()
-            self.grants.put((attempts, self.ask_to_start(attempts)))
+            try:
+                answer = self.ask_to_start(attempts)
+            except Exception:  # the thread goes on: without it the agent would start nothing
+                logger.exception("asking to start %d attempt(s) failed", len(attempts))
+                answer = None
+            self.grants.put((attempts, answer))
             with contextlib.suppress(BlockingIOError):
                 os.write(self.wake_write, b"!")
 

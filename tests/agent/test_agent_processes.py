@@ -1,10 +1,12 @@
 """How the agent starts job processes: a dead agent leaves no job behind (PR_SET_PDEATHSIG,
 through setpriv or set in the child), a command exec cannot find never starts, an older
-portal, which grants no starts, gets its orders started, and a stop order that comes as its
-start is granted wins."""
+portal, which grants no starts, gets its orders started, a stop order that comes as its start
+is granted wins, and an answer that is no JSON (a proxy's page) is a failed request, not the
+end of the thread that sent it."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import os
 import queue
@@ -96,31 +98,59 @@ def test_a_command_that_cannot_be_found_never_starts(tmp_path):
     assert not agent.processes
 
 
-class _OlderPortal(http.server.BaseHTTPRequestHandler):
-    """A portal from before start grants: it does not know the start endpoint."""
+class _StubPortal(http.server.BaseHTTPRequestHandler):
+    """Stands for what answers the agent: records the paths posted to and answers each with
+    `ANSWER` (status, body)."""
 
     protocol_version = "HTTP/1.1"
+    ANSWER = (404, b"")
 
     def do_POST(self):
         self.rfile.read(int(self.headers["Content-Length"]))
         self.server.paths.append(self.path)
-        self.send_response(404)
-        self.send_header("Content-Length", "0")
+        status, body = self.ANSWER
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
+        self.wfile.write(body)
 
     def log_message(self, *args):
         pass
 
 
+class _OlderPortal(_StubPortal):
+    """A portal from before start grants: it does not know the start endpoint."""
+
+
+class _ProxyPage(_StubPortal):
+    """A proxy in front of the portal that answers with a page of its own."""
+
+    ANSWER = (200, b"<html>maintenance</html>")
+
+
+@contextlib.contextmanager
+def _agent_of(portal: type[_StubPortal], tmp_path):
+    """An agent that talks to `portal` (served beside it, with the paths it was sent); the
+    processes it started are killed after."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), portal)
+    server.paths = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    agent = offline_agent(tmp_path, portal=f"http://127.0.0.1:{server.server_address[1]}")
+    agent.token = "t"
+    try:
+        yield agent, server
+    finally:
+        agent.stopping.set()
+        for process in agent.processes.values():
+            os.killpg(process.popen.pid, signal.SIGKILL)
+        server.shutdown()
+        server.server_close()
+
+
 def test_a_portal_that_grants_no_starts_gets_its_orders_started_and_reported(tmp_path):
     """The agent asks to start its new run orders; a portal that does not know how to grant
     (404) gets them started as ordered, reported with a started event, as before grants."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OlderPortal)
-    server.paths = []
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        agent = offline_agent(tmp_path, portal=f"http://127.0.0.1:{server.server_address[1]}")
-        agent.token = "t"
+    with _agent_of(_OlderPortal, tmp_path) as (agent, server):
         order = run_order(7, 3, "sleep 30")
         agent.apply({"run": [order], "stop": []})
         assert server.paths == ["/api/v1/agent/start/"]
@@ -128,11 +158,21 @@ def test_a_portal_that_grants_no_starts_gets_its_orders_started_and_reported(tmp
         assert [(e["type"], e["attempt"]) for e in agent.outbox] == [("started", 7)]
         agent.apply({"run": [{**order, "attempt": 8}], "stop": []})  # no more asking
         assert server.paths == ["/api/v1/agent/start/"] and 8 in agent.processes
-    finally:
-        for process in agent.processes.values():
-            os.killpg(process.popen.pid, signal.SIGKILL)
-        server.shutdown()
-        server.server_close()
+
+
+def test_a_start_answered_with_no_json_is_asked_again_later(tmp_path):
+    """The starter thread gets a proxy's page for an answer: it hands back no answer (and goes
+    on, or the agent would start nothing again); the claim stays, to be asked again once the
+    backoff allows, and nothing starts."""
+    with _agent_of(_ProxyPage, tmp_path) as (agent, server):
+        agent.to_ask = queue.Queue()
+        threading.Thread(target=agent.starter, daemon=True).start()
+        agent.apply({"run": [run_order(7, 3, "sleep 30")], "stop": []})
+        attempts, answer = agent.grants.get(timeout=30)
+        agent.granted(attempts, answer)
+        assert server.paths == ["/api/v1/agent/start/"] and answer is None
+        assert 7 in agent.claims and not agent.asking and not agent.processes
+        assert not agent.claim_backoff.ready()
 
 
 def test_a_stop_that_comes_with_the_grant_of_its_start_wins(tmp_path):
@@ -152,3 +192,17 @@ def test_a_stop_that_comes_with_the_grant_of_its_start_wins(tmp_path):
     assert [(e["type"], e["attempt"], e["end"]) for e in agent.outbox] == [
         ("exited", 7, "never_started")
     ]
+
+
+def test_a_poll_answered_with_no_json_is_sent_again(tmp_path):
+    """The poller gets a proxy's page for an answer: it keeps the events it carried and polls
+    again after its backoff (it does not die, which would leave the node without heartbeats
+    and orders)."""
+    with _agent_of(_ProxyPage, tmp_path) as (agent, server):
+        agent._event(type="log", attempt=7, log_tail="step 1")
+        threading.Thread(target=agent.poller, daemon=True).start()
+        deadline = time.monotonic() + 30
+        while server.paths.count("/api/v1/agent/poll/") < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.paths.count("/api/v1/agent/poll/") >= 2
+        assert [e["type"] for e in agent.outbox] == ["log"] and agent.poll_events
