@@ -284,7 +284,15 @@ class Connector:
                 backoff.failed()
                 self.stopping.wait(backoff.delay)
                 continue
-            answer = response.json() if response.status_code == 200 else {}
+            try:
+                answer = response.json() if response.status_code == 200 else {}
+            except ValueError:  # not the portal's answer (a proxy's page): as if unreachable
+                self.outbox.sent(events, delivered=False)
+                logger.warning("poll answered with no JSON: %s", response.text[:200])
+                self.inventory_due = self.full_orders = True
+                backoff.failed()
+                self.stopping.wait(backoff.delay)
+                continue
             self.outbox.sent(events, delivered="results" in answer, poll=poll)
             if response.status_code == 401:
                 logger.warning("the portal no longer knows this connector; registering again")

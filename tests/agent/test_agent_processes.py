@@ -2,7 +2,7 @@
 through setpriv or set in the child), a command exec cannot find never starts, an older
 portal, which grants no starts, gets its orders started, a stop order that comes as its start
 is granted wins, and an answer that is no JSON (a proxy's page) is a failed request, not the
-end of the thread that sent it."""
+end of the thread that sent it (an agent's, or a connector's poller)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,10 @@ import time
 
 import pytest
 
+from scheduler.agent.connector import Connector
 from scheduler.agent.core import _pdeathsig_launcher
+from scheduler.agent.protocol import CONNECTOR_POLL_PATH, POLL_PATH
+from scheduler.agent.slurm import SlurmCluster
 from tests.agent.offline import offline_agent, run_order
 
 # An agent in a process of its own starts `sleep 60` and prints its pid, then waits to be killed.
@@ -129,22 +132,41 @@ class _ProxyPage(_StubPortal):
 
 
 @contextlib.contextmanager
-def _agent_of(portal: type[_StubPortal], tmp_path):
-    """An agent that talks to `portal` (served beside it, with the paths it was sent); the
-    processes it started are killed after."""
+def _served(portal: type[_StubPortal]):
+    """`portal` served on a port of its own (its URL in `url`, the paths it was sent in
+    `paths`)."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), portal)
     server.paths = []
+    server.url = f"http://127.0.0.1:{server.server_address[1]}"
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    agent = offline_agent(tmp_path, portal=f"http://127.0.0.1:{server.server_address[1]}")
-    agent.token = "t"
     try:
-        yield agent, server
+        yield server
     finally:
-        agent.stopping.set()
-        for process in agent.processes.values():
-            os.killpg(process.popen.pid, signal.SIGKILL)
         server.shutdown()
         server.server_close()
+
+
+@contextlib.contextmanager
+def _agent_of(portal: type[_StubPortal], tmp_path):
+    """An agent that talks to `portal` (served beside it); the processes it started are
+    killed after."""
+    with _served(portal) as server:
+        agent = offline_agent(tmp_path, portal=server.url)
+        agent.token = "t"
+        try:
+            yield agent, server
+        finally:
+            agent.stopping.set()
+            for process in agent.processes.values():
+                os.killpg(process.popen.pid, signal.SIGKILL)
+
+
+def _polled_twice(server, path: str) -> bool:
+    """Whether `path` was posted to twice within 30 s (a poller that died posts once)."""
+    deadline = time.monotonic() + 30
+    while server.paths.count(path) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return server.paths.count(path) >= 2
 
 
 def test_a_portal_that_grants_no_starts_gets_its_orders_started_and_reported(tmp_path):
@@ -201,8 +223,25 @@ def test_a_poll_answered_with_no_json_is_sent_again(tmp_path):
     with _agent_of(_ProxyPage, tmp_path) as (agent, server):
         agent._event(type="log", attempt=7, log_tail="step 1")
         threading.Thread(target=agent.poller, daemon=True).start()
-        deadline = time.monotonic() + 30
-        while server.paths.count("/api/v1/agent/poll/") < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert server.paths.count("/api/v1/agent/poll/") >= 2
+        assert _polled_twice(server, POLL_PATH)
         assert [e["type"] for e in agent.outbox] == ["log"] and agent.poll_events
+
+
+def test_a_connector_poll_answered_with_no_json_is_sent_again(tmp_path):
+    """The same for a connector (here of a Slurm cluster it never has to ask: the poller
+    only talks to the portal)."""
+    with _served(_ProxyPage) as server:
+        connector = Connector(portal=server.url, join_token="x", name="c",
+                              cluster=SlurmCluster(partitions=("gpu",),
+                                                   script_dir=tmp_path / "scripts"),
+                              work_dir=tmp_path / "work",
+                              checkpoint_root=tmp_path / "checkpoints")  # fmt: skip
+        connector.token = "t"
+        connector.cluster_ok.set()
+        connector.outbox.add({"type": "log", "attempt": 7, "log_tail": "step 1"})
+        threading.Thread(target=connector.poller, daemon=True).start()
+        try:
+            assert _polled_twice(server, CONNECTOR_POLL_PATH)
+            assert [e["type"] for e in connector.outbox] == ["log"]
+        finally:
+            connector.stopping.set()
