@@ -414,8 +414,13 @@ class Connector:
             logger.warning("start refused (%s): %s", response.status_code, response.text[:200])
             self.claim_backoff.failed()
             return
+        try:
+            granted = set(response.json().get("start", []))
+        except ValueError:  # not the portal's answer (a proxy's page): asked again later
+            logger.warning("start answered with no JSON: %s", response.text[:200])
+            self.claim_backoff.failed()
+            return
         self.claim_backoff.succeeded()
-        granted = set(response.json().get("start", []))
         for attempt_id in attempt_ids:
             order = self.claims.pop(attempt_id)
             if attempt_id in granted:

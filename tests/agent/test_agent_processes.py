@@ -2,7 +2,7 @@
 through setpriv or set in the child), a command exec cannot find never starts, an older
 portal, which grants no starts, gets its orders started, a stop order that comes as its start
 is granted wins, and an answer that is no JSON (a proxy's page) is a failed request, not the
-end of the thread that sent it (an agent's, or a connector's poller)."""
+end of the thread that sent it (an agent's threads, a connector's poller and main loop)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import pytest
 
 from scheduler.agent.connector import Connector
 from scheduler.agent.core import _pdeathsig_launcher
-from scheduler.agent.protocol import CONNECTOR_POLL_PATH, POLL_PATH
+from scheduler.agent.protocol import CONNECTOR_POLL_PATH, CONNECTOR_START_PATH, POLL_PATH
 from scheduler.agent.slurm import SlurmCluster
 from tests.agent.offline import offline_agent, run_order
 
@@ -227,16 +227,33 @@ def test_a_poll_answered_with_no_json_is_sent_again(tmp_path):
         assert [e["type"] for e in agent.outbox] == ["log"] and agent.poll_events
 
 
-def test_a_connector_poll_answered_with_no_json_is_sent_again(tmp_path):
-    """The same for a connector (here of a Slurm cluster it never has to ask: the poller
-    only talks to the portal)."""
+def _connector(portal: str, tmp_path) -> Connector:
+    """A connector of a Slurm cluster it never has to ask (the tests only make it talk to the
+    portal)."""
+    connector = Connector(portal=portal, join_token="x", name="c",
+                          cluster=SlurmCluster(partitions=("gpu",),
+                                               script_dir=tmp_path / "scripts"),
+                          work_dir=tmp_path / "work",
+                          checkpoint_root=tmp_path / "checkpoints")  # fmt: skip
+    connector.token = "t"
+    return connector
+
+
+def test_a_connector_s_start_answered_with_no_json_is_asked_again_later(tmp_path):
+    """A connector asks to start in its main loop: a proxy's page for an answer keeps the
+    claim for later (after the backoff) instead of ending the connector."""
     with _served(_ProxyPage) as server:
-        connector = Connector(portal=server.url, join_token="x", name="c",
-                              cluster=SlurmCluster(partitions=("gpu",),
-                                                   script_dir=tmp_path / "scripts"),
-                              work_dir=tmp_path / "work",
-                              checkpoint_root=tmp_path / "checkpoints")  # fmt: skip
-        connector.token = "t"
+        connector = _connector(server.url, tmp_path)
+        connector.claims[7] = run_order(7, 3, "sleep 30")
+        connector.claim()
+        assert server.paths == [CONNECTOR_START_PATH] and 7 in connector.claims
+        assert not connector.attempts and not connector.claim_backoff.ready()
+
+
+def test_a_connector_poll_answered_with_no_json_is_sent_again(tmp_path):
+    """The same for a connector's poller."""
+    with _served(_ProxyPage) as server:
+        connector = _connector(server.url, tmp_path)
         connector.cluster_ok.set()
         connector.outbox.add({"type": "log", "attempt": 7, "log_tail": "step 1"})
         threading.Thread(target=connector.poller, daemon=True).start()
