@@ -284,11 +284,9 @@ class Connector:
                 backoff.failed()
                 self.stopping.wait(backoff.delay)
                 continue
-            try:
-                answer = response.json() if response.status_code == 200 else {}
-            except ValueError:  # not the portal's answer (a proxy's page): as if unreachable
+            answer = response.answer() if response.status_code == 200 else {}
+            if answer is None:  # not the portal's answer (a proxy's page): as if unreachable
                 self.outbox.sent(events, delivered=False)
-                logger.warning("poll answered with no JSON: %s", response.text[:200])
                 self.inventory_due = self.full_orders = True
                 backoff.failed()
                 self.stopping.wait(backoff.delay)
@@ -414,13 +412,12 @@ class Connector:
             logger.warning("start refused (%s): %s", response.status_code, response.text[:200])
             self.claim_backoff.failed()
             return
-        try:
-            granted = set(response.json().get("start", []))
-        except ValueError:  # not the portal's answer (a proxy's page): asked again later
-            logger.warning("start answered with no JSON: %s", response.text[:200])
+        answer = response.answer()
+        if answer is None:  # not the portal's answer (a proxy's page): asked again later
             self.claim_backoff.failed()
             return
         self.claim_backoff.succeeded()
+        granted = set(answer.get("start", []))
         for attempt_id in attempt_ids:
             order = self.claims.pop(attempt_id)
             if attempt_id in granted:

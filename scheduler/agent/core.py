@@ -357,11 +357,9 @@ class Agent:
                 backoff.failed()
                 self.stopping.wait(backoff.delay)
                 continue
-            try:
-                answer = response.json() if response.status_code == 200 else {}
-            except ValueError:  # not the portal's answer (a proxy's page): as if unreachable
+            answer = response.answer() if response.status_code == 200 else {}
+            if answer is None:  # not the portal's answer (a proxy's page): as if unreachable
                 self.outbox.sent(events, delivered=False)
-                logger.warning("poll answered with no JSON: %s", response.text[:200])
                 backoff.failed()
                 self.stopping.wait(backoff.delay)
                 continue
@@ -488,11 +486,7 @@ class Agent:
             logger.warning("start refused (%s): %s", response.status_code,
                            response.text[:200])  # fmt: skip
             return None
-        try:
-            return response.json()
-        except ValueError:  # not the portal's answer (a proxy's page): asked again later
-            logger.warning("start answered with no JSON: %s", response.text[:200])
-            return None
+        return response.answer()  # None for a proxy's page: asked again later
 
     def starter(self) -> None:
         """Ask to start what the main thread hands over (those handed over meanwhile go

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import select
 import threading
 from dataclasses import dataclass
 from urllib.parse import urlsplit
+
+logger = logging.getLogger("scheduler.agent")
 
 
 class PortalUnreachable(Exception):
@@ -27,6 +30,19 @@ class Response:
 
     def json(self):
         return json.loads(self.content)
+
+    def answer(self) -> dict | None:
+        """The JSON object the portal answered; None for a body that is none (a proxy's page
+        in front of the portal, sent with 200), which the caller takes as a failed request."""
+        try:
+            body = json.loads(self.content)
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            logger.warning("answered with no JSON object (%s): %s", self.status_code,
+                           self.text[:200])  # fmt: skip
+            return None
+        return body
 
     @property
     def text(self) -> str:
