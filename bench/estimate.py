@@ -7,7 +7,10 @@ Two figures per seed, the median of `--runs` runs:
 
 - with the worker's time budget (ESTIMATE_BUDGET_SECONDS, `--budget`, 2 s): how long the
   refresh took, how far ahead the replay got (simulated minutes) and how many of the waiting
-  jobs it gave a start;
+  jobs it gave a start; with the replay's resolution (`RESOLUTION` of
+  scheduler/simulator/estimate.py, what the worker uses: the instants within that part of the
+  time ahead share one cycle) and, as the baseline, exactly (a cycle at every instant, as
+  before the resolution), with the ratio of how far each got;
 - with no budget, replaying a fixed `--horizon` (simulated seconds): how long that takes, as a
   ratio to one plan() of the same cluster (the cycle's own engine time, measured in the same
   run): how many cycles' worth of engine time a minute of the queue's future costs.
@@ -31,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.engine import synthetic_snapshot  # noqa: E402
 from scheduler.engine import plan  # noqa: E402
 from scheduler.engine.planner import latest_time  # noqa: E402
-from scheduler.simulator.estimate import estimate_starts  # noqa: E402
+from scheduler.simulator.estimate import RESOLUTION, estimate_starts  # noqa: E402
 
 MEDIAN_SECONDS = 1800
 SIGMA = 1.2
@@ -59,20 +62,19 @@ def timed(call) -> tuple[float, object]:
     return time.perf_counter() - started, result
 
 
-def measure(snapshot, expected, remaining, args) -> tuple[float, tuple, float]:
-    """One run: a plan(), a refresh within the budget, a replay of the fixed horizon."""
+def measure(snapshot, expected, remaining, args) -> tuple[float, tuple, tuple, float]:
+    """One run: a plan(), a refresh within the budget (exact, then at the resolution), a replay
+    of the fixed horizon (at the resolution)."""
     one_plan, _ = timed(lambda: plan(snapshot))
-    budgeted = timed(
-        lambda: estimate_starts(
-            snapshot, expected=expected, remaining=remaining, horizon=WEEK, budget=args.budget
-        )
-    )
-    fixed, _ = timed(
-        lambda: estimate_starts(
-            snapshot, expected=expected, remaining=remaining, horizon=args.horizon
-        )
-    )
-    return one_plan, budgeted, fixed
+
+    def refresh(resolution: float, horizon: float = WEEK, budget: float | None = args.budget):
+        return estimate_starts(snapshot, expected=expected, remaining=remaining,
+                               horizon=horizon, budget=budget, resolution=resolution)  # fmt: skip
+
+    exact = timed(lambda: refresh(0.0))
+    budgeted = timed(lambda: refresh(args.resolution))
+    fixed, _ = timed(lambda: refresh(args.resolution, args.horizon, None))
+    return one_plan, exact, budgeted, fixed
 
 
 def main() -> None:
@@ -81,33 +83,44 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--budget", type=float, default=2.0, help="seconds of the worker's time")
     parser.add_argument("--horizon", type=float, default=60.0, help="simulated seconds")
+    parser.add_argument("--resolution", type=float, default=RESOLUTION,
+                        help="the replay's (default: the worker's)")  # fmt: skip
     args = parser.parse_args()
     print("estimate refresh, 1,000 nodes × 8 GPUs, 5,000 placed, 20,000 runnable; "
-          f"median of {args.runs} runs")  # fmt: skip
-    print(f"{'seed':>4} | {'budget':>6} {'took s':>7} {'ahead min':>9} {'estimated':>11} | "
-          f"{'horizon s':>9} {'took s':>7} {'plan() s':>8} {'× plan':>7}")  # fmt: skip
-    aheads, ratios = [], []
+          f"median of {args.runs} runs; resolution {args.resolution:g} (exact: 0)")  # fmt: skip
+    print(f"{'seed':>4} | {'budget':>6} {'exact: took s':>13} {'ahead min':>9} "
+          f"{'estimated':>11} | {'took s':>6} {'ahead min':>9} {'estimated':>11} "
+          f"{'× exact':>7} | {'horizon s':>9} {'took s':>7} {'plan() s':>8} "
+          f"{'× plan':>7}")  # fmt: skip
+    aheads, exact_aheads, ratios = [], [], []
     for seed in range(1, args.seeds + 1):
         snapshot = synthetic_snapshot(1.0, seed)
         snapshot = replace(snapshot, now=latest_time(snapshot))
         expected, remaining = expected_times(snapshot, seed)
-        budgeted, fixed, plans = [], [], []
-        for _ in range(args.runs):
-            one_plan, budgeted_run, fixed_run = measure(snapshot, expected, remaining, args)
-            plans.append(one_plan)
-            budgeted.append(budgeted_run)
-            fixed.append(fixed_run)
-        took = statistics.median(seconds for seconds, _ in budgeted)
-        ahead = statistics.median(result.replayed for _, result in budgeted) / 60
-        estimated = statistics.median(len(result.starts) for _, result in budgeted)
-        one_plan, horizon_took = statistics.median(plans), statistics.median(fixed)
+        runs = [measure(snapshot, expected, remaining, args) for _ in range(args.runs)]
+        one_plan = statistics.median(run[0] for run in runs)
+        horizon_took = statistics.median(run[3] for run in runs)
+        cells = []
+        for refreshes in ([run[1] for run in runs], [run[2] for run in runs]):
+            cells.append((
+                statistics.median(seconds for seconds, _ in refreshes),
+                statistics.median(result.replayed for _, result in refreshes) / 60,
+                statistics.median(len(result.starts) for _, result in refreshes),
+            ))  # fmt: skip
+        (exact_took, exact_ahead, exact_estimated), (took, ahead, estimated) = cells
         aheads.append(ahead)
+        exact_aheads.append(exact_ahead)
         ratios.append(horizon_took / one_plan)
-        print(f"{seed:>4} | {args.budget:>6g} {took:>7.2f} {ahead:>9.1f} "
-              f"{estimated:>5.0f}/{len(snapshot.runnable):<5} | {args.horizon:>9g} "
-              f"{horizon_took:>7.2f} {one_plan:>8.3f} {horizon_took / one_plan:>7.1f}")  # fmt: skip
-    print(f"\nwithin {args.budget:g} s a refresh sees {statistics.median(aheads):.1f} simulated "
-          f"minutes ahead (median over seeds); {args.horizon:g} s of the queue's future cost "
+        waiting = len(snapshot.runnable)
+        print(f"{seed:>4} | {args.budget:>6g} {exact_took:>13.2f} {exact_ahead:>9.1f} "
+              f"{exact_estimated:>5.0f}/{waiting:<5} | {took:>6.2f} {ahead:>9.1f} "
+              f"{estimated:>5.0f}/{waiting:<5} {ahead / exact_ahead:>7.1f} | "
+              f"{args.horizon:>9g} {horizon_took:>7.2f} {one_plan:>8.3f} "
+              f"{horizon_took / one_plan:>7.1f}")  # fmt: skip
+    ahead, exact_ahead = statistics.median(aheads), statistics.median(exact_aheads)
+    print(f"\nwithin {args.budget:g} s a refresh sees {ahead:.1f} simulated minutes ahead at "
+          f"resolution {args.resolution:g}, {exact_ahead:.1f} exactly ({ahead / exact_ahead:.1f}×; "
+          f"medians over seeds); {args.horizon:g} s of the queue's future cost "
           f"{statistics.median(ratios):.1f} × one plan()")  # fmt: skip
 
 

@@ -13,7 +13,11 @@ perfect estimates are also compared with the start each job would have had if no
 submitted after it (the trace replayed without the later jobs), as a fraction of the same
 wait.
 
-    python bench/eta.py [--seeds 3] [--jobs 400] [--sample 5]
+The estimates are replayed at the worker's resolution (scheduler.simulator.estimate.RESOLUTION,
+`--resolution`); the perfect ones also exactly (a cycle at every instant), the baseline, to show
+what the coarser replay costs.
+
+    python bench/eta.py [--seeds 3] [--jobs 400] [--sample 5] [--resolution R]
 """
 
 from __future__ import annotations
@@ -34,15 +38,20 @@ from gen_trace import generate_skewed, skewed_scenario, write_csv  # noqa: E402
 from scheduler.engine import plan  # noqa: E402
 from scheduler.simulator import parse_scenario, simulate  # noqa: E402
 from scheduler.simulator.clock import Simulation, percentile  # noqa: E402
-from scheduler.simulator.estimate import estimate_starts  # noqa: E402
+from scheduler.simulator.estimate import RESOLUTION, estimate_starts  # noqa: E402
 
 GOAL = 0.25  # median error, perfect knowledge, as a fraction of the wait
 HORIZON = 14 * 86400.0
+# Perfect and noisy knowledge at the resolution asked for; perfect replayed exactly.
+KINDS = ("perfect", "noisy", "exact")
 MIN_WAIT = 60.0
 
 
-def replay(seed: int, jobs: int, cluster_gpus: int, sample: int, tmp: Path) -> dict[str, list]:
-    """The errors of the sampled jobs' estimates, perfect and noisy, and the jobs missed."""
+def replay(
+    seed: int, jobs: int, cluster_gpus: int, sample: int, resolution: float, tmp: Path
+) -> dict[str, list]:
+    """The errors of the sampled jobs' estimates, perfect and noisy at `resolution`, and
+    perfect replayed exactly (resolution 0, the baseline), and the jobs missed."""
     rows = generate_skewed(jobs, 5, seed, cluster_gpus=cluster_gpus, horizon=2 * 86400)
     trace = tmp / f"eta-{seed}.csv"
     write_csv(rows, trace)
@@ -52,18 +61,19 @@ def replay(seed: int, jobs: int, cluster_gpus: int, sample: int, tmp: Path) -> d
     noise = {row["id"]: math.exp(rng.uniform(math.log(0.5), math.log(2))) for row in rows}
     sampled = {row["id"] for i, row in enumerate(rows) if i % sample == 0}
     simulation = Simulation(parse_scenario(data), full_snapshots=True)
-    estimated: dict[str, dict[str, float | None]] = {"perfect": {}, "noisy": {}}
+    estimated: dict[str, dict[str, float | None]] = {kind: {} for kind in KINDS}
 
     def engine(snapshot):
         asked = [job for job in snapshot.runnable
                  if job.id in sampled and job.id not in estimated["perfect"]
                  and simulation.jobs[job.id].spec.submit == snapshot.now]  # fmt: skip
         if asked:
-            for knowledge in ("perfect", "noisy"):
+            for knowledge in KINDS:
                 expected, remaining = times(simulation, snapshot, noise if knowledge == "noisy"
                                             else None)  # fmt: skip
+                at = 0.0 if knowledge == "exact" else resolution
                 result = estimate_starts(snapshot, expected=expected, remaining=remaining,
-                                         horizon=HORIZON)  # fmt: skip
+                                         horizon=HORIZON, resolution=at)  # fmt: skip
                 for job in asked:
                     start = result.starts.get(job.id)
                     estimated[knowledge][job.id] = None if start is None else start.start
@@ -72,8 +82,9 @@ def replay(seed: int, jobs: int, cluster_gpus: int, sample: int, tmp: Path) -> d
     simulation.engine = engine
     result = simulation.run()
     actual = {job["id"]: job for job in result.data["jobs"]}
-    errors: dict[str, list] = {"perfect": [], "noisy": [], "missed": [0, 0], "alone": []}
-    for n, knowledge in enumerate(("perfect", "noisy")):
+    errors: dict[str, list] = {kind: [] for kind in KINDS}
+    errors.update({"missed": [0] * len(KINDS), "alone": [], "exact alone": []})
+    for n, knowledge in enumerate(KINDS):
         for job_id, start in estimated[knowledge].items():
             wait = actual[job_id]["wait_seconds"]
             if wait is None:
@@ -95,7 +106,10 @@ def replay(seed: int, jobs: int, cluster_gpus: int, sample: int, tmp: Path) -> d
         alone = parse_scenario(skewed_scenario(earlier, 5, seed=seed, cluster_gpus=cluster_gpus,
                                                strategy="LEND_AND_BORROW"))  # fmt: skip
         without = next(job for job in simulate(alone).data["jobs"] if job["id"] == job_id)
-        errors["alone"].append((abs(start - without["wait_seconds"]) / max(wait, MIN_WAIT), wait))
+        for kind, estimate in (("alone", start), ("exact alone", estimated["exact"][job_id])):
+            if estimate is not None:
+                error = abs(estimate - without["wait_seconds"]) / max(wait, MIN_WAIT)
+                errors[kind].append((error, wait))
     return errors
 
 
@@ -140,40 +154,52 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=400)
     parser.add_argument("--cluster-gpus", type=int, default=64)
     parser.add_argument("--sample", type=int, default=5, help="every n-th job is estimated")
+    parser.add_argument(
+        "--resolution", type=float, default=RESOLUTION, help="the replay's (default: the worker's)"
+    )
     args = parser.parse_args()
     print(f"{args.jobs} jobs of 5 bursty, skewed teams on {args.cluster_gpus} h100 over two days, "
-          f"every {args.sample}th job estimated at its submission")  # fmt: skip
-    totals: dict[str, list] = {"perfect": [], "noisy": [], "missed": [0, 0], "alone": []}
+          f"every {args.sample}th job estimated at its submission; the replay's resolution "
+          f"{args.resolution:g} (the baseline: 0, exact)")  # fmt: skip
+    totals: dict[str, list] = {kind: [] for kind in (*KINDS, "alone", "exact alone")}
+    totals["missed"] = [0] * len(KINDS)
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(1, args.seeds + 1):
-            errors = replay(seed, args.jobs, args.cluster_gpus, args.sample, Path(tmp))
+            errors = replay(
+                seed, args.jobs, args.cluster_gpus, args.sample, args.resolution, Path(tmp)
+            )
             totals["alone"] += errors["alone"]
-            for knowledge in ("perfect", "noisy"):
+            totals["exact alone"] += errors["exact alone"]
+            for knowledge in KINDS:
                 totals[knowledge] += errors[knowledge]
                 print(f"seed {seed} {knowledge:>7}: {summary(errors[knowledge])}")
             totals["missed"] = [a + b for a, b in zip(totals["missed"], errors["missed"],
                                                        strict=True)]  # fmt: skip
-    for n, knowledge in enumerate(("perfect", "noisy")):
+    for n, knowledge in enumerate(KINDS):
         # Judged on the jobs that waited: one that starts at once is estimated right trivially.
         waited = [error for error, wait in totals[knowledge] if wait >= 600]
         median = statistics.median(waited) if waited else 0.0
         goal = ""
-        if n == 0:
+        if knowledge == "perfect":
             verdict = "met" if median <= GOAL else "missed"
             goal = f" (goal ≤ {GOAL:.0%} of the wait, on the jobs that waited: {verdict})"
+        name = f"{knowledge} knowledge" if knowledge != "exact" else "perfect, replayed exactly"
         print(
-            f"\nall seeds, {knowledge} knowledge: {summary(totals[knowledge])}{goal}; "
+            f"\nall seeds, {name}: {summary(totals[knowledge])}{goal}; "
             f"{totals['missed'][n]} without an estimate within {HORIZON / 86400:g} days"
         )
-        if n == 0:
-            exact = sum(1 for error, _ in totals["alone"] if error < 1e-9)
+        alone = {"perfect": "alone", "exact": "exact alone"}.get(knowledge)
+        if alone:
+            exact = sum(1 for error, _ in totals[alone] if error < 1e-9)
             print(
                 "  the same estimates against the start each job would have had if nothing had "
                 "been submitted after it (the trace replayed without the later jobs): "
-                f"{summary(totals['alone'])}; exact in {exact} of {len(totals['alone'])}. "
-                "What the first line adds is the later arrivals' doing: no estimate predicts "
-                "them (docs/estimates.md)"
+                f"{summary(totals[alone])}; exact in {exact} of {len(totals[alone])}"
             )
+    print(
+        "\nWhat the later arrivals add is their doing: no estimate predicts them; what the "
+        "resolution adds is the replay's coarseness far ahead (docs/estimates.md)"
+    )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 One heap of timed events. At each instant: finishes and releases first, then share changes, then
 submits, then one engine cycle (DESIGN §4). With `grace_seconds: 0` the victims' GPUs are free at
 the same instant, so a second cycle runs at once and the reclaiming job starts without waiting.
+With a `resolution` (the estimates, which must see far ahead within a time budget), the instants
+within that part of the clock's time after the first share one cycle, at the last of them.
 
 What makes 100,000 jobs fast is calling the engine only when it could decide something, with only
 the jobs it could decide about, for a result equal to sending every job to every cycle (the
@@ -169,8 +171,13 @@ class Simulation:
         engine: Engine | None = None,
         record_series: bool = False,
         full_snapshots: bool = False,
+        resolution: float = 0.0,
     ) -> None:
         self.engine = engine_plan if engine is None else engine
+        # 0: a cycle at every instant something happens. Above 0 (the estimates), the instants
+        # up to `resolution` × the clock's time after the first one share one cycle, at the last
+        # of them: the further ahead, the coarser the replay (`run`).
+        self.resolution = resolution
         self.scenario = scenario
         self.record_series = record_series
         # Set to a dictionary, it gets each job's first start: when, and on which GPUs (the
@@ -271,31 +278,43 @@ class Simulation:
             ):
                 self.replayed = self._now
                 return self._result()
-            self._integrate_to(now)
+            # The instants whose events the next cycle plans on: `now`'s alone, or with a
+            # `resolution`, those up to the window's end (and the cycle runs at the last).
+            last = now + self.resolution * now if self.resolution > 0 else now
+            if until is not None:
+                last = min(last, until)
             dirty: set[str] = set(self.unsettled)
-            while heap and heap[0][0] == now:
-                _, kind, _, payload = heapq.heappop(heap)
-                if kind == _RELEASE:
-                    job_id, attempt = payload
-                    gpu_type = self._release(now, job_id, attempt)
-                    if gpu_type is not None:
-                        dirty.add(gpu_type)
-                elif kind == _CHANGE:
-                    self._apply_change(payload)
-                    dirty.update(self.gpu_types)
-                elif kind == _WAKE:
-                    self._wakes.discard((now, payload))
-                    dirty.add(payload)
-                else:
-                    gpu_type = self._submit(now, payload)
-                    if gpu_type is not None:
-                        dirty.add(gpu_type)
+            while heap and heap[0][0] <= last:
+                if heap[0][0] != now and self._rates_stale:
+                    self._update_rates(now)  # what the instant before changed
+                now = heap[0][0]
+                self._integrate_to(now)
+                while heap and heap[0][0] == now:
+                    self._happen(now, *heapq.heappop(heap)[1::2], dirty)
             self._cycles(now, dirty)
             if self._rates_stale:
                 self._update_rates(now)
         if not self.full_snapshots:
             self._final_reasons()
         return self._result()
+
+    def _happen(self, now: float, kind: int, payload: Any, dirty: set[str]) -> None:
+        """One event of the instant `now`; the GPU types it touched join `dirty`."""
+        if kind == _RELEASE:
+            job_id, attempt = payload
+            gpu_type = self._release(now, job_id, attempt)
+            if gpu_type is not None:
+                dirty.add(gpu_type)
+        elif kind == _CHANGE:
+            self._apply_change(payload)
+            dirty.update(self.gpu_types)
+        elif kind == _WAKE:
+            self._wakes.discard((now, payload))
+            dirty.add(payload)
+        else:
+            gpu_type = self._submit(now, payload)
+            if gpu_type is not None:
+                dirty.add(gpu_type)
 
     def seed_placed(self, view: PlacedJob, spec: JobSpec, remaining: float) -> None:
         """Before `run`: the job `spec` (not among the scenario's jobs) already holds its GPUs

@@ -8,7 +8,8 @@ holds apply as they would live. Nothing new is submitted: an estimate assumes no
 and whoever shows it says so. Pure, like the engine: no Django.
 
 The replay is bounded: it stops at `horizon` seconds from now, and a job not started by then
-has no estimate (it starts later than that, if at all).
+has no estimate (it starts later than that, if at all). It is coarser the further ahead it is
+(`RESOLUTION`), so that it sees further within a time budget.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from scheduler.simulator.scenario import JobSpec, Scenario
 
 # A placed job past its expected time is assumed to end this soon.
 OVERDUE_SECONDS = 60.0
+# The instants within this part of the time ahead share one cycle (`Simulation.resolution`):
+# the replay is exact for what happens alone, and sees further ahead within its time budget.
+RESOLUTION = 0.1
 
 
 @dataclass(frozen=True)
@@ -56,14 +60,16 @@ def estimate_starts(
     remaining: Mapping[str, float],
     horizon: float,
     budget: float | None = None,
+    resolution: float = RESOLUTION,
 ) -> Estimates:
     """The estimated start of every runnable job of `snapshot` that would start within
     `horizon` seconds, replayed within `budget` seconds of this process's time (None: no
     limit). `expected`: each runnable job's expected run time (seconds), and each stopping
     job's, for when it runs again; `remaining`: each placed job's expected time left (a
-    stopping job: what is left of its grace period)."""
+    stopping job: what is left of its grace period). `resolution`: what happens within that
+    part of the time ahead shares one cycle (0: a cycle at every instant)."""
     with collector_paused():
-        return _estimate_starts(snapshot, expected, remaining, horizon, budget)
+        return _estimate_starts(snapshot, expected, remaining, horizon, budget, resolution)
 
 
 def _estimate_starts(
@@ -72,6 +78,7 @@ def _estimate_starts(
     remaining: Mapping[str, float],
     horizon: float,
     budget: float | None,
+    resolution: float,
 ) -> Estimates:
     deadline = None if budget is None else time.perf_counter() + budget
     if snapshot.now is None:
@@ -105,7 +112,7 @@ def _estimate_starts(
         churn_preemptions=snapshot.churn_preemptions,
         churn_window_seconds=snapshot.churn_window_seconds,
     )
-    simulation = Simulation(scenario)
+    simulation = Simulation(scenario, resolution=resolution)
     simulation.first_starts = first = {}
     for _, job in queue:
         if job.preempted_at:

@@ -110,6 +110,32 @@ def test_no_estimate_is_before_now_nor_past_the_horizon():
     assert all(estimate.start >= 0 for estimate in estimates.values())
 
 
+def test_far_ahead_ends_close_together_share_one_cycle_of_the_replay():
+    """The replay is coarser the further ahead it is: with a resolution of a tenth, the GPUs
+    freed at 1,000 s and at 1,050 s (within a tenth of 1,000 s) are planned on in one cycle, at
+    1,050 s, so the waiting job is estimated 50 s later than the exact replay's 1,000 s. An end
+    with nothing else within its tenth is exact: the next job starts at 2,050 s."""
+    snapshot = Snapshot(
+        nodes(1),
+        (share("team", 8, RESERVE),),
+        placed=(
+            running("a", "team", "n0", range(4), started=NOW - 10),
+            running("b", "team", "n0", range(4, 8), started=NOW - 10),
+        ),
+        runnable=(
+            job("next", "team", 4, submitted=NOW - 5),
+            job("last", "team", 8, submitted=NOW - 1),
+        ),
+        now=NOW,
+    )
+    times = {"expected": {"next": 1000, "last": 60}, "remaining": {"a": 1000, "b": 1050}}
+    exact = estimate_starts(snapshot, **times, horizon=1e6, resolution=0).starts
+    coarse = estimate_starts(snapshot, **times, horizon=1e6, resolution=0.1).starts
+    assert exact["next"] == Estimate(1000.0, (on("n0", 4),))
+    assert coarse["next"] == Estimate(1050.0, (on("n0", 4),))
+    assert exact["last"].start == 2000.0 and coarse["last"].start == 2050.0
+
+
 def test_an_estimate_needs_the_snapshot_s_time():
     with pytest.raises(ValueError, match="Snapshot.now"):
         estimate_starts(Snapshot(nodes(1), ()), expected={}, remaining={}, horizon=1)
