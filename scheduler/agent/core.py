@@ -24,6 +24,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,6 +67,7 @@ STEP_IDLE_SECONDS = 0.5  # main loop turn while none do
 REPORT_WAIT_SECONDS = 0.5  # the reporter retries what it could not send at least this often
 # Variables of the agent itself that a job must not see.
 PRIVATE_ENV = ("AGENT_JOIN_TOKEN",)
+SPAWN_THREADS = 4  # processes started at once (`Agent.start_all`)
 
 
 def _die_with_parent() -> None:
@@ -224,6 +226,38 @@ class Process:
     last_log: float = field(default_factory=time.monotonic)
 
 
+@dataclass(frozen=True)
+class _Launch:
+    """How to start one attempt's process (`Agent._launch`)."""
+
+    order: dict
+    argv: list[str]
+    env: dict[str, str]
+    working_dir: Path
+    log_path: Path
+    marker: Path
+    via_launcher: bool  # through PDEATHSIG_LAUNCHER; otherwise _die_with_parent in the child
+
+
+def _spawn(launch: _Launch) -> subprocess.Popen | OSError:
+    """Start the process, its output to its log file (opened just before: its creation time
+    is the start's); the error if it could not start."""
+    try:
+        with open(launch.log_path, "ab") as log:
+            return subprocess.Popen(
+                launch.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=launch.env,
+                cwd=launch.working_dir,
+                start_new_session=True,
+                preexec_fn=None if launch.via_launcher else _die_with_parent,
+            )
+    except OSError as error:
+        return error
+
+
 class Agent:
     def __init__(
         self,
@@ -279,6 +313,7 @@ class Agent:
         self.stopping = threading.Event()
         self.http = PortalClient(self.portal)
         self.pdeathsig_launcher = _pdeathsig_launcher()
+        self._spawner: ThreadPoolExecutor | None = None  # made at the first batch of starts
         self.log_retention = log_retention(work_dir, keep_logs_days)
         (work_dir / "logs").mkdir(parents=True, exist_ok=True)
         (work_dir / "running").mkdir(parents=True, exist_ok=True)
@@ -522,15 +557,17 @@ class Agent:
         self.claim_backoff.succeeded()
         granted = set(answer.get("start", []))
         stopped = {order.get("attempt") for order in answer.get("stop", [])}
+        starting = []
         for attempt in attempts:
             order = self.claims.pop(attempt, None)
             if order is None:
                 continue
             if attempt in granted:
-                self.start(order, report_start=not self.start_grants)
+                starting.append(order)
             elif attempt not in stopped:
                 self.finished.add(attempt)
                 self.finished.acknowledged([attempt], poll=None)
+        self.start_all(starting, report_start=not self.start_grants)
         for order in answer.get("stop", []):
             if order.get("attempt") in attempts:
                 self._stop(order)
@@ -559,13 +596,36 @@ class Agent:
     def start(self, order: dict, *, report_start: bool = False) -> None:
         """Start the attempt's process. `report_start`: tell the portal it started (a portal
         that grants starts recorded the start when it granted it)."""
+        self.start_all([order], report_start=report_start)
+
+    def start_all(self, orders: list[dict], *, report_start: bool = False) -> None:
+        """Start the attempts' processes, in their order. Those that go through the launcher
+        start several at a time (SPAWN_THREADS): each start waits until its child has exec'd,
+        which on a busy node waits for a CPU, and those waits overlap (bench/agent_starts.py).
+        The others run Python in the child (fork, not vfork), one at a time. Every process
+        exists when this returns."""
+        launches = [launch for order in orders if (launch := self._launch(order)) is not None]
+        together = [launch for launch in launches if launch.via_launcher]
+        spawned: dict[int, subprocess.Popen | OSError] = {}
+        if len(together) > 1:
+            if self._spawner is None:
+                self._spawner = ThreadPoolExecutor(SPAWN_THREADS, thread_name_prefix="spawn")
+            attempts = [launch.order["attempt"] for launch in together]
+            spawned = dict(zip(attempts, self._spawner.map(_spawn, together), strict=True))
+        for launch in launches:
+            attempt = launch.order["attempt"]
+            popen = spawned[attempt] if attempt in spawned else _spawn(launch)
+            self._started(launch, popen, report_start=report_start)
+
+    def _launch(self, order: dict) -> _Launch | None:
+        """How to start the attempt; None if it cannot start here (reported never started)."""
         attempt, job = order["attempt"], order["job"]
         visible = self.cuda_visible_devices(order["gpu_indices"])
         if visible is None:
             self._end(attempt, end=END_NEVER_STARTED,
                       detail=f"GPUs {order['gpu_indices']} are not all on this node "
                       f"({len(self.gpus)} GPUs)")  # fmt: skip
-            return
+            return None
         checkpoint_dir = self.checkpoint_root / f"job-{job}"
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
         # Where the command starts: the job's own directory if it names one, which must be
@@ -574,8 +634,7 @@ class Agent:
         if not working_dir.is_dir():
             missing = WORKING_DIR_MISSING.format(path=working_dir, node=self.name)
             self._end(attempt, end=END_NEVER_STARTED, detail=missing)
-            return
-        log_path = self.work_dir / "logs" / f"job-{job}-attempt-{order['number']}.log"
+            return None
         env = {k: v for k, v in os.environ.items() if k not in PRIVATE_ENV}
         env.update({str(k): str(v) for k, v in (order.get("env") or {}).items()})
         env.update(
@@ -590,23 +649,27 @@ class Agent:
         argv = _argv(order["command"])
         # A command exec would not find goes without the launcher, so it fails to start here
         # (never_started, with the error) rather than as the launcher's exit code 127.
-        launcher = self.pdeathsig_launcher and _executable(
+        via_launcher = bool(self.pdeathsig_launcher) and _executable(
             argv[0], path=env.get("PATH", os.defpath), cwd=working_dir
         )
-        try:
-            with open(log_path, "ab") as log:
-                popen = subprocess.Popen(
-                    [*self.pdeathsig_launcher, *argv] if launcher else argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    cwd=working_dir,
-                    start_new_session=True,
-                    preexec_fn=None if launcher else _die_with_parent,
-                )
-        except OSError as error:
-            self._end(attempt, end=END_NEVER_STARTED, detail=f"could not start: {error}")
+        return _Launch(
+            order=order,
+            argv=[*self.pdeathsig_launcher, *argv] if via_launcher else argv,
+            env=env,
+            working_dir=working_dir,
+            log_path=self.work_dir / "logs" / f"job-{job}-attempt-{order['number']}.log",
+            marker=checkpoint_dir / CHECKPOINT_MARKER,
+            via_launcher=via_launcher,
+        )
+
+    def _started(
+        self, launch: _Launch, popen: subprocess.Popen | OSError, *, report_start: bool
+    ) -> None:
+        """Supervise the process `_spawn` started (or report why it could not start)."""
+        order = launch.order
+        attempt = order["attempt"]
+        if isinstance(popen, OSError):
+            self._end(attempt, end=END_NEVER_STARTED, detail=f"could not start: {popen}")
             return
         (self.work_dir / "running" / f"{attempt}.pgid").write_text(str(popen.pid))
         try:
@@ -616,17 +679,17 @@ class Agent:
         timeout = order.get("timeout_seconds")
         self.processes[attempt] = Process(
             attempt=attempt,
-            job=job,
+            job=order["job"],
             popen=popen,
-            log_path=log_path,
+            log_path=launch.log_path,
             started=time.monotonic(),
             timeout=float(timeout) if timeout else None,
             grace=float(order["grace_seconds"]),
             pidfd=pidfd,
-            marker=checkpoint_dir / CHECKPOINT_MARKER,
+            marker=launch.marker,
         )
-        logger.info("attempt %s (job %s) started, pid %s, GPUs %s", attempt, job, popen.pid,
-                    order["gpu_indices"])  # fmt: skip
+        logger.info("attempt %s (job %s) started, pid %s, GPUs %s", attempt, order["job"],
+                    popen.pid, order["gpu_indices"])  # fmt: skip
         if report_start:
             self._event(type=EVENT_STARTED, attempt=attempt)
 

@@ -11,10 +11,10 @@ from scheduler.agent.gpus import fake_gpus
 NO_PORTAL = "http://127.0.0.1:9"  # the discard port: nothing answers
 
 
-def offline_agent(work_dir: Path, *, portal: str = NO_PORTAL, **options) -> Agent:
-    """A node agent with one fake h100, its state under `work_dir`."""
+def offline_agent(work_dir: Path, *, portal: str = NO_PORTAL, gpus: int = 1, **options) -> Agent:
+    """A node agent with `gpus` fake h100, its state under `work_dir`."""
     return Agent(portal=portal, join_token="x", name="n", gpu_type="h100",
-                 gpus=fake_gpus(1, "h100"), work_dir=work_dir,
+                 gpus=fake_gpus(gpus, "h100"), work_dir=work_dir,
                  checkpoint_root=work_dir / "checkpoints", **options)  # fmt: skip
 
 

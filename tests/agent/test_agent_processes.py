@@ -101,6 +101,29 @@ def test_a_command_that_cannot_be_found_never_starts(tmp_path):
     assert not agent.processes
 
 
+def test_starts_granted_together_each_run_on_their_own_gpus(tmp_path):
+    """One answer grants several starts: they start together (several at a time), each on
+    the GPU of its own order with its own log; one whose program cannot be found never starts,
+    and the others run."""
+    agent = offline_agent(tmp_path, gpus=4)
+    orders = {
+        attempt: {**run_order(attempt, 10 + attempt, 'echo "$CUDA_VISIBLE_DEVICES" > gpus'),
+                  "gpu_indices": [attempt - 1]}
+        for attempt in (1, 2, 3)
+    }  # fmt: skip
+    orders[4] = {**run_order(4, 14, "no-such-program"), "gpu_indices": [3]}
+    agent.claims.update(orders)
+    agent.granted(list(orders), {"start": list(orders)})
+    (event,) = agent.outbox
+    assert (event["attempt"], event["end"]) == (4, "never_started")
+    assert sorted(agent.processes) == [1, 2, 3]
+    for attempt, process in agent.processes.items():
+        assert process.popen.wait(10) == 0
+        assert process.log_path.name == f"job-{10 + attempt}-attempt-1.log"
+        written = (tmp_path / "checkpoints" / f"job-{10 + attempt}" / "gpus").read_text()
+        assert written.strip() == str(attempt - 1)
+
+
 class _StubPortal(http.server.BaseHTTPRequestHandler):
     """Stands for what answers the agent: records the paths posted to and answers each with
     `ANSWER` (status, body)."""
