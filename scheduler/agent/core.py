@@ -302,7 +302,6 @@ class Agent:
         # Events not yet acknowledged by the portal, in order.
         self.outbox = Outbox(self.finished)
         self.poll_events = True  # send events with polls (off if the portal does not take them)
-        self.lock = threading.Lock()
         self.answers: queue.Queue[tuple[int, dict]] = queue.Queue()  # (poll number, answer)
         # The poller writes a byte here with each answer, to wake the main loop's wait.
         self.wake_read, self.wake_write = os.pipe()
@@ -353,19 +352,23 @@ class Agent:
             self.stopping.wait(backoff.delay)
 
     def _poll_body(self, events: list[dict]) -> dict:
+        # The main thread changes the claims and processes meanwhile: each is copied in one
+        # step (a C call, which no other thread interrupts) before it is read. The claims
+        # first: a claim leaves them only once its process is among the processes.
+        claims = set(self.claims)
+        processes = self.processes.copy()
         pending = self.outbox.pending_exits()
-        with self.lock:
-            body = {
-                # The claims too: the agent has their orders, and the portal leaves out the run
-                # orders of what the agent runs (a poll that goes while a start is being asked
-                # would otherwise be answered at once with them). An attempt that ended at the
-                # portal meanwhile comes back as a stop order.
-                "running": sorted(set(self.processes) | set(self.claims) | pending),
-                "stopping": sorted(
-                    {a for a, p in self.processes.items() if p.term_sent_at is not None} | pending
-                ),
-                "wait": self.poll_wait,
-            }
+        body = {
+            # The claims too: the agent has their orders, and the portal leaves out the run
+            # orders of what the agent runs (a poll that goes while a start is being asked
+            # would otherwise be answered at once with them). An attempt that ended at the
+            # portal meanwhile comes back as a stop order.
+            "running": sorted(set(processes) | claims | pending),
+            "stopping": sorted(
+                {a for a, p in processes.items() if p.term_sent_at is not None} | pending
+            ),
+            "wait": self.poll_wait,
+        }
         if events:
             body["events"] = events
         return body
@@ -559,12 +562,14 @@ class Agent:
         stopped = {order.get("attempt") for order in answer.get("stop", [])}
         starting = []
         for attempt in attempts:
-            order = self.claims.pop(attempt, None)
+            order = self.claims.get(attempt)
             if order is None:
                 continue
             if attempt in granted:
-                starting.append(order)
-            elif attempt not in stopped:
+                starting.append(order)  # a claim until its process runs (`start_all`)
+                continue
+            del self.claims[attempt]
+            if attempt not in stopped:
                 self.finished.add(attempt)
                 self.finished.acknowledged([attempt], poll=None)
         self.start_all(starting, report_start=not self.start_grants)
@@ -616,6 +621,10 @@ class Agent:
             attempt = launch.order["attempt"]
             popen = spawned[attempt] if attempt in spawned else _spawn(launch)
             self._started(launch, popen, report_start=report_start)
+        for order in orders:
+            # Only now: the polls list an attempt as running from its claim until its process
+            # is among the processes (or its end in the outbox), without a gap.
+            self.claims.pop(order["attempt"], None)
 
     def _launch(self, order: dict) -> _Launch | None:
         """How to start the attempt; None if it cannot start here (reported never started)."""

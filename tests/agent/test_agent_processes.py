@@ -20,7 +20,7 @@ import time
 import pytest
 
 from scheduler.agent.connector import Connector
-from scheduler.agent.core import _pdeathsig_launcher
+from scheduler.agent.core import Process, _pdeathsig_launcher
 from scheduler.agent.protocol import CONNECTOR_POLL_PATH, CONNECTOR_START_PATH, POLL_PATH
 from scheduler.agent.slurm import SlurmCluster
 from tests.agent.offline import offline_agent, run_order
@@ -122,6 +122,52 @@ def test_starts_granted_together_each_run_on_their_own_gpus(tmp_path):
         assert process.log_path.name == f"job-{10 + attempt}-attempt-1.log"
         written = (tmp_path / "checkpoints" / f"job-{10 + attempt}" / "gpus").read_text()
         assert written.strip() == str(attempt - 1)
+
+
+def test_a_poll_s_body_is_made_while_the_main_thread_starts_and_ends_processes(tmp_path):
+    """The poller makes each poll's body while the main thread adds and removes claims and
+    processes. It always can: an error there would end the poller thread, and with it the
+    node's heartbeats. Threads are made to switch as often as they can, so that the poller is
+    interrupted in the middle of its reads."""
+    agent = offline_agent(tmp_path)
+    order = run_order(1, 1, "true")
+    fields = {"job": 1, "popen": None, "log_path": tmp_path / "log", "started": 0.0,
+              "timeout": None, "grace": 0.0}  # fmt: skip
+    failures: list[BaseException] = []
+    bodies = 0
+    done = threading.Event()
+
+    def poller():
+        nonlocal bodies
+        while not done.is_set():
+            try:
+                agent._poll_body([])
+            except Exception as error:  # what would end the poller thread
+                failures.append(error)
+                return
+            bodies += 1
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    thread = threading.Thread(target=poller)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 1.5
+        first = 1
+        while time.monotonic() < deadline and not failures:
+            batch = range(first, first + 50)
+            for attempt in batch:  # as `start_all` moves granted claims to processes
+                agent.claims[attempt] = order
+                agent.processes[attempt] = Process(attempt=attempt, **fields)
+                agent.claims.pop(attempt)
+            for attempt in batch:  # as `supervise` forgets those that ended
+                del agent.processes[attempt]
+            first += 50
+    finally:
+        done.set()
+        thread.join()
+        sys.setswitchinterval(switch)
+    assert not failures and bodies > 0
 
 
 class _StubPortal(http.server.BaseHTTPRequestHandler):

@@ -29,6 +29,8 @@ BENCHES = [
      "the 1-node gang's", (0,)),
     ("eta.py", ["--seeds", "1", "--jobs", "100"], False, "perfect knowledge", (0,)),
     ("estimate.py", ["--seeds", "1", "--runs", "1"], False, "estimate refresh", (0,)),
+    ("agent_starts.py", ["--processes", "4", "--runs", "1", "--load", "1"], False,
+     "ratio before / now", (0,)),
     ("strategies.py", ["--jobs", "200", "--seeds", "1"], False, "against every share RESERVE",
      (0,)),
     ("simulate.py", ["--jobs", "500", "--baseline-jobs", "500", "--runs", "1"], False,
