@@ -45,8 +45,9 @@ def busy(processes: int):
             loop.wait()
 
 
-def one_batch(threads: int, processes: int, work: Path, first: int) -> tuple[float, float]:
-    """Seconds from the call to the median and to the last process start of one batch."""
+def one_batch(threads: int, processes: int, work: Path) -> tuple[float, float]:
+    """Seconds from the call to the median and to the last process start of one batch (each
+    batch its own agent and work directory)."""
     agent = core.Agent(portal="http://127.0.0.1:9", join_token="x", name="bench",
                        gpu_type="h100", gpus=fake_gpus(processes, "h100"), work_dir=work,
                        checkpoint_root=work / "checkpoints")  # fmt: skip
@@ -56,7 +57,7 @@ def one_batch(threads: int, processes: int, work: Path, first: int) -> tuple[flo
         )
     agent._spawner = ThreadPoolExecutor(threads, thread_name_prefix="spawn")
     orders = [
-        {"attempt": first + i, "job": first + i, "number": 1, "command": "sleep 0.5", "env": {},
+        {"attempt": i + 1, "job": i + 1, "number": 1, "command": "sleep 0.5", "env": {},
          "gpu_indices": [i], "timeout_seconds": None, "grace_seconds": 0}
         for i in range(processes)
     ]  # fmt: skip
@@ -84,8 +85,7 @@ def main() -> None:
         for run in range(args.runs):
             for threads in figures:
                 work = Path(tmp) / f"{threads}-{run}"
-                first = (run * 2 + len(figures[threads])) * args.processes + 1
-                figures[threads].append(one_batch(threads, args.processes, work, first))
+                figures[threads].append(one_batch(threads, args.processes, work))
     medians = {
         threads: (
             statistics.median(m for m, _ in runs),
