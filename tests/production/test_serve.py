@@ -55,8 +55,10 @@ def test_serve_starts_everything_serves_and_ctrl_c_stops_it_all(transactional_db
         names = " ".join(" ".join(p.cmdline()) for p in started)
         assert "portal.server web" in names and " worker" in names and " beat" in names, names
         # Collected static files, served with DEBUG off (no finders).
-        assert (tmp_path / "var" / "static" / "vendor" / "plotly.min.js").exists()
-        assert answers(f"{base}/static/vendor/plotly.min.js")
+        plotly = (tmp_path / "var" / "static" / "vendor" / "plotly.min.js").read_bytes()
+        # Larger than what the server gathers before it answers: streamed, and whole.
+        served = requests.get(f"{base}/static/vendor/plotly.min.js", timeout=10)
+        assert served.status_code == 200 and served.content == plotly
         # DEBUG off: an unknown page is a plain 404, not Django's debug page.
         missing = requests.get(f"{base}/no-such-page/", timeout=5)
         assert missing.status_code == 404 and "URLconf" not in missing.text
