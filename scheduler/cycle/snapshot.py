@@ -31,7 +31,7 @@ from django.utils.dateparse import parse_datetime
 from portal.db.sql import ids_param, ids_sql, json_value, prepared_cursor
 from scheduler import engine
 from scheduler.models import ClusterSettings, Job, JobAttempt, Node
-from shares.models import QuotaShare
+from shares.models import CapacityLimit, QuotaShare
 
 logger = logging.getLogger(__name__)
 
@@ -127,12 +127,30 @@ def _churn() -> tuple[int, float]:
 
 
 def _shares() -> tuple[dict[int, str], tuple[engine.ShareView, ...]]:
+    """The shares' names by id, and their views (`QuotaShare.engine_view`). Their rows are
+    read every time; the views are made again only when the rows differ from those read last
+    (as `_nodes` does): 30 shares' views made from model instances cost the cycle 4 ms, ten
+    times what reading their rows does, and shares seldom change."""
+    global _last_shares
+    with prepared_cursor() as cursor:
+        cursor.execute(_shares_sql())
+        rows = cursor.fetchall()
+    last = _last_shares
+    if last is not None and last[0] == rows:
+        return last[1]
     share_views = []
     share_names: dict[int, str] = {}
     for share in QuotaShare.objects.prefetch_related("capacity_limits"):
         share_names[share.pk] = share.name
         share_views.append(share.engine_view())
-    return share_names, tuple(share_views)
+    # Rows read before the views were made: if a share changed in between, the next cycle's
+    # rows differ from these, and it makes the views again.
+    _last_shares = (rows, (share_names, tuple(share_views)))
+    return _last_shares[1]
+
+
+# The rows `_shares` read last, with the names and views made after them.
+_last_shares: tuple[list[tuple], tuple[dict[int, str], tuple[engine.ShareView, ...]]] | None = None
 
 
 @dataclass
@@ -408,6 +426,17 @@ class SnapshotCache:
 
 
 snapshot_cache = SnapshotCache()
+
+
+@cache
+def _shares_sql() -> str:
+    """Every column of every share and of its limits: anything a share's view is made of."""
+    share = connection.ops.quote_name(QuotaShare._meta.db_table)
+    limit = connection.ops.quote_name(CapacityLimit._meta.db_table)
+    return (
+        f"SELECT s.*, l.* FROM {share} s LEFT JOIN {limit} l ON l.share_id = s.id "
+        "ORDER BY s.id, l.id"
+    )
 
 
 @cache

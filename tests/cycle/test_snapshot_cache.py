@@ -20,7 +20,7 @@ from scheduler.jobs.services import job_cancel, job_set_priority, job_submit
 from scheduler.models import Job, JobAttempt, Node
 from scheduler.nodes.attempts import END_EXIT, attempt_exited, attempt_log, attempts_start
 from scheduler.nodes.services import node_set_state
-from shares.models import ShareChange
+from shares.models import CapacityLimit, QuotaShare, ShareChange
 from shares.services import share_update
 from tests.conftest import make_node
 
@@ -50,7 +50,14 @@ def kept_snapshot(cache: SnapshotCache = snapshot_cache) -> str:
     full, full_context = cycle_snapshot()
     assert replace(snapshot, now=None) == replace(full, now=None)  # read a moment apart
     assert context.reasons == full_context.reasons
+    assert snapshot.shares == shares_read_with_the_orm()
     return cache.last_load
+
+
+def shares_read_with_the_orm() -> tuple:
+    return tuple(
+        share.engine_view() for share in QuotaShare.objects.prefetch_related("capacity_limits")
+    )
 
 
 @pytest.fixture
@@ -114,6 +121,14 @@ def _share_limit_lowered(world, jobs):
     )  # fmt: skip
 
 
+def _share_limit_edited_in_a_shell(world, jobs):
+    CapacityLimit.objects.filter(share=world.shares["research"]).update(max_gpus=2)
+
+
+def _share_lend_limit_edited_in_a_shell(world, jobs):
+    CapacityLimit.objects.filter(share=world.shares["vision"]).update(lend_limit=1)
+
+
 def _share_renamed(world, jobs):
     share = world.shares["research"]
     share.name = "research-renamed"
@@ -156,6 +171,7 @@ def _node_lost(world, jobs):
 WRITE_PATHS = [
     _submit, _cancel_waiting, _cancel_running, _priority_of_waiting, _priority_of_running,
     _agent_starts, _agent_reports_exit, _agent_reports_log, _node_drained, _share_limit_lowered,
+    _share_limit_edited_in_a_shell, _share_lend_limit_edited_in_a_shell,
     _reason_edited_in_a_shell, _preemptible_edited_in_a_shell, _job_deleted,
     _attempt_edited_in_a_shell, _placing_cycle, _reclaiming_cycle, _node_lost,
 ]  # fmt: skip
@@ -242,6 +258,18 @@ def test_the_same_nodes_give_the_same_views_and_a_change_of_a_node_new_ones(worl
     node_set_state(node=Node.objects.get(name="node-1"), state=Node.State.DRAINING)
     drained, _ = cycle_snapshot()
     assert [node.state for node in drained.nodes] == [Node.State.READY, Node.State.DRAINING]
+
+
+def test_the_same_shares_give_the_same_views_and_a_changed_limit_new_ones(world):
+    """While no share changes, the cycle does not make their views again; a limit changed
+    anywhere (here in a shell, which leaves the share's own row as it was) is seen at once."""
+    first, _ = cycle_snapshot()
+    again, _ = cycle_snapshot()
+    assert again.shares is first.shares
+    CapacityLimit.objects.filter(share=world.shares["vision"]).update(max_gpus=3)
+    changed, _ = cycle_snapshot()
+    assert {share.name: share.capacity_limits for share in changed.shares}["vision"] == {"h100": 3}
+    assert changed.shares == shares_read_with_the_orm()
 
 
 def test_the_worker_processes_take_turns_and_read_only_what_changed(world, cluster):
