@@ -11,8 +11,10 @@ cluster says of its nodes: their state, and the GPUs jobs the portal did not sub
 
 Threads, as the agent's: the poller long-polls the portal and hands each answer to the main
 thread, which alone talks to the cluster manager; the reporter sends what the main thread has
-to report. While the cluster manager does not answer, the connector stops polling: the portal
-hears no heartbeat, and after its timeout marks the nodes DOWN and requeues their attempts.
+to report. The main thread submits granted attempts one at a time, and applies an answer that
+comes meanwhile before the next (`submit_granted`). While the cluster manager does not answer,
+the connector stops polling: the portal hears no heartbeat, and after its timeout marks the
+nodes DOWN and requeues their attempts.
 When it answers again, what the cluster runs is reconciled with what the portal believes:
 attempts the portal ended are cancelled, their GPUs counted as outside the portal's until
 they are free."""
@@ -131,6 +133,9 @@ class Connector:
         # one's until it forgets it): kept among the ended ones while it does.
         self.listed: set[int] = set()
         self.claims: dict[int, dict] = {}
+        # Attempts whose start the portal granted, not submitted yet: submitted one by one
+        # while no answer of the portal waits (`submit_granted`).
+        self.granted: dict[int, dict] = {}
         self.claim_backoff = Backoff()
         self.outbox = Outbox(self.finished)
         self.lock = threading.Lock()
@@ -236,7 +241,7 @@ class Connector:
         pending = self.outbox.pending_exits()
         with self.lock:
             body = {
-                "running": sorted(set(self.attempts) | pending),
+                "running": sorted(set(self.attempts) | set(self.granted) | pending),
                 "stopping": sorted(
                     {a for a, t in self.attempts.items() if t.term_sent_at is not None} | pending
                 ),
@@ -343,6 +348,8 @@ class Connector:
         for order in orders.get("run", []):
             attempt_id = order["attempt"]
             ordered.add(attempt_id)
+            if attempt_id in self.granted:
+                continue  # its submission is on its way
             tracked = self.attempts.get(attempt_id)
             if tracked is not None:
                 if tracked.order is None:  # found in the cluster after a restart: adopted
@@ -361,6 +368,12 @@ class Connector:
             attempt_id = order["attempt"]
             ordered.add(attempt_id)
             self.claims.pop(attempt_id, None)
+            if attempt_id in self.granted:
+                # Its start was granted, and it has not been submitted yet: the stop wins.
+                with self.lock:
+                    del self.granted[attempt_id]
+                self._end(attempt_id, end=END_NEVER_STARTED, detail="stopped before it started")
+                continue
             tracked = self.attempts.get(attempt_id)
             if tracked is not None:
                 tracked.orphan = tracked.orphan or bool(order.get("orphan"))
@@ -421,7 +434,19 @@ class Connector:
         for attempt_id in attempt_ids:
             order = self.claims.pop(attempt_id)
             if attempt_id in granted:
-                self.submit(order)
+                with self.lock:
+                    self.granted[attempt_id] = order
+
+    def submit_granted(self) -> None:
+        """Submit the granted attempts one by one, in the order of their ids, while no answer
+        of the portal waits: its stop orders are applied first. So a stop that comes before its
+        attempt is submitted wins (it never starts), and one for an attempt already in the
+        cluster is not held up by a long batch of submissions (each an sbatch, or a pod)."""
+        while self.granted and self.answers.empty() and not self.stopping.is_set():
+            attempt_id = min(self.granted)
+            self.submit(self.granted[attempt_id])
+            with self.lock:  # after it is among the attempts: a poll lists it all along
+                del self.granted[attempt_id]
 
     def submit(self, order: dict) -> None:
         attempt_id, job = order["attempt"], order["job"]
@@ -694,11 +719,11 @@ class Connector:
     # --- Main loop ---------------------------------------------------------------------------
 
     def step(self) -> None:
-        busy = bool(self.attempts or self.claims)
+        busy = bool(self.attempts or self.claims or self.granted)
         wait = OBSERVE_BUSY_SECONDS if busy else OBSERVE_IDLE_SECONDS
         try:
             answered, orders = self.answers.get(
-                timeout=max(0.0, self.last_observe + wait - time.monotonic())
+                timeout=0 if self.granted else max(0.0, self.last_observe + wait - time.monotonic())
             )
         except queue.Empty:
             answered, orders = None, None
@@ -727,7 +752,8 @@ class Connector:
         if self.cluster_ok.is_set():
             self.supervise()
         if orders is not None:
-            self.applied.set()
+            self.applied.set()  # the poller polls again while the granted ones are submitted
+        self.submit_granted()
         self.log_retention.prune_when_due(self._logs_in_use)
 
     def run(self) -> None:
