@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
 from itertools import pairwise
+from typing import Generic, TypeVar
 
 from django.conf import settings
 from django.db import connection
@@ -32,6 +33,8 @@ from portal.db.sql import ids_param, ids_sql, json_value, prepared_cursor
 from scheduler import engine
 from scheduler.models import ClusterSettings, Job, JobAttempt, Node
 from shares.models import CapacityLimit, QuotaShare
+
+R = TypeVar("R")
 
 logger = logging.getLogger(__name__)
 
@@ -96,28 +99,35 @@ def cycle_snapshot() -> tuple[engine.Snapshot, SnapshotContext]:
     return jobs.snapshot(node_views, share_views), SnapshotContext(reasons=dict(jobs.reasons))
 
 
-def _nodes() -> tuple[engine.NodeView, ...]:
-    """The nodes' views. Views made from the same rows as last time are that same tuple: the
-    engine keeps what it derives from a tuple of nodes it saw last (their layout), and 2,000
-    nodes' views cost a few milliseconds to make again, every cycle."""
-    global _last_nodes
-    with prepared_cursor() as cursor:
-        cursor.execute(_nodes_sql())
-        nodes = cursor.fetchall()
-    last = _last_nodes
-    if last is not None and last[0] == nodes:
-        return last[1]
+class _MadeFromRows(Generic[R]):
+    """What is made from the rows a query reads, made again only when they differ from the rows
+    read last: every cycle reads them, and what is made of them seldom changes. `make` gets the
+    rows (it may read more itself, after them: if that changed in between, the next read's rows
+    differ from these, and it is made again)."""
+
+    def __init__(self, sql: Callable[[], str], make: Callable[[list[tuple]], R]) -> None:
+        self.sql = sql
+        self.make = make
+        self.last: tuple[list[tuple], R] | None = None
+
+    def __call__(self) -> R:
+        with prepared_cursor() as cursor:
+            cursor.execute(self.sql())
+            rows = cursor.fetchall()
+        last = self.last
+        if last is not None and last[0] == rows:
+            return last[1]
+        made = self.make(rows)
+        self.last = (rows, made)
+        return made
+
+
+def _node_views(rows: list[tuple]) -> tuple[engine.NodeView, ...]:
     node_view = engine.NodeView
-    views = tuple(
+    return tuple(
         node_view(name=name, gpu_type=gpu_type, gpus=gpus, state=state, outside_gpus=outside)
-        for name, gpu_type, gpus, state, outside in nodes
+        for name, gpu_type, gpus, state, outside in rows
     )
-    _last_nodes = (nodes, views)
-    return views
-
-
-# The rows `_nodes` read last, with the views made of them.
-_last_nodes: tuple[list[tuple], tuple[engine.NodeView, ...]] | None = None
 
 
 def _churn() -> tuple[int, float]:
@@ -126,31 +136,15 @@ def _churn() -> tuple[int, float]:
     return row.churn_preemptions, float(row.churn_window_seconds)
 
 
-def _shares() -> tuple[dict[int, str], tuple[engine.ShareView, ...]]:
-    """The shares' names by id, and their views (`QuotaShare.engine_view`). Their rows are
-    read every time; the views are made again only when the rows differ from those read last
-    (as `_nodes` does): 30 shares' views made from model instances cost the cycle 4 ms, ten
-    times what reading their rows does, and shares seldom change."""
-    global _last_shares
-    with prepared_cursor() as cursor:
-        cursor.execute(_shares_sql())
-        rows = cursor.fetchall()
-    last = _last_shares
-    if last is not None and last[0] == rows:
-        return last[1]
+def _share_views(rows: list[tuple]) -> tuple[dict[int, str], tuple[engine.ShareView, ...]]:
+    """The shares' names by id, and their views (`QuotaShare.engine_view`), the one way a share
+    becomes the engine's: `rows` only tell when to make them again."""
     share_views = []
     share_names: dict[int, str] = {}
     for share in QuotaShare.objects.prefetch_related("capacity_limits"):
         share_names[share.pk] = share.name
         share_views.append(share.engine_view())
-    # Rows read before the views were made: if a share changed in between, the next cycle's
-    # rows differ from these, and it makes the views again.
-    _last_shares = (rows, (share_names, tuple(share_views)))
-    return _last_shares[1]
-
-
-# The rows `_shares` read last, with the names and views made after them.
-_last_shares: tuple[list[tuple], tuple[dict[int, str], tuple[engine.ShareView, ...]]] | None = None
+    return share_names, tuple(share_views)
 
 
 @dataclass
@@ -445,6 +439,15 @@ def _nodes_sql() -> str:
         "SELECT name, gpu_type, gpus, state, outside_gpus "
         f"FROM {connection.ops.quote_name(Node._meta.db_table)} ORDER BY name"
     )
+
+
+# The nodes' views: the same rows as last time give that same tuple, and the engine keeps what
+# it derives from the tuple of nodes it saw last (their layout); 2,000 nodes' views cost a few
+# milliseconds to make again.
+_nodes = _MadeFromRows(_nodes_sql, _node_views)
+# The shares' names and views: 30 shares' views made from model instances cost 4 ms, ten times
+# what reading their rows (each column of the share and of its limits) does.
+_shares = _MadeFromRows(_shares_sql, _share_views)
 
 
 @cache

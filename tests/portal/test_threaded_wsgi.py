@@ -39,6 +39,19 @@ def scope(method: str, path: str, headers: list[tuple[bytes, bytes]] = (), **mor
     }
 
 
+def submit_scope(world, body: bytes) -> dict:
+    """bob's submit of the JSON `body`."""
+    return scope(
+        "POST",
+        JOBS,
+        [
+            (b"authorization", f"Token {world.tokens['bob']}".encode()),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+    )
+
+
 def call(app, request: dict, *body_parts: bytes, sent: list[dict] | None = None) -> list[dict]:
     """Run one request (its body sent in these parts) as an ASGI server would; the messages
     the application sent (into `sent`, if given, as they are sent)."""
@@ -89,15 +102,7 @@ def test_a_job_submitted_through_the_production_server_is_accepted(world, served
     body = json.dumps(
         {"share": "research", "gpu_type": "h100", "gpus": 1, "command": "true", "name": "bridged"}
     ).encode()
-    request = scope(
-        "POST",
-        JOBS,
-        [
-            (b"authorization", f"Token {world.tokens['bob']}".encode()),
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-        ],
-    )
+    request = submit_scope(world, body)
     # The body comes in two parts, as a client's packets may: both are read before the request.
     status, headers, answered = answer(call(portal, request, body[:10], body[10:]))
     assert status == 201, answered
@@ -112,16 +117,7 @@ def test_an_oversized_body_is_refused_with_413_naming_the_limit(world, served, s
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 10_000
     portal = served(get_wsgi_application())
     body = json.dumps({"share": "research", "name": "x" * 20_000}).encode()
-    request = scope(
-        "POST",
-        JOBS,
-        [
-            (b"authorization", f"Token {world.tokens['bob']}".encode()),
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-        ],
-    )
-    status, _, answered = answer(call(portal, request, body))
+    status, _, answered = answer(call(portal, submit_scope(world, body), body))
     assert status == 413
     assert json.loads(answered)["detail"] == BODY_TOO_LARGE.format(size=len(body), limit=10_000)
     assert not Job.objects.exists()
