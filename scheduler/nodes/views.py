@@ -118,6 +118,13 @@ class BadRequest(Exception):
         self.errors = {field: message}
 
 
+def _refused(error: ValidationError) -> JsonResponse:
+    """A 400 naming the first field the model's rules refused and why, as a BadRequest's: one
+    field, one message (a field's several messages joined)."""
+    field, messages = next(iter(error.message_dict.items()))
+    return JsonResponse({"body" if field == "__all__" else field: " ".join(messages)}, status=400)
+
+
 def _body(request: HttpRequest) -> dict:
     try:
         data = json.loads(request.body or b"{}")
@@ -247,7 +254,7 @@ def agent_view(
             except BadRequest as error:
                 return JsonResponse(error.errors, status=400)
             except ValidationError as error:
-                return JsonResponse(error.message_dict, status=400)
+                return _refused(error)
 
         return wrapper
 
@@ -371,7 +378,7 @@ async def _long_poll(request: HttpRequest, *, principal: Principal, start, again
                 else:
                     orders = await in_database_thread(again, caller, running)
     except ValidationError as error:
-        return JsonResponse(error.message_dict, status=400)
+        return _refused(error)
     finally:
         waiter.close()
     return JsonResponse({**orders, "results": begun.results})

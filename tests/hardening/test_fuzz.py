@@ -245,6 +245,7 @@ def test_agent_poll_bodies(agent, body):
           "gpu_details": [{"uuid": "GPU-\x00"}]}
 )  # fmt: skip
 @example(body={"join_token": JOIN, "name": "fuzz-0", "gpu_type": "h100", "gpus": 2})
+@example(body={"join_token": JOIN, "name": "fuzz-1", "gpu_type": ":", "gpus": 2})
 def test_agent_register_bodies(agent, body):
     """Any registration: 201 with a token, or a 4xx naming the field that registers nothing."""
     client, _, _ = agent
