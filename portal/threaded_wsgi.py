@@ -29,8 +29,6 @@ from django.core.handlers.asgi import ASGIHandler
 # A response up to this size is written in one go; beyond it, it is streamed from its thread.
 BUFFER_BYTES = 1024 * 1024
 
-Headers = list[tuple[bytes, bytes]]
-
 
 class ThreadedWsgi:
     """ASGI application serving the WSGI application `app` on `threads` threads."""
@@ -57,12 +55,10 @@ class ThreadedWsgi:
             )
         finally:
             body.close()
-        if answer is not None:  # gathered whole: written here
+        if answer is not None:  # gathered whole: written here, in one piece
             start, chunks = answer
             await send(start)
-            for chunk in chunks[:-1]:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": chunks[-1] if chunks else b""})
+            await send({"type": "http.response.body", "body": b"".join(chunks)})
 
 
 class _Request:
@@ -126,7 +122,7 @@ class _Request:
         self.sent = True
         for chunk in self.chunks:
             self._write({"type": "http.response.body", "body": chunk, "more_body": True})
-        self.chunks = []
+        self.chunks.clear()
         for chunk in rest:
             if chunk:
                 self._write({"type": "http.response.body", "body": chunk, "more_body": True})
