@@ -33,7 +33,9 @@ last finish, mean time to admission of each class, submit latency p99, GPU busy 
 jobs, double-booked GPUs, attempts started after their stop order. Then: time to admission
 p50/p90, submit p50, CPU seconds of web, worker, agents (with their jobs), the bench itself and
 PostgreSQL, CPU per job, the whole machine's busy CPU, dispatch delays (a GPU's release → its
-next admission; admission → process start), late process starts, preemptions, jobs by state.
+next admission; admission → process start), what each class held while large jobs were still
+being submitted (live and policy: the medium jobs get what the large ones leave), late process
+starts, preemptions, jobs by state.
 """
 
 from __future__ import annotations
@@ -165,6 +167,26 @@ def admission_figures(waits: dict[str, list[float]]) -> dict[str, float]:
     return figures
 
 
+def class_shares(
+    held: list[tuple[str, float, float]], submits: list[tuple[str, float]]
+) -> dict[str, float]:
+    """What each class held while large jobs were still being submitted: `held` is (class,
+    admission, end) of every attempt, `submits` (class, submit time) of every job. From the
+    first submit to the last large one, each class's GPU-seconds held as a part (%) of all the
+    cluster's GPU-seconds: the policy leaves the medium jobs what the large ones do not take,
+    and a live run leaves them that less its dispatch overhead on the large ones."""
+    start = min(at for _, at in submits)
+    end = max(at for name, at in submits if name == "large")
+    gpus = {c.name: c.gpus for c in CLASSES}
+    total = sum(count for _, count in AGENTS) * (end - start)
+    figures = {f"share {c.name}": 0.0 for c in CLASSES}
+    for name, admitted, ended in held:
+        overlap = min(ended, end) - max(admitted, start)
+        if overlap > 0:
+            figures[f"share {name}"] += 100 * gpus[name] * overlap / total
+    return figures
+
+
 # --- The policy: the simulator -------------------------------------------------------------
 
 
@@ -201,7 +223,8 @@ def policy_figures(plan: list[Stream]) -> dict[str, float]:
         source="kueue baseline",
     )
     began = time.perf_counter()
-    result = simulate(scenario).data["jobs"]
+    data = simulate(scenario).data
+    result = data["jobs"]
     # Each job of the result has its submit time, its first start ("started": the simulator
     # places and starts a job at once, so that is its admission) and its end ("finished").
     waits: dict[str, list[float]] = {c.name: [] for c in CLASSES}
@@ -209,6 +232,13 @@ def policy_figures(plan: list[Stream]) -> dict[str, float]:
         if job["started"] is not None:
             waits[class_of(job["id"])].append(job["started"] - job["submitted"])
     ended = [job["finished"] for job in result if job["finished"] is not None]
+    # Each start holds its GPUs until the job's next finish, preemption (grace 0) or failure.
+    held, since = [], {}
+    for event in data["events"]:
+        if event["type"] == "start":
+            since[event["job"]] = event["t"]
+        elif event["job"] in since:
+            held.append((class_of(event["job"]), since.pop(event["job"]), event["t"]))
     figures = {
         "makespan": max(ended) - min(job["submitted"] for job in result),
         "preemptions": sum(job["preemptions"] for job in result),
@@ -216,6 +246,7 @@ def policy_figures(plan: list[Stream]) -> dict[str, float]:
         "seconds": time.perf_counter() - began,
     }
     figures.update(admission_figures(waits))
+    figures.update(class_shares(held, [(class_of(job["id"]), job["submitted"]) for job in result]))
     return figures
 
 
@@ -443,6 +474,16 @@ class LiveRun(soak.Soak):
                 if start is not None:
                     running += gpus * max(0.0, ended - start)
         figures["gpu busy"] = 100 * running / held if held else float("nan")
+        figures.update(
+            class_shares(
+                [
+                    (class_of(jobs[job][0]), scheduled, ended)
+                    for job, _, scheduled, _, _, ended, _ in attempts
+                    if ended is not None
+                ],
+                [(class_of(name), submitted) for name, _, _, submitted, _ in jobs.values()],
+            )
+        )
 
         # 6a and 7: each GPU's attempts in the order they were admitted. Two that overlap are a
         # double booking (soak.py's check); the gap from one's end to the next one's admission
@@ -650,6 +691,12 @@ def report(runs: list[dict[str, float]], policy: dict[str, float], plan: list[St
         f"admission → process start (s):   p50 {live_cell(runs, 'admission→start p50', 's')}, "
         f"p90 {live_cell(runs, 'admission→start p90', 's')} "
         f"({live_cell(runs, 'processes started')} processes)",
+        "GPUs held by each class while large jobs are submitted (% of the cluster's GPU-time): "
+        + "; ".join(
+            f"{c.name} {live_cell(runs, f'share {c.name}', '%')} (policy "
+            f"{number(policy[f'share {c.name}'], '%')})"
+            for c in CLASSES
+        ),
         f"not final when the run ended:    {live_cell(runs, 'not final')}",
         f"processes started after their stop order (log mtime > stop_requested_at): "
         f"{live_cell(runs, 'late starts')}, the latest by "
