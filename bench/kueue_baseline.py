@@ -177,6 +177,8 @@ def class_shares(
     and a live run leaves them that less its dispatch overhead on the large ones."""
     start = min(at for _, at in submits)
     end = max(at for name, at in submits if name == "large")
+    if end <= start:  # every large job submitted at the first moment (a small --scale)
+        return {f"share {c.name}": math.nan for c in CLASSES}
     gpus = {c.name: c.gpus for c in CLASSES}
     total = sum(count for _, count in AGENTS) * (end - start)
     figures = {f"share {c.name}": 0.0 for c in CLASSES}
