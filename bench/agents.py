@@ -18,8 +18,9 @@ niceness -5 where it may and starts the server at 0: the agents stand for machin
 The agents, N nodes of 8 h100 GPUs, do what scheduler/agent/core.py does, but start no
 processes: they register with the join token (64 at a time, a fleet coming up), then each
 long-polls (asking for a 20 s wait) with what it runs (its claims included) and stops and the
-events it has to report; asks to start every new run order (POST start/, beside its polls, one
-request at a time) and "runs" what is granted for the job's runtime
+events it has to report, asking for grants; "runs" at once a run order its poll's answer granted
+(a one-node attempt's), and asks to start every other new run order (POST start/, beside its
+polls, one request at a time); "runs" what is granted for the job's runtime
 (its command is `sleep S`), with a log tail every 15 s; reports by POST report/ what happens while
 its poll waits; keeps every event until the portal acknowledged it and sends it again if not;
 backs off (up to 10 s) after a failure and registers again on a 401. A stop order is obeyed after
@@ -343,6 +344,7 @@ class SimAgent:
             "running": sorted(set(self.processes) | set(self.claims) | pending),
             "stopping": sorted(stopping | pending),
             "wait": POLL_WAIT_SECONDS,
+            "grants": True,
         }
         if events:
             body["events"] = events
@@ -414,12 +416,20 @@ class SimAgent:
     # --- Orders ------------------------------------------------------------------------------
 
     async def apply(self, orders: dict) -> None:
+        granted = []
         for order in orders.get("run", []):
             attempt = order["attempt"]
-            if attempt not in self.processes and attempt not in self.finished:
+            if attempt in self.processes or attempt in self.finished:
+                continue
+            if order.get("granted"):
+                granted.append(order)
+            else:
                 self.claims[attempt] = order
         for order in orders.get("stop", []):
             self._stop(order)
+        for order in granted:
+            self.claims.pop(order["attempt"], None)
+            self.start(order)
         self.claim()
 
     def _stop(self, order: dict) -> None:

@@ -68,6 +68,12 @@ REPORT_WAIT_SECONDS = 0.5  # the reporter retries what it could not send at leas
 # Variables of the agent itself that a job must not see.
 PRIVATE_ENV = ("AGENT_JOIN_TOKEN",)
 SPAWN_THREADS = 4  # processes started at once (`Agent.start_all`)
+# How long after its answer came a start granted in a poll's answer is started without asking
+# (`Agent.apply`). The portal records the start when it grants it, and a stop ordered after
+# that is not refused a start: an agent too loaded to act on the answer in time asks instead
+# (`start/`), which refuses the start of an attempt whose stop was ordered meanwhile, so such a
+# victim's process never begins.
+GRANT_FRESH_SECONDS = 0.25
 
 
 def _die_with_parent() -> None:
@@ -302,7 +308,8 @@ class Agent:
         # Events not yet acknowledged by the portal, in order.
         self.outbox = Outbox(self.finished)
         self.poll_events = True  # send events with polls (off if the portal does not take them)
-        self.answers: queue.Queue[tuple[int, dict]] = queue.Queue()  # (poll number, answer)
+        # (poll number, answer, when it came: time.monotonic())
+        self.answers: queue.Queue[tuple[int, dict, float]] = queue.Queue()
         # The poller writes a byte here with each answer, to wake the main loop's wait.
         self.wake_read, self.wake_write = os.pipe()
         os.set_blocking(self.wake_read, False)
@@ -368,6 +375,9 @@ class Agent:
                 {a for a, p in processes.items() if p.term_sent_at is not None} | pending
             ),
             "wait": self.poll_wait,
+            # The portal may grant the starts of one-node attempts in its answer (`apply`):
+            # no request to start them, a round trip less before their processes run.
+            "grants": self.start_grants,
         }
         if events:
             body["events"] = events
@@ -420,7 +430,7 @@ class Agent:
             backoff.succeeded()
             self.applied.clear()
             self.poll_due.set()
-            self.answers.put((poll, answer))
+            self.answers.put((poll, answer, time.monotonic()))
             with contextlib.suppress(BlockingIOError):
                 os.write(self.wake_write, b"!")
             while not self.applied.wait(0.5):
@@ -450,13 +460,20 @@ class Agent:
 
     # --- Orders ------------------------------------------------------------------------------
 
-    def apply(self, orders: dict, *, answered: int | None = None) -> None:
-        """Reconcile with the portal's orders (the answer to poll number `answered`). A run
-        order the agent does not have yet is claimed, and the agent asks the portal at once to
-        start its claims (`claim`). A claim stays until its start is answered or its stop is
-        ordered: the polls list it as running, so the portal leaves its run order out of
+    def apply(
+        self, orders: dict, *, answered: int | None = None, received: float | None = None
+    ) -> None:
+        """Reconcile with the portal's orders (the answer to poll number `answered`, which came
+        at `received`, time.monotonic()). A run order the portal granted in the answer
+        (`granted`, asked for with the poll's `grants`) starts at once, after the answer's stop
+        orders, if the answer came at most GRANT_FRESH_SECONDS ago. Another run order the agent
+        does not have yet is claimed (a stale grant too), and the agent asks the portal at once
+        to start its claims (`claim`). A claim stays until its start is answered or its stop
+        is ordered: the polls list it as running, so the portal leaves its run order out of
         their answers, and orders its stop if it ended there."""
         ordered = set()
+        granted = []
+        fresh = received is None or time.monotonic() - received <= GRANT_FRESH_SECONDS
         for order in orders.get("run", []):
             attempt = order["attempt"]
             ordered.add(attempt)
@@ -464,6 +481,8 @@ class Agent:
                 continue
             if self._lost_here(attempt, order):
                 self._end(attempt, end=END_LOST, detail="the agent restarted")
+            elif order.get("granted") and self.start_grants and fresh:
+                granted.append(order)
             else:
                 self.claims[attempt] = order
         for order in orders.get("stop", []):
@@ -471,6 +490,7 @@ class Agent:
             self._stop(order)
         if answered is not None:
             self.finished.forget(answered=answered, keep=ordered)
+        self.start_all([order for order in granted if order["attempt"] not in self.finished])
         self.claim()
 
     def _stop(self, order: dict) -> None:
@@ -795,11 +815,11 @@ class Agent:
         process, apply the answer if one came, supervise, report."""
         self._wait(wait)
         try:
-            answered, orders = self.answers.get_nowait()
+            answered, orders, received = self.answers.get_nowait()
         except queue.Empty:
-            answered, orders = None, None
+            answered, orders, received = None, None, None
         if orders is not None:
-            self.apply(orders, answered=answered)
+            self.apply(orders, answered=answered, received=received)
         # The answers to starts after the poll's: a stop order it brought takes its claim
         # first, so a start granted just before the stop was ordered does not begin.
         with contextlib.suppress(queue.Empty):

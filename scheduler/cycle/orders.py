@@ -17,12 +17,15 @@ NewOrders = dict[str, list[dict]]
 def run_order(
     attempt_id: int, *, job_id: int, number: int, command: str, env: Any, working_dir: str,
     gpu_indices: list[int], timeout_seconds: int | None, grace_seconds: int, started: bool,
+    node_count: int,
 ) -> dict:  # fmt: skip
     """Run this attempt of a job on these GPUs of the node; `started`: it already started
-    once (an agent that does not have it lost it)."""
+    once (an agent that does not have it lost it); `node_count`: how many nodes the attempt
+    runs on (more than one: a gang)."""
     return {
         "attempt": attempt_id,
         "job": job_id,
+        "node_count": node_count,
         "number": number,
         "command": command,
         "env": env,
@@ -56,14 +59,14 @@ def new_orders_by_node(
             "node_id", "attempt_id", "gpu_index", "attempt__number", "attempt__started_at",
             "attempt__job_id", "attempt__job__command", "attempt__job__env",
             "attempt__job__working_dir", "attempt__job__timeout_seconds",
-            "attempt__job__share__grace_seconds",
+            "attempt__job__share__grace_seconds", "attempt__job__nodes",
         )
     )  # fmt: skip
     by_node: dict[int, NewOrders] = {}
     last: tuple[int, int] | None = None
     for (
         node_id, attempt_id, index, number, started_at, job_id, command, env, working_dir,
-        timeout_seconds, grace,
+        timeout_seconds, grace, nodes,
     ) in rows:  # fmt: skip
         orders = by_node.setdefault(node_id, {"run": [], "stop": []})
         if (node_id, attempt_id) == last:
@@ -80,6 +83,7 @@ def new_orders_by_node(
                     attempt_id, job_id=job_id, number=number, command=command, env=env,
                     working_dir=working_dir, gpu_indices=[index],
                     timeout_seconds=timeout_seconds, grace_seconds=grace, started=started,
+                    node_count=nodes,
                 )
             )  # fmt: skip
     return by_node

@@ -68,7 +68,7 @@ def orders_sql() -> str:
     fields = _columns(
         "gpu.gpu_index", "attempt.id", "attempt.number", "attempt.started_at",
         "attempt.stop_requested_at", "job.id", "job.command", "job.env", "job.working_dir",
-        "job.timeout_seconds", "share.grace_seconds",
+        "job.timeout_seconds", "share.grace_seconds", "job.nodes",
     )  # fmt: skip
     template = (
         "SELECT {columns} FROM {gpu} gpu "

@@ -19,7 +19,7 @@ from scheduler.cycle.trigger import request_cycle
 from scheduler.cycle.wake import OrderWaiter
 from scheduler.models import ClusterSettings, JobAttempt, Node
 from scheduler.nodes import queries
-from scheduler.nodes.attempts import node_report
+from scheduler.nodes.attempts import attempts_start, node_report, stops_ordered_first
 
 JOIN_TOKEN_INVALID = (
     "join_token: not this cluster's join token (see Cluster settings in the admin)."
@@ -134,7 +134,7 @@ def node_orders(*, node: Node, running: set[int] = frozenset()) -> Orders:
     order: dict | None = None  # its order, if it is sent
     for (
         index, attempt_id, number, started_at, stop_requested_at,
-        job_id, command, env, working_dir, timeout_seconds, grace,
+        job_id, command, env, working_dir, timeout_seconds, grace, nodes,
     ) in held:  # fmt: skip
         if attempt_id == previous:
             if order is not None and "gpu_indices" in order:
@@ -152,7 +152,7 @@ def node_orders(*, node: Node, running: set[int] = frozenset()) -> Orders:
         order = run_order(
             attempt_id, job_id=job_id, number=number, command=command, env=json_value(env),
             working_dir=working_dir, gpu_indices=[index], timeout_seconds=timeout_seconds,
-            grace_seconds=grace, started=started_at is not None,
+            grace_seconds=grace, started=started_at is not None, node_count=nodes,
         )  # fmt: skip
         run.append(order)
     return Orders(run=run, stop=stop, to_run=to_run)
@@ -191,24 +191,67 @@ class PollStart:
 
 
 def node_poll_start(
-    *, node: Node, running: set[int], stopping: set[int], events: list[dict], waiter: OrderWaiter
-) -> PollStart:
+    *, node: Node, running: set[int], stopping: set[int], events: list[dict], waiter: OrderWaiter,
+    grants: bool = False,
+) -> PollStart:  # fmt: skip
     """The database step of a long poll (`scheduler.nodes.views.poll`): a heartbeat; `events`
     applied first, as a report would apply them; `waiter` watching the node's changes before
     the orders are read (a change committed in between is not missed); then the orders. They
     are news when they differ from what the agent says it runs (`running`) and stops
-    (`stopping`); otherwise the poll waits on `waiter` and reads them again
+    (`stopping`), and are answered at once (`grants`: with their starts granted, see
+    `starts_granted`); otherwise the poll waits on `waiter` and reads them again
     (`node_poll_orders`) if it is woken."""
     node_heartbeat(node=node)
     results = node_report(node=node, events=events)
     waiter.watch(node.pk)
     orders = _orders(node, running)
-    return PollStart(results=results, orders=orders, news=_news(orders, running, stopping))
+    news = _news(orders, running, stopping)
+    if news:
+        orders = node_poll_answer(node=node, orders=orders, grants=grants)
+    return PollStart(results=results, orders=orders, news=news)
 
 
-def node_poll_orders(*, node: Node, running: set[int]) -> dict[str, Any]:
-    """The orders again, after a waiting poll was woken."""
-    return _orders(node, running)
+def node_poll_orders(*, node: Node, running: set[int], grants: bool = False) -> dict[str, Any]:
+    """The orders again, after a waiting poll was woken (`grants`: with their starts
+    granted)."""
+    return node_poll_answer(node=node, orders=_orders(node, running), grants=grants)
+
+
+def node_poll_answer(*, node: Node, orders: dict[str, Any], grants: bool) -> dict[str, Any]:
+    """The orders as the poll answers them: with their starts granted if the agent asked for
+    grants (`starts_granted`)."""
+    return starts_granted(node=node, orders=orders) if grants else orders
+
+
+def starts_granted(*, node: Node, orders: dict[str, Any]) -> dict[str, Any]:
+    """The orders a poll answers with, the starts of their one-node attempts granted in the
+    answer (`granted: true` in their run orders), for an agent that says it starts what a
+    poll grants (its poll's `grants`): it need not ask for them (`start/`), a round trip less
+    between a placement and its process. They are granted as a start request grants them
+    (`attempts_start`): an attempt whose stop was ordered first is refused, and its stop order
+    comes instead of its run order; one that ended meanwhile is left out. A gang's nodes
+    still ask, as before: the first decides for all of them. An answer that is lost on its
+    way leaves the attempt started with no process: the agent's next poll does not list it as
+    running, so it is ordered to run again and granted again."""
+    single = {order["attempt"] for order in orders["run"] if order.get("node_count") == 1}
+    if not single:
+        return orders
+    granted = attempts_start(node=node, attempt_ids=single)
+    refused = single - granted
+    stop = orders["stop"]
+    if refused:
+        listed = {order["attempt"] for order in stop}
+        stop = stop + [
+            order
+            for order in stops_ordered_first(node=node, attempt_ids=refused)
+            if order["attempt"] not in listed
+        ]
+    run = [
+        {**order, "granted": True} if order["attempt"] in granted else order
+        for order in orders["run"]
+        if order["attempt"] not in refused
+    ]
+    return {"run": run, "stop": stop}
 
 
 def orders_with_news(orders: dict[str, Any], news: dict[str, list[dict]],

@@ -45,6 +45,7 @@ from scheduler.nodes.connectors import ClusterNode, connector_for_token
 from scheduler.nodes.services import (
     node_for_token,
     node_heartbeat,
+    node_poll_answer,
     node_poll_orders,
     node_poll_start,
     node_register,
@@ -325,26 +326,46 @@ def register(request: HttpRequest, data: dict) -> JsonResponse:
 @require_POST
 async def poll(request: HttpRequest) -> JsonResponse:
     """Heartbeat and long poll: {running: [attempt ids], stopping: [attempt ids], wait: s,
-    events?: [...]} → {run: [...], stop: [...], results: [...]}. `events` are applied first,
-    as by `report` (their results in `results`), so an agent can send what it has to say
-    with its next poll instead of a request of its own. Answers at once when the orders
-    differ from what the agent reports; otherwise waits up to `wait` seconds for them to
-    change, on the event loop: a waiting poll holds no thread and no database connection."""
+    events?: [...], grants?: bool} → {run: [...], stop: [...], results: [...]}. `events` are
+    applied first, as by `report` (their results in `results`), so an agent can send what it
+    has to say with its next poll instead of a request of its own. Answers at once when the
+    orders differ from what the agent reports; otherwise waits up to `wait` seconds for them to
+    change, on the event loop: a waiting poll holds no thread and no database connection.
+    `grants`: the agent starts the one-node attempts whose run orders say `granted`, without
+    asking (`starts_granted`)."""
     return await _long_poll(
         request,
         principal=NODE,
         start=lambda node, **poll: node_poll_start(node=node, **poll),
-        again=lambda node, running: node_poll_orders(node=node, running=running),
+        again=lambda node, running, grants: node_poll_orders(
+            node=node, running=running, grants=grants
+        ),
+        more=_poll_fields,
         with_news=orders_with_news,
+        granting=lambda node, orders, grants: node_poll_answer(
+            node=node, orders=orders, grants=grants
+        ),
     )
 
 
-async def _long_poll(request: HttpRequest, *, principal: Principal, start, again,
-                     more=lambda data: {}, with_news=None) -> JsonResponse:  # fmt: skip
+def _poll_fields(data: dict) -> dict:
+    """What an agent's poll carries beside its orders and events: `grants`."""
+    grants = data.get("grants", False)
+    if not isinstance(grants, bool):
+        raise BadRequest("grants", "grants: must be true or false.")
+    return {"grants": grants}
+
+
+async def _long_poll(
+    request: HttpRequest, *, principal: Principal, start, again, more=lambda data: {},
+    with_news=None, granting=None,
+) -> JsonResponse:  # fmt: skip
     """A long poll, of an agent or a connector: `start(caller, running, stopping, events,
-    waiter, **more(data))` its database step (a PollStart), `again(caller, running)` the orders
-    read again when a change woke the waiting poll, unless the notifications carried the new
-    orders and `with_news(orders, news, running)` gives the orders with them."""
+    waiter, **more(data))` its database step (a PollStart), `again(caller, running,
+    **more(data))` the orders read again when a change woke the waiting poll, unless the
+    notifications carried the new orders and `with_news(orders, news, running)` gives the
+    orders with them; `granting(caller, orders, **more(data))` then, in the database, where
+    they hold run orders."""
     try:
         data = _body(request)
         running = _ids(data, "running")
@@ -375,8 +396,10 @@ async def _long_poll(request: HttpRequest, *, principal: Principal, start, again
             if not begun.news and await waiter.wait(poll_wait_seconds(wait)):
                 if with_news is not None and waiter.carried is not None:
                     orders = with_news(orders, waiter.carried, running)
+                    if granting is not None and orders["run"]:
+                        orders = await in_database_thread(granting, caller, orders, **extra)
                 else:
-                    orders = await in_database_thread(again, caller, running)
+                    orders = await in_database_thread(again, caller, running, **extra)
     except ValidationError as error:
         return _refused(error)
     finally:
@@ -674,8 +697,9 @@ async def connector_poll(request: HttpRequest) -> JsonResponse:
         principal=CONNECTOR,
         start=lambda connector, **poll: connectors.connector_poll_start(connector=connector,
                                                                         **poll),
-        again=lambda connector, running: connectors.connector_orders(connector=connector,
-                                                                     running=running),
+        again=lambda connector, running, **_fields: connectors.connector_orders(
+            connector=connector, running=running
+        ),
         more=_connector_poll_fields,
     )  # fmt: skip
 

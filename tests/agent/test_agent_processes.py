@@ -20,7 +20,7 @@ import time
 import pytest
 
 from scheduler.agent.connector import Connector
-from scheduler.agent.core import Process, _pdeathsig_launcher
+from scheduler.agent.core import GRANT_FRESH_SECONDS, Process, _pdeathsig_launcher
 from scheduler.agent.protocol import CONNECTOR_POLL_PATH, CONNECTOR_START_PATH, POLL_PATH
 from scheduler.agent.slurm import SlurmCluster
 from tests.agent.offline import offline_agent, run_order
@@ -251,6 +251,36 @@ def test_a_portal_that_grants_no_starts_gets_its_orders_started_and_reported(tmp
         assert server.paths == ["/api/v1/agent/start/"] and 8 in agent.processes
 
 
+def test_a_run_order_granted_in_a_poll_s_answer_starts_without_asking(tmp_path):
+    """The agent's polls ask the portal to grant the starts of one-node attempts in their
+    answers (`grants`): such a run order starts at once, with no request to start it (the
+    agent has no portal here to ask) and no started event (the portal recorded the start when
+    it granted it). A run order that is not granted (a gang's) is claimed and asked for."""
+    agent = offline_agent(tmp_path, gpus=2)
+    assert agent._poll_body([])["grants"] is True
+    agent.to_ask = queue.Queue()
+    gang = {**run_order(8, 4, "true"), "gpu_indices": [1], "node_count": 2}
+    agent.apply({"run": [{**run_order(7, 3, "true"), "node_count": 1, "granted": True}, gang],
+                 "stop": []})  # fmt: skip
+    assert 7 in agent.processes and 7 not in agent.claims
+    assert agent.to_ask.get_nowait() == [8] and agent.to_ask.empty() and 8 not in agent.processes
+    assert agent._poll_body([])["running"] == [7, 8]
+    assert not [e for e in agent.outbox if e["type"] == "started"]
+
+
+def test_a_start_granted_in_an_answer_the_agent_was_slow_to_act_on_is_asked_for(tmp_path):
+    """The answer that granted a start came longer ago than GRANT_FRESH_SECONDS when the agent
+    acts on it (a loaded node): the agent does not start it on that grant, which a stop
+    ordered since would not have withdrawn, but asks (`start/`), which refuses an attempt whose
+    stop came first."""
+    agent = offline_agent(tmp_path)
+    agent.to_ask = queue.Queue()
+    stale = time.monotonic() - GRANT_FRESH_SECONDS - 1
+    agent.apply({"run": [{**run_order(7, 3, "true"), "node_count": 1, "granted": True}],
+                 "stop": []}, received=stale)  # fmt: skip
+    assert agent.to_ask.get_nowait() == [7] and 7 in agent.claims and not agent.processes
+
+
 def test_a_start_answered_with_no_json_is_asked_again_later(tmp_path):
     """The starter thread gets a proxy's page for an answer: it hands back no answer (and goes
     on, or the agent would start nothing again); the claim stays, to be asked again once the
@@ -277,7 +307,7 @@ def test_a_stop_that_comes_with_the_grant_of_its_start_wins(tmp_path):
     assert agent.to_ask.get_nowait() == [7] and agent.asking == {7}
     agent.grants.put(([7], {"start": [7], "stop": []}))
     agent.answers.put((agent.finished.poll_sent(), {"run": [], "stop": [
-        {"attempt": 7, "grace_seconds": 0, "started": True}]}))  # fmt: skip
+        {"attempt": 7, "grace_seconds": 0, "started": True}]}, time.monotonic()))  # fmt: skip
     agent.step(0)
     assert not agent.processes and not agent.claims and not agent.asking
     assert [(e["type"], e["attempt"], e["end"]) for e in agent.outbox] == [

@@ -43,9 +43,10 @@ def _registered_agents(system, tmp_path) -> dict[str, Agent]:
     return agents
 
 
-def _poll(agent: Agent) -> dict:
-    """One poll of the agent's, answered without waiting."""
-    body = {**agent._poll_body([]), "wait": 0}
+def _poll(agent: Agent, *, grants: bool = True) -> dict:
+    """One poll of the agent's, answered without waiting; `grants`: as the agent asks (see
+    `scheduler.nodes.services.starts_granted`), or not, so that it asks to start."""
+    body = {**agent._poll_body([]), "wait": 0, "grants": grants}
     response = agent.http.post(POLL_PATH, json=body, headers=agent._headers(), timeout=30)
     assert response.status_code == 200, response.text
     return response.json()
@@ -99,8 +100,9 @@ def test_a_stop_that_overtakes_the_answer_to_a_start_is_obeyed_and_nothing_start
     world, live, tmp_path
 ):
     """The agent's starter thread asks to start while its polls go on (the test asks in its
-    place, when it chooses): a poll sent meanwhile lists the claim, so the portal sends its run
-    order no more; the portal grants the start, the owner reclaims before the answer reaches
+    place, when it chooses; its polls do not ask for grants, as if the attempt were a gang's,
+    whose starts are asked for): a poll sent meanwhile lists the claim, so the portal sends its
+    run order no more; the portal grants the start, the owner reclaims before the answer reaches
     the agent, and the stop order the next poll brings ends the claim: the grant that follows
     starts nothing, and the attempt ends PREEMPTED."""
     system = live()
@@ -111,12 +113,12 @@ def test_a_stop_that_overtakes_the_answer_to_a_start_is_obeyed_and_nothing_start
     agent = agents[node]
     agent.to_ask = queue.Queue()  # the starter's; nothing asks but the test
 
-    orders = _poll(agent)
+    orders = _poll(agent, grants=False)
     assert [order["attempt"] for order in orders["run"]] == [attempt.pk]
     agent.apply(orders)
     asked = agent.to_ask.get_nowait()
     assert asked == [attempt.pk] and attempt.pk in agent.claims and not agent.processes
-    assert _poll(agent) == {"run": [], "stop": [], "results": []}
+    assert _poll(agent, grants=False) == {"run": [], "stop": [], "results": []}
 
     answer = agent.ask_to_start(asked)
     assert answer["start"] == [attempt.pk]
@@ -124,7 +126,7 @@ def test_a_stop_that_overtakes_the_answer_to_a_start_is_obeyed_and_nothing_start
                           command="sleep 1")  # fmt: skip
     cycle_run(force=True)
     assert JobAttempt.objects.get(pk=attempt.pk).preempted_for_id == owner.pk
-    stops = _poll(agent)
+    stops = _poll(agent, grants=False)
     assert [order["attempt"] for order in stops["stop"]] == [attempt.pk]
     agent.apply(stops)
     agent.granted(asked, answer)

@@ -16,7 +16,7 @@ from scheduler.cycle.run import cycle_run
 from scheduler.jobs.services import job_submit
 from scheduler.models import ClusterSettings, Job, JobAttempt, Node
 from scheduler.nodes import queries
-from scheduler.nodes.services import hash_token, node_orders
+from scheduler.nodes.services import hash_token, node_orders, node_poll_orders, starts_granted
 from tests.conftest import place_a_borrower
 
 pytestmark = pytest.mark.django_db
@@ -95,9 +95,10 @@ def test_bad_events_name_the_field(client_):
         ({"events": [{"type": "started", "attempt": -4}]}, "events[0].attempt"),
         ({"running": ["a"]}, "running"),
         ({"running": [2**64]}, "running"),
+        ({"grants": "yes"}, "grants"),
     ]
     for body, field in bad:
-        paths = ["poll"] if "running" in body else ["report", "poll"]
+        paths = ["poll"] if "running" in body or "grants" in body else ["report", "poll"]
         for path in paths:
             response = post(client_, path, {**body, "wait": 0}, token)
             assert response.status_code == 400, (path, body)
@@ -178,6 +179,61 @@ def test_an_agent_starts_an_attempt_once_the_portal_grants_it(client_, world):
     states = list(job.events.order_by("pk").values_list("to_state", flat=True))
     assert states[-3:] == [Job.State.SCHEDULED, Job.State.STARTING, Job.State.RUNNING]
     assert states.count(Job.State.RUNNING) == 1
+
+
+def test_a_poll_that_asks_for_grants_gets_its_one_node_starts_granted_in_its_answer(client_, world):
+    """An agent that says it starts what its poll's answer grants (`grants: true`) is not
+    asked to request its one-node starts: the answer grants them (`granted`), and the portal
+    records the order's delivery (STARTING) and the start (RUNNING) as a start request would.
+    An answer that was lost: the next poll does not list the attempt as running, so its run
+    order comes again, granted again, with no second RUNNING. A poll that does not ask gets
+    the run order to ask about, and nothing is recorded."""
+    job, mine, _ = placed_job(client_, world)
+    (run,) = post(client_, "poll", {"running": [], "wait": 0}, mine).json()["run"]
+    assert "granted" not in run and run["node_count"] == 1
+    assert Job.objects.get(pk=job.pk).state == Job.State.SCHEDULED
+    for _ in range(2):
+        answer = post(client_, "poll", {"running": [], "wait": 0, "grants": True}, mine).json()
+        (run,) = answer["run"]
+        assert run["granted"] is True and answer["stop"] == []
+    job = Job.objects.get(pk=job.pk)
+    assert job.state == Job.State.RUNNING and job.attempts.get().started_at is not None
+    states = list(job.events.order_by("pk").values_list("to_state", flat=True))
+    assert states[-3:] == [Job.State.SCHEDULED, Job.State.STARTING, Job.State.RUNNING]
+    assert states.count(Job.State.RUNNING) == 1
+    body = {"running": [run["attempt"]], "wait": 0, "grants": True}
+    assert post(client_, "poll", body, mine).json() == {"run": [], "stop": [], "results": []}
+
+
+def test_a_gang_s_nodes_ask_to_start_even_where_polls_take_grants(client_, world):
+    """A gang's start is decided once for all its nodes, by the first that asks (`start/`):
+    its run orders are never granted in a poll's answer."""
+    tokens = [register(client_, name=name) for name in ("node-a", "node-b")]
+    job, _ = job_submit(user=world.alice, share_name="research", gpu_type="h100", gpus=16,
+                        nodes=2, command="python train.py")  # fmt: skip
+    cycle_run(force=True)
+    for token in tokens:
+        answer = post(client_, "poll", {"running": [], "wait": 0, "grants": True}, token).json()
+        (run,) = answer["run"]
+        assert run["node_count"] == 2 and "granted" not in run
+    assert Job.objects.get(pk=job.pk).state == Job.State.SCHEDULED
+
+
+def test_a_start_in_a_poll_s_answer_is_refused_if_the_stop_came_first(client_, world):
+    """Orders read, then the attempt's stop ordered before the grant (as a woken poll's orders
+    carried by its wake-up may be): the answer has its stop order instead of its run order,
+    and it never starts. One that ended meanwhile is left out, with no order at all."""
+    job, mine, _ = placed_job(client_, world)
+    attempt = Job.objects.get(pk=job.pk).attempts.get()
+    node = Node.objects.get(name=attempt.allocations[0]["node"])
+    orders = node_poll_orders(node=node, running=set())
+    JobAttempt.objects.filter(pk=attempt.pk).update(stop_requested_at=timezone.now())
+    stop = {"attempt": attempt.pk, "grace_seconds": 2, "started": False}
+    assert starts_granted(node=node, orders=orders) == {"run": [], "stop": [stop]}
+    JobAttempt.objects.filter(pk=attempt.pk).update(ended_at=timezone.now())
+    assert starts_granted(node=node, orders=orders) == {"run": [], "stop": []}
+    assert JobAttempt.objects.get(pk=attempt.pk).started_at is None
+    assert Job.objects.get(pk=job.pk).state == Job.State.SCHEDULED
 
 
 def test_each_node_of_a_gang_is_granted_its_start_until_the_gang_is_stopped(client_, world):

@@ -1,6 +1,7 @@
 """The agent endpoints as the production server serves them (`scheduler.nodes.asgi`), driven
 through their ASGI interface as uvicorn drives them, with the shared database threads and the
-real database: routing, and a request whose agent gave up before its work could begin."""
+real database and Redis: routing, a request whose agent gave up before its work could begin,
+and a woken poll's grants."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ import pytest
 from django.db import connections
 
 from portal.db import threads
-from scheduler.models import ClusterSettings, Node
+from scheduler.cycle import wake
+from scheduler.cycle.run import cycle_run
+from scheduler.jobs.services import job_submit
+from scheduler.models import ClusterSettings, Job, Node
 from scheduler.nodes import views
 from scheduler.nodes.asgi import GAVE_UP, AgentEndpoints
 
@@ -26,8 +30,9 @@ async def rest_of_the_portal(scope, receive, send) -> None:
     await send({"type": "http.response.body", "body": b"the rest of the portal"})
 
 
-async def post(app, path: str, body: object) -> tuple[int, bytes]:
-    """POST `body` as JSON to `path`, as an ASGI server would; the status and the body."""
+async def post(app, path: str, body: object, token: str | None = None) -> tuple[int, bytes]:
+    """POST `body` as JSON to `path`, as an ASGI server would (as node `token`); the status
+    and the body."""
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -37,7 +42,11 @@ async def post(app, path: str, body: object) -> tuple[int, bytes]:
         "path": path,
         "raw_path": path.encode(),
         "query_string": b"",
-        "headers": [(b"content-type", b"application/json"), (b"host", b"127.0.0.1")],
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"host", b"127.0.0.1"),
+            *([(b"authorization", f"Node {token}".encode())] if token else []),
+        ],
         "client": ("127.0.0.1", 40000),
         "server": ("127.0.0.1", 8000),
     }
@@ -108,3 +117,39 @@ def test_a_request_not_begun_before_its_agent_gave_up_is_left_undone_and_answere
     status, body = asyncio.run(post(app, "/api/v1/agent/register/", registration("n1")))
     assert status == 201, body
     assert Node.objects.get(name="n1").state == Node.State.READY
+
+
+def test_a_woken_poll_that_asks_for_grants_answers_with_its_new_start_granted(app, world):
+    """A node's poll waits, asking for grants; a cycle places a job there, and the node's
+    wake-up carries the run order (`scheduler.cycle.wake`): the poll answers with it granted
+    (the start recorded in a database step after the wake-up) and the job is RUNNING, with no
+    request to start it."""
+    status, body = asyncio.run(post(app, "/api/v1/agent/register/", registration("n1")))
+    assert status == 201, body
+    token = json.loads(body)["token"]
+    node = Node.objects.get(name="n1")
+
+    async def poll(wait: float) -> dict:
+        body = {"running": [], "wait": wait, "grants": True}
+        status, answer = await post(app, "/api/v1/agent/poll/", body, token=token)
+        assert status == 200, answer
+        return json.loads(answer)
+
+    # A first poll brings the process's subscription up (polls waiting meanwhile read their
+    # orders again instead of taking what a wake-up carries).
+    assert asyncio.run(poll(0))["run"] == []
+    job, _ = job_submit(user=world.alice, share_name="research", gpu_type="h100", gpus=8,
+                        command="python train.py")  # fmt: skip
+
+    async def main() -> dict:
+        waiting = asyncio.create_task(poll(WAIT))
+        while not wake._listener.waiting.get(node.pk):
+            await asyncio.sleep(0.01)
+        await threads.in_database_thread(cycle_run, force=True)
+        return await waiting
+
+    answer = asyncio.run(main())
+    (run,) = answer["run"]
+    assert run["job"] == job.pk and run["granted"] is True
+    job = Job.objects.get(pk=job.pk)
+    assert job.state == Job.State.RUNNING and job.attempts.get().started_at is not None

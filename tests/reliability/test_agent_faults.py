@@ -155,8 +155,10 @@ def test_replayed_reports_change_nothing(world, live, tmp_path):
 def test_an_attempt_stopped_before_its_agent_could_start_it_never_starts(world, live):
     """A borrower's run order reaches its agent, which is slow to act on it (a loaded machine);
     meanwhile the owner submits and the cycle orders the borrower's stop. The borrower's
-    process never starts: its attempt ends PREEMPTED with no start and no process, the owner
-    runs on the GPUs, and the borrower runs later, and every invariant holds."""
+    process never starts: its attempt ends PREEMPTED with no process, the owner runs on the
+    GPUs, and the borrower runs later, and every invariant holds. The poll's answer granted the
+    start (the agent asks its polls for grants): the agent, acting on it too late, asks to
+    start instead, is refused and reports that it never started."""
     system = live()
     system.start_web()
     system.start_worker()
@@ -168,7 +170,7 @@ def test_an_attempt_stopped_before_its_agent_could_start_it_never_starts(world, 
     own = alice.submit("research", job_command(30, 0.1), gpus=8)
     wait_jobs([own], Job.State.RUNNING)
     borrower = alice.submit("research", job_command(3, 0.1), gpus=8)
-    wait_jobs([borrower], Job.State.SCHEDULED)
+    wait_jobs([borrower], Job.State.SCHEDULED, Job.State.RUNNING)  # RUNNING: granted
     attempt = JobAttempt.objects.get(job_id=borrower)
     (node,) = (allocation["node"] for allocation in attempt.allocations)
     order_seen = system.tmp / "agents" / node / f"order-{attempt.pk}"
@@ -178,7 +180,7 @@ def test_an_attempt_stopped_before_its_agent_could_start_it_never_starts(world, 
 
     first = JobAttempt.objects.get(job_id=borrower, number=1)
     assert (first.outcome, first.preempted_for_id) == (JobAttempt.Outcome.PREEMPTED, owner)
-    assert first.started_at is None
+    assert first.exit_code is None  # no process, so no exit
     assert not system.checkpoint_dir(borrower).joinpath("attempt-1.start").exists()
     assert outcomes(borrower) == ["PREEMPTED", "SUCCEEDED"]
     check_invariants()
