@@ -230,28 +230,29 @@ def starts_granted(*, node: Node, orders: dict[str, Any]) -> dict[str, Any]:
     between a placement and its process. They are granted as a start request grants them
     (`attempts_start`): an attempt whose stop was ordered first is refused, and its stop order
     comes instead of its run order; one that ended meanwhile is left out. A gang's nodes
-    still ask, as before: the first decides for all of them. An answer that is lost on its
-    way leaves the attempt started with no process: the agent's next poll does not list it as
-    running, so it is ordered to run again and granted again."""
-    single = {order["attempt"] for order in orders["run"] if order.get("node_count") == 1}
-    if not single:
+    still ask, as before: the first decides for all of them. An answer with stop orders grants
+    nothing: a grant may wait for its job's lock, which a cycle holds while it orders stops,
+    and a stop order never waits behind a start (the agent asks to start beside its polls).
+    An answer that is lost on its way leaves the attempt started with no process: the agent's
+    next poll does not list it as running, so it is ordered to run again and granted again."""
+    if not starts_grantable(orders):
         return orders
+    single = {order["attempt"] for order in orders["run"] if order.get("node_count") == 1}
     granted = attempts_start(node=node, attempt_ids=single)
     refused = single - granted
-    stop = orders["stop"]
-    if refused:
-        listed = {order["attempt"] for order in stop}
-        stop = stop + [
-            order
-            for order in stops_ordered_first(node=node, attempt_ids=refused)
-            if order["attempt"] not in listed
-        ]
+    stop = stops_ordered_first(node=node, attempt_ids=refused)
     run = [
         {**order, "granted": True} if order["attempt"] in granted else order
         for order in orders["run"]
         if order["attempt"] not in refused
     ]
     return {"run": run, "stop": stop}
+
+
+def starts_grantable(orders: dict[str, Any]) -> bool:
+    """Whether `starts_granted` would grant any of these orders' starts: one-node run orders,
+    and no stop order."""
+    return not orders["stop"] and any(order.get("node_count") == 1 for order in orders["run"])
 
 
 def orders_with_news(orders: dict[str, Any], news: dict[str, list[dict]],

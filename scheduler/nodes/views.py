@@ -45,12 +45,13 @@ from scheduler.nodes.connectors import ClusterNode, connector_for_token
 from scheduler.nodes.services import (
     node_for_token,
     node_heartbeat,
-    node_poll_answer,
     node_poll_orders,
     node_poll_start,
     node_register,
     orders_with_news,
     poll_wait_seconds,
+    starts_grantable,
+    starts_granted,
 )
 
 AUTH_SCHEME = "Node"
@@ -342,10 +343,16 @@ async def poll(request: HttpRequest) -> JsonResponse:
         ),
         more=_poll_fields,
         with_news=orders_with_news,
-        granting=lambda node, orders, grants: node_poll_answer(
-            node=node, orders=orders, grants=grants
-        ),
+        granting=_granted_in_answer,
     )
+
+
+async def _granted_in_answer(node: Node, orders: dict, grants: bool) -> dict:
+    """A woken poll's orders, with their starts granted where the agent asked for grants; in
+    the database only where there is a start to grant (a stop order never waits for it)."""
+    if not grants or not starts_grantable(orders):
+        return orders
+    return await in_database_thread(starts_granted, node=node, orders=orders)
 
 
 def _poll_fields(data: dict) -> dict:
@@ -364,8 +371,8 @@ async def _long_poll(
     waiter, **more(data))` its database step (a PollStart), `again(caller, running,
     **more(data))` the orders read again when a change woke the waiting poll, unless the
     notifications carried the new orders and `with_news(orders, news, running)` gives the
-    orders with them; `granting(caller, orders, **more(data))` then, in the database, where
-    they hold run orders."""
+    orders with them, and `await granting(caller, orders, **more(data))` the orders to answer
+    with then."""
     try:
         data = _body(request)
         running = _ids(data, "running")
@@ -396,8 +403,8 @@ async def _long_poll(
             if not begun.news and await waiter.wait(poll_wait_seconds(wait)):
                 if with_news is not None and waiter.carried is not None:
                     orders = with_news(orders, waiter.carried, running)
-                    if granting is not None and orders["run"]:
-                        orders = await in_database_thread(granting, caller, orders, **extra)
+                    if granting is not None:
+                        orders = await granting(caller, orders, **extra)
                 else:
                     orders = await in_database_thread(again, caller, running, **extra)
     except ValidationError as error:

@@ -236,6 +236,18 @@ def test_a_start_in_a_poll_s_answer_is_refused_if_the_stop_came_first(client_, w
     assert Job.objects.get(pk=job.pk).state == Job.State.SCHEDULED
 
 
+def test_an_answer_with_a_stop_order_grants_no_start(client_, world):
+    """A grant may wait for its job's lock, which a cycle holds while it orders stops: an
+    answer that carries a stop order goes without granting, so the stop never waits behind
+    a start; the agent asks to start the run orders beside its polls."""
+    job, mine, _ = placed_job(client_, world)
+    node = Node.objects.get(name=Job.objects.get(pk=job.pk).attempts.get().allocations[0]["node"])
+    orders = node_poll_orders(node=node, running=set())
+    with_stop = {**orders, "stop": [{"attempt": 10**9, "grace_seconds": 2, "started": True}]}
+    assert starts_granted(node=node, orders=with_stop) == with_stop
+    assert Job.objects.get(pk=job.pk).state == Job.State.SCHEDULED
+
+
 def test_each_node_of_a_gang_is_granted_its_start_until_the_gang_is_stopped(client_, world):
     """A two-node attempt: its first node's start records the job's start (RUNNING, once), the
     second node's is granted too (it changes no job); once the attempt's stop is ordered, a node
