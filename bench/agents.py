@@ -19,7 +19,8 @@ The agents, N nodes of 8 h100 GPUs, do what scheduler/agent/core.py does, but st
 processes: they register with the join token (64 at a time, a fleet coming up), then each
 long-polls (asking for a 20 s wait) with what it runs (its claims included) and stops and the
 events it has to report, asking for grants; "runs" at once a run order its poll's answer granted
-(a one-node attempt's), and asks to start every other new run order (POST start/, beside its
+(a one-node attempt's) if it acts on the answer within GRANT_FRESH_SECONDS, and asks to start
+every other new run order (POST start/, beside its
 polls, one request at a time); "runs" what is granted for the job's runtime
 (its command is `sleep S`), with a log tail every 15 s; reports by POST report/ what happens while
 its poll waits; keeps every event until the portal acknowledged it and sends it again if not;
@@ -116,7 +117,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 import soak  # noqa: E402
 
 from portal import server  # noqa: E402
-from scheduler.agent.core import LOG_EVERY_SECONDS, REPORT_WAIT_SECONDS, Backoff  # noqa: E402
+from scheduler.agent.core import (  # noqa: E402
+    GRANT_FRESH_SECONDS,
+    LOG_EVERY_SECONDS,
+    REPORT_WAIT_SECONDS,
+    Backoff,
+)
 from scheduler.agent.gpus import fake_gpus  # noqa: E402
 from scheduler.agent.protocol import (  # noqa: E402
     ANSWER_SECONDS,
@@ -374,8 +380,9 @@ class SimAgent:
             backoff.succeeded()
             self._stops_received(answer.get("stop", []), sent, "poll")
             self.poll_due = True
+            received = time.monotonic()
             async with self.main:
-                await self.apply(answer)
+                await self.apply(answer, received)
 
     async def flush(self) -> None:
         if not self.report_backoff.ready():
@@ -415,13 +422,16 @@ class SimAgent:
 
     # --- Orders ------------------------------------------------------------------------------
 
-    async def apply(self, orders: dict) -> None:
+    async def apply(self, orders: dict, received: float) -> None:
+        # As the real agent: a grant it acts on too late (a lagging event loop here) is asked
+        # for instead.
+        fresh = time.monotonic() - received <= GRANT_FRESH_SECONDS
         granted = []
         for order in orders.get("run", []):
             attempt = order["attempt"]
             if attempt in self.processes or attempt in self.finished:
                 continue
-            if order.get("granted"):
+            if order.get("granted") and fresh:
                 granted.append(order)
             else:
                 self.claims[attempt] = order

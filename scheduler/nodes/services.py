@@ -235,9 +235,9 @@ def starts_granted(*, node: Node, orders: dict[str, Any]) -> dict[str, Any]:
     and a stop order never waits behind a start (the agent asks to start beside its polls).
     An answer that is lost on its way leaves the attempt started with no process: the agent's
     next poll does not list it as running, so it is ordered to run again and granted again."""
-    if not starts_grantable(orders):
+    single = starts_grantable(orders)
+    if not single:
         return orders
-    single = {order["attempt"] for order in orders["run"] if order.get("node_count") == 1}
     granted = attempts_start(node=node, attempt_ids=single)
     refused = single - granted
     stop = stops_ordered_first(node=node, attempt_ids=refused)
@@ -249,10 +249,12 @@ def starts_granted(*, node: Node, orders: dict[str, Any]) -> dict[str, Any]:
     return {"run": run, "stop": stop}
 
 
-def starts_grantable(orders: dict[str, Any]) -> bool:
-    """Whether `starts_granted` would grant any of these orders' starts: one-node run orders,
-    and no stop order."""
-    return not orders["stop"] and any(order.get("node_count") == 1 for order in orders["run"])
+def starts_grantable(orders: dict[str, Any]) -> set[int]:
+    """The attempts whose starts `starts_granted` may grant in an answer with these orders:
+    those of its one-node run orders, none if it has a stop order."""
+    if orders["stop"]:
+        return set()
+    return {order["attempt"] for order in orders["run"] if order.get("node_count") == 1}
 
 
 def orders_with_news(orders: dict[str, Any], news: dict[str, list[dict]],
