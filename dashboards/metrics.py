@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import ipaddress
-import math
 from collections import Counter
 
 from django.conf import settings
@@ -14,9 +13,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from dashboards.models import CycleStats
+from dashboards.models import (
+    CYCLE_DURATION_BUCKETS,
+    CycleStats,
+    cycle_bucket_field,
+    cycle_bucket_label,
+)
 from dashboards.selectors import node_gpus, preemption_kind
-from dashboards.services import CYCLE_DURATION_BUCKETS
 from scheduler.jobs.selectors import held_off
 from scheduler.models import Job, JobAttempt, Node
 from shares.models import CapacityLimit, QuotaShare
@@ -187,9 +190,8 @@ class PortalCollector(Collector):
         stats = CycleStats.objects.filter(pk=1).first() or CycleStats()
         buckets, cumulative = [], 0
         for bound in CYCLE_DURATION_BUCKETS:
-            key = "+Inf" if math.isinf(bound) else repr(bound)
-            cumulative += stats.buckets.get(key, 0)
-            buckets.append((key, cumulative))
+            cumulative += getattr(stats, cycle_bucket_field(bound))
+            buckets.append((cycle_bucket_label(bound), cumulative))
         yield HistogramMetricFamily(
             "portal_cycle_duration_seconds",
             "How long scheduling cycles took.",

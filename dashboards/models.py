@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from django.db import models
 
 
@@ -103,14 +105,28 @@ class Watermark(models.Model):
         return f"{self.name}: {self.at}"
 
 
-class CycleStats(models.Model):
-    """The scheduling cycle's counters for /metrics: one row (pk=1), updated by `cycle_record`.
+# The upper bounds (seconds) of the cycle duration histogram's buckets, as Prometheus's `le`.
+CYCLE_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, math.inf)
 
-    `buckets` counts the runs whose duration fell in each bucket, keyed by the bucket's upper
-    bound as text ('+Inf' for the last); /metrics adds them up into Prometheus's cumulative
+
+def cycle_bucket_label(bound: float) -> str:
+    """A bucket's upper bound as /metrics writes it: '0.005', ..., '+Inf'."""
+    return "+Inf" if math.isinf(bound) else repr(bound)
+
+
+def cycle_bucket_field(bound: float) -> str:
+    """The CycleStats column that counts the runs of a bucket: le_0_005, ..., le_inf."""
+    return "le_inf" if math.isinf(bound) else "le_" + repr(bound).replace(".", "_")
+
+
+class CycleStats(models.Model):
+    """The scheduling cycle's counters for /metrics: one row (pk=1), updated by `cycle_record`
+    in one statement.
+
+    A column per bucket of CYCLE_DURATION_BUCKETS (`cycle_bucket_field`, added below) counts
+    the runs whose duration fell in it; /metrics adds them up into Prometheus's cumulative
     histogram."""
 
-    buckets = models.JSONField(default=dict)
     duration_sum = models.FloatField(default=0.0)
     runs_ok = models.PositiveBigIntegerField(default=0)
     runs_failed = models.PositiveBigIntegerField(default=0)
@@ -127,3 +143,8 @@ class CycleStats(models.Model):
     @property
     def runs(self) -> int:
         return self.runs_ok + self.runs_failed
+
+
+for _bound in CYCLE_DURATION_BUCKETS:
+    CycleStats.add_to_class(cycle_bucket_field(_bound), models.PositiveBigIntegerField(default=0))
+del _bound

@@ -14,11 +14,19 @@ from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Max, Min, Sum
+from django.db.models import F, Max, Min, Sum
 from django.db.models.functions import Least
 from django.utils import timezone
 
-from dashboards.models import ClusterSample, CycleStats, Resolution, UsageSample, Watermark
+from dashboards.models import (
+    CYCLE_DURATION_BUCKETS,
+    ClusterSample,
+    CycleStats,
+    Resolution,
+    UsageSample,
+    Watermark,
+    cycle_bucket_field,
+)
 from scheduler.models import Node
 from shares.selectors import current_usage
 
@@ -33,9 +41,6 @@ MAX_GAP = 2
 STEP = {Resolution.MINUTE: timedelta(minutes=1), Resolution.HOUR: timedelta(hours=1)}
 # How much wider one roll-up query is than its buckets: bounds memory on a long backfill.
 ROLLUP_WINDOW = {Resolution.MINUTE: timedelta(hours=6), Resolution.HOUR: timedelta(days=1)}
-
-# Upper bounds of the cycle-duration histogram, in seconds (Prometheus `le`).
-CYCLE_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, math.inf)
 
 USAGE_AVERAGED = ("limit", "own", "borrowed", "lent", "idle", "demand")
 USAGE_PEAKS = ("usage_max", "borrowed_max", "demand_max")
@@ -232,28 +237,25 @@ def history_prune(now: datetime | None = None) -> int:
     return deleted
 
 
-def _bucket_key(duration_seconds: float) -> str:
-    bound = next(b for b in CYCLE_DURATION_BUCKETS if duration_seconds <= b)
-    return "+Inf" if math.isinf(bound) else repr(bound)
-
-
-@transaction.atomic
-def cycle_record(duration_seconds: float, ok: bool, *, now: datetime | None = None) -> CycleStats:
+def cycle_record(duration_seconds: float, ok: bool, *, now: datetime | None = None) -> None:
     """Count one scheduling cycle for /metrics: its duration goes into the histogram
     portal_cycle_duration_seconds, and a successful one moves
-    portal_last_successful_cycle_timestamp_seconds. The cycle calls this after every run."""
+    portal_last_successful_cycle_timestamp_seconds. The cycle calls this after every run, so
+    it is one UPDATE (and, the first time, the row's INSERT before it)."""
     now = now or timezone.now()
-    CycleStats.objects.get_or_create(pk=1)
-    stats = CycleStats.objects.select_for_update().get(pk=1)
-    key = _bucket_key(max(0.0, duration_seconds))
-    stats.buckets[key] = stats.buckets.get(key, 0) + 1
-    stats.duration_sum += max(0.0, duration_seconds)
-    stats.last_run_at = now
-    stats.last_duration_seconds = duration_seconds
+    duration = max(0.0, duration_seconds)
+    bound = next(b for b in CYCLE_DURATION_BUCKETS if duration <= b)
+    bucket = cycle_bucket_field(bound)
+    result = "runs_ok" if ok else "runs_failed"
+    changes = {
+        bucket: F(bucket) + 1,
+        result: F(result) + 1,
+        "duration_sum": F("duration_sum") + duration,
+        "last_run_at": now,
+        "last_duration_seconds": duration_seconds,
+    }
     if ok:
-        stats.runs_ok += 1
-        stats.last_success_at = now
-    else:
-        stats.runs_failed += 1
-    stats.save()
-    return stats
+        changes["last_success_at"] = now
+    if not CycleStats.objects.filter(pk=1).update(**changes):
+        CycleStats.objects.get_or_create(pk=1)  # the first cycle ever: its row first
+        CycleStats.objects.filter(pk=1).update(**changes)

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dashboards.models import CycleStats
+from dashboards.models import CYCLE_DURATION_BUCKETS, CycleStats, cycle_bucket_field
 from dashboards.services import cycle_record
 from scheduler.models import Job, JobAttempt, Node
 from shares.models import QuotaShare
@@ -88,11 +88,18 @@ def test_metrics_report_quota_usage_queue_preemptions_nodes_and_cycles(
 
 @pytest.mark.django_db
 def test_cycle_record_counts_runs_and_keeps_the_last_success():
-    cycle_record(0.004, True)
-    stats = cycle_record(1.5, False)
-    assert (stats.runs_ok, stats.runs_failed, stats.buckets) == (1, 1, {"0.005": 1, "2.5": 1})
-    assert stats.last_success_at < stats.last_run_at
-    assert CycleStats.objects.count() == 1
+    at = [datetime(2026, 3, 2, 10, 0, second, tzinfo=UTC) for second in (0, 5, 10)]
+    cycle_record(0.004, True, now=at[0])
+    cycle_record(0.004, True, now=at[1])
+    cycle_record(1.5, False, now=at[2])
+    stats = CycleStats.objects.get()
+    assert (stats.runs_ok, stats.runs_failed, stats.duration_sum) == (2, 1, pytest.approx(1.508))
+    runs_by_bucket = {
+        bound: getattr(stats, cycle_bucket_field(bound)) for bound in CYCLE_DURATION_BUCKETS
+    }
+    assert {bound: runs for bound, runs in runs_by_bucket.items() if runs} == {0.005: 2, 2.5: 1}
+    assert (stats.last_success_at, stats.last_run_at) == (at[1], at[2])
+    assert stats.last_duration_seconds == 1.5
 
 
 @pytest.mark.django_db
