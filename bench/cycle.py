@@ -3,9 +3,10 @@
 Creates a scratch database on the server of DATABASE_URL (default
 postgres://postgres@127.0.0.1:5432/test), migrates it, and for each of --runs runs: a cycle
 that places everything it can (admissions per second), a forced re-plan with nothing to place,
-and an idle cycle (nothing changed since: skipped); then a steady cycle, as a busy live system
-runs them: --finish jobs end (their agents report the exits), and the next cycle places the jobs
-that take their GPUs (the worker's kept snapshot reads only what changed). Then the same once
+and an idle cycle (nothing changed since: skipped), alone and inside the Celery task that runs
+it after every change (with the task's metrics, history sample and estimates check); then a
+steady cycle, as a busy live system runs them: --finish jobs end (their agents report the
+exits), and the next cycle places the jobs that take their GPUs (the worker's kept snapshot reads only what changed). Then the same once
 more, the cycle taken by the worker's other process, whose copy is as old as its last cycle (it
 catches up from the feed's history), beside reading everything. And one refresh of the estimated
 starts on the full cluster (issue 21's "≤ 2 s per refresh"): the whole Celery task, reading the
@@ -121,6 +122,22 @@ def finish_jobs(count: int) -> int:
     return ended
 
 
+# Calls of an idle cycle (and of its task) timed together in each run.
+TASK_SAMPLES = 100
+
+
+def per_call(call, samples: int) -> tuple[float, float]:
+    """Seconds of wall-clock time and of this process's CPU per call, the median of `samples`
+    calls."""
+    walls, cpus = [], []
+    for _ in range(samples):
+        wall, cpu = time.perf_counter(), time.process_time()
+        call()
+        walls.append(time.perf_counter() - wall)
+        cpus.append(time.process_time() - cpu)
+    return statistics.median(walls), statistics.median(cpus)
+
+
 def print_steps(title: str, runs: list[dict[str, float]]) -> None:
     """Median seconds of each step of a cycle (CycleResult.timings) or of an estimates refresh
     (EstimateRun.timings); of a cycle, `commit` is what the steps do not account for: mostly
@@ -160,12 +177,15 @@ def main() -> int:
         from scheduler.cycle.estimates import estimates_refresh
         from scheduler.cycle.run import cycle_run
         from scheduler.cycle.snapshot import SnapshotCache, cycle_snapshot
+        from scheduler.cycle.tasks import cycle as cycle_task
 
         call_command("migrate", verbosity=0)
         populate(args.nodes, args.jobs)
         placing, placed, idle, replan, plan_only = [], [], [], [], []
         steady, steady_placed, steady_plan, steady_steps = [], [], [], []
         placing_steps, replan_steps = [], []
+        idle_run: list[tuple[float, float]] = []
+        idle_task: list[tuple[float, float]] = []
         other_load, other_kind, full_load = [], [], []
         refreshes = []
         this_process = cycle_module.snapshot_cache
@@ -190,6 +210,11 @@ def main() -> int:
             start = time.perf_counter()
             assert cycle_run().skipped
             idle.append(time.perf_counter() - start)
+            # The Celery task around such a cycle, which runs after every change (its
+            # metrics, a history sample, mostly too soon, and whether to queue an estimates
+            # refresh), beside the cycle alone.
+            idle_run.append(per_call(lambda: cycle_run(), TASK_SAMPLES))
+            idle_task.append(per_call(cycle_task, TASK_SAMPLES))
             # A steady cycle: some jobs end, the next cycle fills their GPUs.
             finish_jobs(args.finish)
             start = time.perf_counter()
@@ -224,6 +249,13 @@ def main() -> int:
         print(f"  placing cycle:        {med(placing):8.3f} s, {med(placed):.0f} jobs placed")
         print(f"  admissions per second: {med(placed) / med(placing):8.0f}")
         print(f"  idle cycle (skipped):  {med(idle) * 1000:8.1f} ms")
+        run_wall, run_cpu = (med(t[i] for t in idle_run) * 1000 for i in (0, 1))
+        task_wall, task_cpu = (med(t[i] for t in idle_task) * 1000 for i in (0, 1))
+        print(f"  the cycle task around an idle cycle: {task_wall:8.2f} ms ({task_cpu:.2f} ms of "
+              f"CPU), against the cycle alone {run_wall:.2f} ms ({run_cpu:.2f} ms of CPU): "
+              f"+{task_wall - run_wall:.2f} ms ({task_cpu - run_cpu:.2f} ms of CPU) for its "
+              f"metrics, history sample and estimates check; median of {TASK_SAMPLES} calls "
+              "in each run")  # fmt: skip
         print(f"  forced re-plan, nothing to place: {med(replan):8.3f} s")
         print(f"  baseline engine.plan() alone on the same snapshot: {med(plan_only):8.3f} s")
         print(f"  ratio placing cycle / plan alone: {med(placing) / med(plan_only):8.2f}")
