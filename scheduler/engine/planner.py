@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cached_property
 from operator import attrgetter
 
@@ -80,20 +80,27 @@ def _plan(snapshot: Snapshot, exhaustive: bool) -> Plan:
     # The jobs that runnable victims were preempted for, by type (in the same pass: few jobs
     # are such victims, and a pass of their own over a long queue would cost more).
     preempted_for: dict[str, list[str]] = defaultdict(list)
-    # Long queues repeat a few shapes (share, type, size): each is judged once.
-    judged: dict[tuple[str, str, int, int], str | None] = {}
+    # Long queues repeat a few shapes (share, type, size): each is judged once, to the list of
+    # its type's jobs to plan (`adds`, by the list's append) or to a rejection (`rejected`).
+    adds: dict[tuple[str, str, int, int], Callable[[RunnableJob], None]] = {}
+    rejected: dict[tuple[str, str, int, int], str] = {}
     for job in snapshot.runnable:
-        shape = (job.share, job.gpu_type, job.gpus, job.nodes)
-        if shape in judged:
-            reason = judged[shape]
-        else:
-            reason = judged[shape] = rejection_reason(job, shares, sizes.get(job.gpu_type))
-        if reason is not None:
-            rejections.append(Rejection(job.id, reason))
-        else:
-            jobs_by_type[job.gpu_type].append(job)
-            if job.preempted_for is not None:
-                preempted_for[job.gpu_type].append(job.preempted_for)
+        shape = _judged_shape(job)
+        add = adds.get(shape)
+        if add is None:
+            reason = rejected.get(shape)
+            if reason is None:
+                reason = rejection_reason(job, shares, sizes.get(job.gpu_type))
+                if reason is None:
+                    add = adds[shape] = jobs_by_type[job.gpu_type].append
+                else:
+                    rejected[shape] = reason
+            if add is None:
+                rejections.append(Rejection(job.id, reason))
+                continue
+        add(job)
+        if job.preempted_for is not None:
+            preempted_for[job.gpu_type].append(job.preempted_for)
 
     # Only the GPU types with jobs to plan need their placed jobs and held GPUs.
     placed_by_type: dict[str, list[PlacedJob]] = {gpu_type: [] for gpu_type in jobs_by_type}
@@ -340,6 +347,7 @@ class _TypePlan:
         self.preemptions: list[Preemption] = []
         self.waiting = waiting
         # A strict-FIFO share whose first job was left waiting: why its later jobs wait.
+        self._strict_shares = {name for name, share in shares.items() if share.strict_fifo}
         self._strict_blocked: dict[str, str] = {}
         self.repeats = _RepeatedWaits()
 
@@ -374,31 +382,36 @@ class _TypePlan:
     def _consider_each(self, jobs: Iterable[RunnableJob]) -> None:
         """Schedule each job in turn (the next one is drawn only once this one is decided), or
         leave it waiting, for the same reason as a job of its shape when `_RepeatedWaits`
-        knows it."""
+        knows it. Long queues are mostly such jobs: their step is kept to a few lookups."""
         waiting = self.waiting
         promised = self.promised
         repeats = self.repeats
-        last_wait = repeats.last_wait
-        last_share_wait = repeats.last_share_wait
-        share_changes = repeats.share_changes
+        waits = repeats.waits
+        share_waits = repeats.share_waits
+        strict = self._strict_shares
         strict_blocked = self._strict_blocked
-        shares = self.shares
         rules = self.rules
         for job in jobs:
             name = job.share
-            blocked = strict_blocked.get(name)
-            if blocked is not None:
-                waiting[job.id] = blocked
-                continue
-            held_off = rules.held_off_until(job) if job.preempted_at else None
-            shape = (name, job.gpus, job.nodes, job.priority, job.preemptible, held_off)
-            last = last_share_wait.get(shape)
-            if last is None or last[0] != share_changes[name] or job.id in promised:
-                last = last_wait.get(shape)
-                if last is not None and (last[0] != repeats.changes or job.id in promised):
-                    last = None
-            if last is not None:
-                waiting[job.id] = last[1]
+            if strict:
+                blocked = strict_blocked.get(name)
+                if blocked is not None:
+                    waiting[job.id] = blocked
+                    continue
+            shape = _shape(job)
+            held_off = None
+            if job.preempted_at:
+                held_off = rules.held_off_until(job)
+                if held_off is not None:
+                    shape = (*shape, held_off)
+            if promised and job.id in promised:
+                reason = None  # always scheduled: what is stopping for it is its own
+            else:
+                reason = waits.get(shape)
+                if reason is None and share_waits:
+                    reason = share_waits.get(shape)
+            if reason is not None:
+                waiting[job.id] = reason
             else:
                 before = repeats.changes
                 outcome = self._schedule(job, held_off)
@@ -407,12 +420,12 @@ class _TypePlan:
                 if not self.exhaustive and job.id not in promised:
                     if outcome is WAITS_ON_SHARE:
                         # Until the share's usage changes, its shape waits for this reason.
-                        last_share_wait[shape] = (share_changes[name], waiting[job.id])
+                        repeats.share_wait(shape, name, waiting[job.id])
                     elif repeats.changes == before:
                         # It changed nothing: until something does, its shape waits for this
                         # reason.
-                        last_wait[shape] = (before, waiting[job.id])
-            if shares[name].strict_fifo:
+                        waits[shape] = waiting[job.id]
+            if strict and name in strict:
                 strict_blocked[name] = reasons.strict_fifo(job.id)
 
     # --- one job ---------------------------------------------------------------------------
@@ -475,7 +488,7 @@ class _TypePlan:
             if allocations is not None:
                 borrowed = max(0, used + job.gpus - limit) - max(0, used - limit)
                 self.ledger.admit({job.share: job.gpus})
-                self.repeats.changes += 1
+                self.repeats.changed()
                 self.placements.append(Placement(job.id, allocations, borrowed))
                 self._share_changed(job.share)
                 for allocation in allocations:
@@ -559,7 +572,7 @@ class _TypePlan:
         victims = victims_at(low)
         assert victims is not None
         at = max(times[low], self.rules.now)
-        self.repeats.changes += 1
+        self.repeats.changed()
         self._reserve_nodes(job, [*promised, *victims])
         self.ledger.promise(deltas)
         for name in deltas:
@@ -601,7 +614,7 @@ class _TypePlan:
         """The job waits for GPUs being released (its victims', maybe others'): reserve the GPUs
         it will use so no other job of this plan takes them, and count the quota as if the
         victims had stopped and the job were running."""
-        self.repeats.changes += 1
+        self.repeats.changed()
         self._reserve_nodes(job, [*promised, *victims])
         final = dict(deltas)
         for victim in victims:
@@ -642,7 +655,7 @@ class _TypePlan:
 
     def _share_changed(self, name: str) -> None:
         """After the share's usage or victims changed."""
-        self.repeats.share_changes[name] += 1
+        self.repeats.share_changed(name)
         self.shortcuts.share_changed(name)
 
     def _node_changed(self, name: str) -> None:
@@ -668,14 +681,38 @@ class _TypePlan:
 
 
 class _RepeatedWaits:
-    """What lets a long queue's repeated shapes (share, size, node count, priority) wait
-    without being scheduled again: a job of the same shape as one left waiting waits for the
-    same reason while the plan has placed or committed nothing since (`changes` unchanged), or,
-    for a reason only its share's usage can change (WAITS_ON_SHARE), while that share's usage
-    has not changed (`share_changes`)."""
+    """What lets a long queue's repeated shapes (share, size, node count, priority, whether
+    preemptible, and a churn hold's end) wait without being scheduled again: a job of the same
+    shape as one left waiting waits for the same reason while the plan has placed or committed
+    nothing since (`waits`, emptied by `changed`), or, for a reason only its share's usage can
+    change (WAITS_ON_SHARE), while that share's usage has not changed (`share_waits`, a
+    share's emptied by `share_changed`). A shape is in at most one of the two: it is scheduled
+    again only when neither knows it."""
 
     def __init__(self) -> None:
         self.changes = 0  # bumped whenever the plan places a job or commits a wait
-        self.share_changes: dict[str, int] = defaultdict(int)
-        self.last_wait: dict[tuple[str, int, int, int], tuple[int, str]] = {}
-        self.last_share_wait: dict[tuple[str, int, int, int], tuple[int, str]] = {}
+        self.share_changes: dict[str, int] = defaultdict(int)  # the fair order reads these
+        self.waits: dict[tuple, str] = {}
+        self.share_waits: dict[tuple, str] = {}
+        self._share_waits_of: dict[str, list[tuple]] = defaultdict(list)
+
+    def changed(self) -> None:
+        """The plan placed a job or committed a wait."""
+        self.changes += 1
+        self.waits.clear()
+
+    def share_changed(self, name: str) -> None:
+        """The share's usage or victims changed (always with `changed`)."""
+        self.share_changes[name] += 1
+        for shape in self._share_waits_of.pop(name, ()):
+            self.share_waits.pop(shape, None)
+
+    def share_wait(self, shape: tuple, share: str, reason: str) -> None:
+        self.share_waits[shape] = reason
+        self._share_waits_of[share].append(shape)
+
+
+# What decides whether a job is rejected (`rejection_reason`), besides the shares and nodes.
+_judged_shape = attrgetter("share", "gpu_type", "gpus", "nodes")
+# A waiting job's shape for `_RepeatedWaits` (with its churn hold's end, if it has one).
+_shape = attrgetter("share", "gpus", "nodes", "priority", "preemptible")
