@@ -699,7 +699,7 @@ class _RepeatedWaits:
     def changed(self) -> None:
         """The plan placed a job or committed a wait."""
         self.changes += 1
-        self.waits.clear()
+        self.waits.clear()  # in place: `_consider_each` holds the dictionary
 
     def share_changed(self, name: str) -> None:
         """The share's usage or victims changed (always with `changed`)."""
