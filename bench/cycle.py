@@ -6,14 +6,14 @@ that places everything it can (admissions per second), a forced re-plan with not
 and an idle cycle (nothing changed since: skipped), alone and inside the Celery task that runs
 it after every change (with the task's metrics, history sample and estimates check); then a
 steady cycle, as a busy live system runs them: --finish jobs end (their agents report the
-exits), and the next cycle places the jobs that take their GPUs (the worker's kept snapshot reads only what changed). Then the same once
-more, the cycle taken by the worker's other process, whose copy is as old as its last cycle (it
-catches up from the feed's history), beside reading everything. And one refresh of the estimated
-starts on the full cluster (issue 21's "≤ 2 s per refresh"): the whole Celery task, reading the
-snapshot and the run-time history, the replay within its time budget, and writing every waiting
-job's estimate. Baseline, measured in the same
-run: the engine's plan() alone on the same snapshot, so the ratio shows what loading and
-applying cost on top. Prints medians.
+exits), and the next cycle places the jobs that take their GPUs (the worker's kept snapshot
+reads only what changed). Then the same once more, the cycle taken by the worker's other
+process, whose copy is as old as its last cycle (it catches up from the feed's history), beside
+reading everything. And one refresh of the estimated starts on the full cluster (issue 21's
+"≤ 2 s per refresh"): the whole Celery task, reading the snapshot and the run-time history, the
+replay within its time budget, and writing every waiting job's estimate. Baseline, measured in
+the same run: the engine's plan() alone on the same snapshot, so the ratio shows what loading
+and applying cost on top. Prints medians.
 `python bench/cycle.py [--runs 3] [--nodes 1000] [--jobs 20000] [--finish 200]`"""
 
 from __future__ import annotations
