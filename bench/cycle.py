@@ -23,6 +23,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -126,7 +127,7 @@ def finish_jobs(count: int) -> int:
 TASK_SAMPLES = 100
 
 
-def per_call(call, samples: int) -> tuple[float, float]:
+def per_call(call: Callable[[], object], samples: int) -> tuple[float, float]:
     """Seconds of wall-clock time and of this process's CPU per call, the median of `samples`
     calls."""
     walls, cpus = [], []
@@ -213,7 +214,7 @@ def main() -> int:
             # The Celery task around such a cycle, which runs after every change (its
             # metrics, a history sample, mostly too soon, and whether to queue an estimates
             # refresh), beside the cycle alone.
-            idle_run.append(per_call(lambda: cycle_run(), TASK_SAMPLES))
+            idle_run.append(per_call(cycle_run, TASK_SAMPLES))
             idle_task.append(per_call(cycle_task, TASK_SAMPLES))
             # A steady cycle: some jobs end, the next cycle fills their GPUs.
             finish_jobs(args.finish)
