@@ -20,13 +20,13 @@ processes: they register with the join token (64 at a time, a fleet coming up), 
 long-polls (asking for a 20 s wait) with what it runs (its claims included) and stops and the
 events it has to report, asking for grants; "runs" at once a run order its poll's answer granted
 (a one-node attempt's) if it acts on the answer within GRANT_FRESH_SECONDS, and asks to start
-every other new run order (POST start/, beside its
-polls, one request at a time); "runs" what is granted for the job's runtime
-(its command is `sleep S`), with a log tail every 15 s; reports by POST report/ what happens while
-its poll waits; keeps every event until the portal acknowledged it and sends it again if not;
-backs off (up to 10 s) after a failure and registers again on a 401. A stop order is obeyed after
-a short simulated checkpoint (0.2-1 s, within the share's grace; SIGKILL's -9 past it): the exit
-is reported with `signalled: true`. Each agent has its own kept-alive connections, as a real one.
+every other new run order (POST start/, beside its polls, one request at a time); "runs" what
+is granted for the job's runtime (its command is `sleep S`), with a log tail every 15 s; reports
+by POST report/ what happens while its poll waits; keeps every event until the portal
+acknowledged it and sends it again if not; backs off (up to 10 s) after a failure and registers
+again on a 401. A stop order is obeyed after a short simulated checkpoint (0.2-1 s, within the
+share's grace; SIGKILL's -9 past it): the exit is reported with `signalled: true`. Each agent
+has its own kept-alive connections, as a real one.
 
 The workload: 8 client coroutines (two per share, each with its team's user token) submit over
 POST /api/v1/jobs/ to four shares of the cluster's GPUs. train (LEND, 35 %) and serve (LEND,
