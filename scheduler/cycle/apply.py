@@ -11,8 +11,9 @@ from django.db.models import F
 from django.utils import timezone
 
 from portal.db.bulk import json_insert
-from portal.db.sql import ids_param, ids_sql, prepared_cursor
+from portal.db.sql import ids_param, ids_sql, json_value, prepared_cursor
 from scheduler import engine
+from scheduler.cycle.orders import NewAttempt, new_run_orders, new_stop_orders
 from scheduler.cycle.result import CycleResult
 from scheduler.cycle.snapshot import SnapshotContext
 from scheduler.cycle.unstarted import attempts_end_unstarted
@@ -25,30 +26,54 @@ SCHEDULED_JOB_REASON = "scheduled: waiting for its node agent(s) to start it"
 
 
 def _lock_jobs(
-    ids: list[int], *, states: tuple[str, ...], cancel_requested: bool | None = None
+    ids: list[int],
+    *,
+    states: tuple[str, ...],
+    cancel_requested: bool | None = None,
+    with_orders: bool = False,
 ) -> dict[int, dict]:
     """Lock the jobs among `ids` that are still in one of `states` (and, when given, whose
     cancel_requested is that), the conditional part of every update below, and return their
-    rows by id. Rows are locked in id order, in one statement."""
+    rows by id. Rows are locked in id order, in one statement. `with_orders`: each row also
+    has what its run order needs of the job (`_ORDER_COLUMNS`, and its share's grace period as
+    "grace_seconds"), read with the lock rather than queried again once placed."""
     if not ids:
         return {}
     params = [ids_param(ids), *states]
     if cancel_requested is not None:
         params.append(cancel_requested)
-    rows: dict[int, dict] = {}
+    names = ("pk", "state", "attempt_count", *(_ORDER_NAMES if with_orders else ()))
     with prepared_cursor() as cursor:
-        cursor.execute(_lock_sql(len(states), cancel_requested is not None), params)
-        for pk, state, attempt_count in cursor.fetchall():
-            rows[pk] = {"pk": pk, "state": state, "attempt_count": attempt_count}
+        cursor.execute(_lock_sql(len(states), cancel_requested is not None, with_orders), params)
+        rows = {row[0]: dict(zip(names, row, strict=True)) for row in cursor.fetchall()}
+    if with_orders:
+        for row in rows.values():
+            row["env"] = json_value(row["env"])
     return rows
 
 
+# What a run order needs of its job (scheduler.cycle.orders.run_order), read by _lock_jobs.
+_ORDER_COLUMNS = ("command", "env", "working_dir", "timeout_seconds", "nodes")
+_ORDER_NAMES = (*_ORDER_COLUMNS, "grace_seconds")
+
+
 @cache
-def _lock_sql(states: int, cancel_condition: bool) -> str:
+def _lock_sql(states: int, cancel_condition: bool, with_orders: bool = False) -> str:
     """The jobs among the ids (the first parameter) in one of `states` states (the next
-    parameters), with cancel_requested equal to the last parameter if `cancel_condition`."""
+    parameters), with cancel_requested equal to the last parameter if `cancel_condition`;
+    `with_orders`: with _ORDER_COLUMNS and their share's grace period."""
+    quote = connection.ops.quote_name
+    table = quote(Job._meta.db_table)
+    columns = "id, state, attempt_count"
+    if with_orders:
+        share = Job._meta.get_field("share").related_model
+        grace = (
+            f"(SELECT s.grace_seconds FROM {quote(share._meta.db_table)} s "
+            f"WHERE s.id = {table}.share_id)"
+        )
+        columns += ", " + ", ".join((*_ORDER_COLUMNS, grace))
     sql = (
-        f"SELECT id, state, attempt_count FROM {connection.ops.quote_name(Job._meta.db_table)} "
+        f"SELECT {columns} FROM {table} "
         f"WHERE {ids_sql('id')} AND state IN ({', '.join(['%s'] * states)})"
     )
     if cancel_condition:
@@ -107,7 +132,7 @@ def _apply_preemptions(preemptions: tuple[engine.Preemption, ...], *, result: Cy
         attempts, outcome=JobAttempt.Outcome.PREEMPTED, now=stopped_at, result=result
     )
     result.ended_unstarted += len(unstarted)
-    result.orders_given(stop=[a.pk for a in attempts if a.pk not in unstarted])
+    result.orders_given(new_stop_orders(a.pk for a in attempts if a.pk not in unstarted))
 
 
 def _describe(allocations: tuple[engine.Allocation, ...]) -> str:
@@ -126,7 +151,10 @@ def _apply_placements(
     if not placements:
         return
     jobs = _lock_jobs(
-        [int(p.job_id) for p in placements], states=(Job.State.RUNNABLE,), cancel_requested=False
+        [int(p.job_id) for p in placements],
+        states=(Job.State.RUNNABLE,),
+        cancel_requested=False,
+        with_orders=True,
     )
     # Only the nodes the placements name: a busy cluster holds thousands of GPUs, and reading
     # them all took up to 0.4 s of a placing cycle at 2,000 nodes.
@@ -183,7 +211,23 @@ def _apply_placements(
             for index in a.gpu_indices
         ],
     )
-    result.orders_given(run=attempt_ids.values())
+    result.orders_given(
+        new_run_orders(
+            NewAttempt(
+                attempt_id=attempt_ids[job["pk"]],
+                job_id=job["pk"],
+                number=job["attempt_count"] + 1,
+                command=job["command"],
+                env=job["env"],
+                working_dir=job["working_dir"],
+                timeout_seconds=job["timeout_seconds"],
+                grace_seconds=job["grace_seconds"],
+                node_count=job["nodes"],
+                gpus={ready[a.node]: a.gpu_indices for a in placement.allocations},
+            )
+            for placement, job in accepted
+        )
+    )
     Transitions().move_rows(
         to_state=Job.State.SCHEDULED,
         changes=[

@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db import connection
 
 from portal.db.sql import prepared_cursor
+from scheduler.cycle.orders import new_stop_orders
 from scheduler.cycle.result import CycleResult
 from scheduler.cycle.unstarted import attempts_end_unstarted
 from scheduler.engine import outcomes
@@ -120,7 +121,7 @@ def cancels_to_stop_orders(*, now: datetime, result: CycleResult) -> None:
         )
         ordered = [a.pk for a in to_stop if a.pk not in ended]
         result.stop_orders += len(to_stop)
-        result.orders_given(stop=ordered)
+        result.orders_given(new_stop_orders(ordered))
     with_attempt = {a.job_id for a in attempts}
     orphans = [
         (job_id, state, CANCELLED_NOT_RUNNING)

@@ -5,7 +5,8 @@ its orders again."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from scheduler.models import GpuAssignment
@@ -43,47 +44,60 @@ def stop_order(attempt_id: int, *, grace_seconds: int, started: bool) -> dict:
     return {"attempt": attempt_id, "grace_seconds": grace_seconds, "started": started}
 
 
-def new_orders_by_node(
-    *, run: Iterable[int] = (), stop: Iterable[int] = ()
-) -> dict[int, NewOrders]:
-    """The orders just given in this transaction, by the nodes where their attempts hold GPUs
-    (a gang's attempt on each of its nodes): to run the attempts `run` (just placed), to stop
-    the attempts `stop`."""
-    to_run, to_stop = set(run), set(stop)
-    if not to_run and not to_stop:
+def new_stop_orders(attempts: Iterable[int]) -> dict[int, NewOrders]:
+    """The stop orders just given in this transaction to these attempts, by the nodes where
+    they hold GPUs (a gang's attempt on each of its nodes)."""
+    to_stop = set(attempts)
+    if not to_stop:
         return {}
     rows = (
-        GpuAssignment.objects.filter(attempt_id__in=to_run | to_stop, released=False)
-        .order_by("node_id", "attempt_id", "gpu_index")
+        GpuAssignment.objects.filter(attempt_id__in=to_stop, released=False)
+        .order_by("node_id", "attempt_id")
         .values_list(
-            "node_id", "attempt_id", "gpu_index", "attempt__number", "attempt__started_at",
-            "attempt__job_id", "attempt__job__command", "attempt__job__env",
-            "attempt__job__working_dir", "attempt__job__timeout_seconds",
-            "attempt__job__share__grace_seconds", "attempt__job__nodes",
+            "node_id", "attempt_id", "attempt__started_at", "attempt__job__share__grace_seconds"
         )
-    )  # fmt: skip
+        .distinct()
+    )
     by_node: dict[int, NewOrders] = {}
-    last: tuple[int, int] | None = None
-    for (
-        node_id, attempt_id, index, number, started_at, job_id, command, env, working_dir,
-        timeout_seconds, grace, nodes,
-    ) in rows:  # fmt: skip
+    for node_id, attempt_id, started_at, grace in rows:
         orders = by_node.setdefault(node_id, {"run": [], "stop": []})
-        if (node_id, attempt_id) == last:
-            if attempt_id not in to_stop:  # a run order names every GPU of the node
-                orders["run"][-1]["gpu_indices"].append(index)
-            continue
-        last = (node_id, attempt_id)
-        started = started_at is not None
-        if attempt_id in to_stop:
-            orders["stop"].append(stop_order(attempt_id, grace_seconds=grace, started=started))
-        else:
+        orders["stop"].append(
+            stop_order(attempt_id, grace_seconds=grace, started=started_at is not None)
+        )
+    return by_node
+
+
+@dataclass(frozen=True)
+class NewAttempt:
+    """An attempt just placed, with what its run order needs (the cycle has it at hand)."""
+
+    attempt_id: int
+    job_id: int
+    number: int
+    command: str
+    env: Any
+    working_dir: str
+    timeout_seconds: int | None
+    grace_seconds: int
+    node_count: int
+    gpus: Mapping[int, Sequence[int]]  # node id → the GPU indices it holds there
+
+
+def new_run_orders(attempts: Iterable[NewAttempt]) -> dict[int, NewOrders]:
+    """The run orders of attempts just placed, by node (nodes, then attempts, then GPU indices
+    in order, as a node's poll reads them: `scheduler.nodes.services.node_orders`), made from
+    what the cycle has at hand, without a query."""
+    by_node: dict[int, NewOrders] = {}
+    for attempt in sorted(attempts, key=lambda a: a.attempt_id):
+        for node_id, indices in attempt.gpus.items():
+            orders = by_node.setdefault(node_id, {"run": [], "stop": []})
             orders["run"].append(
                 run_order(
-                    attempt_id, job_id=job_id, number=number, command=command, env=env,
-                    working_dir=working_dir, gpu_indices=[index],
-                    timeout_seconds=timeout_seconds, grace_seconds=grace, started=started,
-                    node_count=nodes,
+                    attempt.attempt_id, job_id=attempt.job_id, number=attempt.number,
+                    command=attempt.command, env=attempt.env, working_dir=attempt.working_dir,
+                    gpu_indices=sorted(indices), timeout_seconds=attempt.timeout_seconds,
+                    grace_seconds=attempt.grace_seconds, started=False,
+                    node_count=attempt.node_count,
                 )
             )  # fmt: skip
-    return by_node
+    return {node_id: by_node[node_id] for node_id in sorted(by_node)}

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from scheduler.cycle.orders import NewOrders, new_orders_by_node
+from scheduler.cycle.orders import NewOrders
 
 
 @dataclass
@@ -43,10 +43,10 @@ class CycleResult:
             or self.nodes_lost or self.attempts_lost
         )  # fmt: skip
 
-    def orders_given(self, *, run: Iterable[int] = (), stop: Iterable[int] = ()) -> None:
-        """These attempts were just placed (`run`) or told to stop (`stop`): send their orders
-        to their nodes."""
-        for node_id, orders in new_orders_by_node(run=run, stop=stop).items():
+    def orders_given(self, by_node: Mapping[int, NewOrders]) -> None:
+        """Orders were just given (`scheduler.cycle.orders`: new_run_orders, new_stop_orders),
+        by node: send them to their nodes."""
+        for node_id, orders in by_node.items():
             sent = self.orders_to_send.setdefault(node_id, {"run": [], "stop": []})
             sent["run"] += orders["run"]
             sent["stop"] += orders["stop"]

@@ -27,7 +27,7 @@ from scheduler.agent.protocol import (
     EVENT_STARTED,
     LOG_TAIL_CHARS,
 )
-from scheduler.cycle.orders import new_orders_by_node, stop_order
+from scheduler.cycle.orders import new_stop_orders, stop_order
 from scheduler.cycle.trigger import request_cycle
 from scheduler.cycle.wake import notify_nodes
 from scheduler.engine import outcomes
@@ -304,7 +304,7 @@ def _apply_changes(reports: list[tuple[Node, list[dict]]]) -> list[list[str]]:
     changes.save()
     if gang_stops:
         # To the nodes that still hold them: those whose ends are reported released theirs.
-        orders = new_orders_by_node(stop=gang_stops)
+        orders = new_stop_orders(gang_stops)
         transaction.on_commit(lambda: notify_nodes((), orders=orders))
     if ended:
         request_cycle()
