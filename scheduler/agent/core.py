@@ -24,7 +24,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -625,21 +625,25 @@ class Agent:
 
     def start_all(self, orders: list[dict], *, report_start: bool = False) -> None:
         """Start the attempts' processes, in their order. Those that go through the launcher
-        start several at a time (SPAWN_THREADS): each start waits until its child has exec'd,
-        which on a busy node waits for a CPU, and those waits overlap (bench/agent_starts.py).
-        The others run Python in the child (fork, not vfork), one at a time. Every process
-        exists when this returns."""
-        launches = [launch for order in orders if (launch := self._launch(order)) is not None]
-        together = [launch for launch in launches if launch.via_launcher]
-        spawned: dict[int, subprocess.Popen | OSError] = {}
-        if len(together) > 1:
-            if self._spawner is None:
-                self._spawner = ThreadPoolExecutor(SPAWN_THREADS, thread_name_prefix="spawn")
-            attempts = [launch.order["attempt"] for launch in together]
-            spawned = dict(zip(attempts, self._spawner.map(_spawn, together), strict=True))
+        start several at a time (SPAWN_THREADS), each as soon as it is prepared: each start
+        waits until its child has exec'd, which on a busy node waits for a CPU, and those waits
+        overlap with each other and with preparing the next ones (bench/agent_starts.py). The
+        others run Python in the child (fork, not vfork), one at a time. Every process exists
+        when this returns."""
+        launches: list[_Launch] = []
+        spawning: dict[int, Future] = {}
+        for order in orders:
+            launch = self._launch(order)
+            if launch is None:
+                continue
+            launches.append(launch)
+            if launch.via_launcher and len(orders) > 1:
+                if self._spawner is None:
+                    self._spawner = ThreadPoolExecutor(SPAWN_THREADS, thread_name_prefix="spawn")
+                spawning[order["attempt"]] = self._spawner.submit(_spawn, launch)
         for launch in launches:
             attempt = launch.order["attempt"]
-            popen = spawned[attempt] if attempt in spawned else _spawn(launch)
+            popen = spawning[attempt].result() if attempt in spawning else _spawn(launch)
             self._started(launch, popen, report_start=report_start)
         for order in orders:
             # Only now: the polls list an attempt as running from its claim until its process
