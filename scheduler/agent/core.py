@@ -32,6 +32,7 @@ from scheduler.agent.gpus import Gpu
 from scheduler.agent.outbox import Backoff, EndedAttempts, Outbox
 from scheduler.agent.protocol import (
     ANSWER_SECONDS,
+    CHECKPOINT_DIR_UNUSABLE,
     CHECKPOINT_MARKER,
     END_EXIT,
     END_LOST,
@@ -660,7 +661,14 @@ class Agent:
                       f"({len(self.gpus)} GPUs)")  # fmt: skip
             return None
         checkpoint_dir = self.checkpoint_root / f"job-{job}"
-        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:  # a full disk, a file in its way: this attempt cannot start
+            unusable = CHECKPOINT_DIR_UNUSABLE.format(
+                path=checkpoint_dir, node=self.name, error=error.strerror or error
+            )
+            self._end(attempt, end=END_NEVER_STARTED, detail=unusable)
+            return None
         # Where the command starts: the job's own directory if it names one, which must be
         # here already (the agent makes none: a missing one is a path or a mount gone wrong).
         working_dir = Path(order.get("working_dir") or checkpoint_dir)

@@ -4,7 +4,7 @@ the node does not have fails the attempt before anything starts, saying which an
 
 from __future__ import annotations
 
-from scheduler.agent.protocol import WORKING_DIR_MISSING
+from scheduler.agent.protocol import CHECKPOINT_DIR_UNUSABLE, WORKING_DIR_MISSING
 from tests.agent.offline import offline_agent, run_order
 
 # Says where it started and where its checkpoints go. Called as ./where.sh, so the agent must
@@ -54,3 +54,19 @@ def test_a_working_directory_the_node_does_not_have_fails_the_attempt_unstarted(
     agent.start({**run_order(2, 8, "touch started"), "working_dir": str(a_file)})
     assert [e["end"] for e in agent.outbox] == ["never_started", "never_started"]
     assert not agent.processes
+
+
+def test_a_checkpoint_directory_the_agent_cannot_make_fails_that_attempt_only(tmp_path):
+    """Reported as never started, naming the directory, the node and the error; the other
+    starts of the same answer go on, and the agent with them."""
+    agent = offline_agent(tmp_path)
+    in_the_way = tmp_path / "checkpoints" / "job-7"
+    in_the_way.write_text("not a directory")
+    agent.start_all([run_order(1, 7, "true"), run_order(2, 8, "true")])
+    (event,) = agent.outbox
+    assert (event["type"], event["attempt"], event["end"]) == ("exited", 1, "never_started")
+    assert event["detail"] == CHECKPOINT_DIR_UNUSABLE.format(
+        path=in_the_way, node="n", error="File exists"
+    )
+    assert list(agent.processes) == [2]
+    agent.processes[2].popen.wait(timeout=10)
