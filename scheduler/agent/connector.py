@@ -45,6 +45,7 @@ from scheduler.agent.core import (
 )
 from scheduler.agent.outbox import Backoff, EndedAttempts, Outbox
 from scheduler.agent.protocol import (
+    CHECKPOINT_DIR_UNUSABLE,
     CHECKPOINT_MARKER,
     CONNECTOR_ANSWER_SECONDS,
     CONNECTOR_POLL_PATH,
@@ -451,7 +452,16 @@ class Connector:
     def submit(self, order: dict) -> None:
         attempt_id, job = order["attempt"], order["job"]
         checkpoint_dir = self.checkpoint_root / f"job-{job}"
-        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:  # a full disk, a file in its way: this attempt cannot start
+            unusable = CHECKPOINT_DIR_UNUSABLE.format(
+                path=checkpoint_dir,
+                where=f"the host of connector {self.name}",
+                error=error.strerror or error,
+            )
+            self._end(attempt_id, end=END_NEVER_STARTED, detail=unusable)
+            return
         env = {str(k): str(v) for k, v in (order.get("env") or {}).items()}
         env.update(
             {

@@ -665,7 +665,7 @@ class Agent:
             checkpoint_dir.mkdir(parents=True, exist_ok=True)
         except OSError as error:  # a full disk, a file in its way: this attempt cannot start
             unusable = CHECKPOINT_DIR_UNUSABLE.format(
-                path=checkpoint_dir, node=self.name, error=error.strerror or error
+                path=checkpoint_dir, where=f"node {self.name}", error=error.strerror or error
             )
             self._end(attempt, end=END_NEVER_STARTED, detail=unusable)
             return None

@@ -4,8 +4,10 @@ the node does not have fails the attempt before anything starts, saying which an
 
 from __future__ import annotations
 
+from scheduler.agent.connector import Connector
 from scheduler.agent.protocol import CHECKPOINT_DIR_UNUSABLE, WORKING_DIR_MISSING
-from tests.agent.offline import offline_agent, run_order
+from scheduler.agent.slurm import SlurmCluster
+from tests.agent.offline import NO_PORTAL, offline_agent, run_order
 
 # Says where it started and where its checkpoints go. Called as ./where.sh, so the agent must
 # also find the program from the working directory.
@@ -66,7 +68,23 @@ def test_a_checkpoint_directory_the_agent_cannot_make_fails_that_attempt_only(tm
     (event,) = agent.outbox
     assert (event["type"], event["attempt"], event["end"]) == ("exited", 1, "never_started")
     assert event["detail"] == CHECKPOINT_DIR_UNUSABLE.format(
-        path=in_the_way, node="n", error="File exists"
+        path=in_the_way, where="node n", error="File exists"
     )
     assert list(agent.processes) == [2]
     agent.processes[2].popen.wait(timeout=10)
+
+
+def test_a_connector_fails_an_attempt_whose_checkpoint_directory_it_cannot_make(tmp_path):
+    """The same for a cluster connector (Slurm here, never asked: nothing is submitted)."""
+    connector = Connector(portal=NO_PORTAL, join_token="x", name="slurm",
+                          cluster=SlurmCluster(partitions=("gpu",), script_dir=tmp_path / "s"),
+                          work_dir=tmp_path, checkpoint_root=tmp_path / "checkpoints")  # fmt: skip
+    in_the_way = tmp_path / "checkpoints" / "job-7"
+    in_the_way.write_text("not a directory")
+    connector.submit({**run_order(1, 7, "true"), "nodes": [{"node": "n1", "gpu_indices": [0]}]})
+    (event,) = connector.outbox
+    assert (event["type"], event["attempt"], event["end"]) == ("exited", 1, "never_started")
+    assert event["detail"] == CHECKPOINT_DIR_UNUSABLE.format(
+        path=in_the_way, where="the host of connector slurm", error="File exists"
+    )
+    assert not connector.attempts
