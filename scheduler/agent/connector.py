@@ -40,12 +40,12 @@ from scheduler.agent.cluster import (
 from scheduler.agent.core import (
     CHECKPOINT_EVERY_SECONDS,
     KEEP_LOGS_DAYS,
+    checkpoint_dir_made,
     checkpoint_saved_at,
     log_retention,
 )
 from scheduler.agent.outbox import Backoff, EndedAttempts, Outbox
 from scheduler.agent.protocol import (
-    CHECKPOINT_DIR_UNUSABLE,
     CHECKPOINT_MARKER,
     CONNECTOR_ANSWER_SECONDS,
     CONNECTOR_POLL_PATH,
@@ -451,15 +451,10 @@ class Connector:
 
     def submit(self, order: dict) -> None:
         attempt_id, job = order["attempt"], order["job"]
-        checkpoint_dir = self.checkpoint_root / f"job-{job}"
-        try:
-            checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as error:  # a full disk, a file in its way: this attempt cannot start
-            unusable = CHECKPOINT_DIR_UNUSABLE.format(
-                path=checkpoint_dir,
-                where=f"the host of connector {self.name}",
-                error=error.strerror or error,
-            )
+        checkpoint_dir, unusable = checkpoint_dir_made(
+            self.checkpoint_root, job, where=f"the host of connector {self.name}"
+        )
+        if unusable:
             self._end(attempt_id, end=END_NEVER_STARTED, detail=unusable)
             return
         env = {str(k): str(v) for k, v in (order.get("env") or {}).items()}

@@ -142,6 +142,20 @@ def checkpoint_saved_at(marker: Path | None, *, after: float) -> float | None:
     return saved if saved > after else None
 
 
+def checkpoint_dir_made(root: Path, job: int, *, where: str) -> tuple[Path, str]:
+    """The job's CHECKPOINT_DIR under `root`, made if it is missing, and why it could not be
+    (CHECKPOINT_DIR_UNUSABLE, saying `where`: a full disk, a file in its way), else "": then
+    the attempt cannot start."""
+    checkpoint_dir = root / f"job-{job}"
+    try:
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        return checkpoint_dir, CHECKPOINT_DIR_UNUSABLE.format(
+            path=checkpoint_dir, where=where, error=error.strerror or error
+        )
+    return checkpoint_dir, ""
+
+
 def log_tail(path: Path) -> str:
     """The last LOG_TAIL_CHARS of a job's log ("" if it cannot be read)."""
     try:
@@ -660,13 +674,10 @@ class Agent:
                       detail=f"GPUs {order['gpu_indices']} are not all on this node "
                       f"({len(self.gpus)} GPUs)")  # fmt: skip
             return None
-        checkpoint_dir = self.checkpoint_root / f"job-{job}"
-        try:
-            checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as error:  # a full disk, a file in its way: this attempt cannot start
-            unusable = CHECKPOINT_DIR_UNUSABLE.format(
-                path=checkpoint_dir, where=f"node {self.name}", error=error.strerror or error
-            )
+        checkpoint_dir, unusable = checkpoint_dir_made(
+            self.checkpoint_root, job, where=f"node {self.name}"
+        )
+        if unusable:
             self._end(attempt, end=END_NEVER_STARTED, detail=unusable)
             return None
         # Where the command starts: the job's own directory if it names one, which must be
