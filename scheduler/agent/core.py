@@ -49,6 +49,7 @@ from scheduler.agent.protocol import (
     REPORT_PATH,
     START_PATH,
     WORKING_DIR_MISSING,
+    WORKING_DIR_UNREADABLE,
 )
 from scheduler.agent.transport import PortalClient, PortalUnreachable
 
@@ -683,7 +684,15 @@ class Agent:
         # Where the command starts: the job's own directory if it names one, which must be
         # here already (the agent makes none: a missing one is a path or a mount gone wrong).
         working_dir = Path(order.get("working_dir") or checkpoint_dir)
-        if not working_dir.is_dir():
+        try:
+            is_dir = working_dir.is_dir()
+        except OSError as error:  # not allowed to look, a name too long: it cannot start there
+            unreadable = WORKING_DIR_UNREADABLE.format(
+                path=working_dir, node=self.name, error=error.strerror or error
+            )
+            self._end(attempt, end=END_NEVER_STARTED, detail=unreadable)
+            return None
+        if not is_dir:
             missing = WORKING_DIR_MISSING.format(path=working_dir, node=self.name)
             self._end(attempt, end=END_NEVER_STARTED, detail=missing)
             return None

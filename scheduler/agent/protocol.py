@@ -53,6 +53,7 @@ NODE_STATES = (NODE_READY, NODE_DRAINING, NODE_DOWN)
 
 # Why an attempt never started where its job names a working directory the node does not have.
 WORKING_DIR_MISSING = "working directory {path} is not a directory on node {node}"
+WORKING_DIR_UNREADABLE = "working directory {path} cannot be looked up on node {node}: {error}"
 # {where}: "node N" (an agent), "the host of connector C" (a connector).
 CHECKPOINT_DIR_UNUSABLE = "could not make checkpoint directory {path} on {where}: {error}"
 

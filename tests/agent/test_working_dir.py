@@ -5,7 +5,11 @@ the node does not have fails the attempt before anything starts, saying which an
 from __future__ import annotations
 
 from scheduler.agent.connector import Connector
-from scheduler.agent.protocol import CHECKPOINT_DIR_UNUSABLE, WORKING_DIR_MISSING
+from scheduler.agent.protocol import (
+    CHECKPOINT_DIR_UNUSABLE,
+    WORKING_DIR_MISSING,
+    WORKING_DIR_UNREADABLE,
+)
 from scheduler.agent.slurm import SlurmCluster
 from tests.agent.offline import NO_PORTAL, offline_agent, run_order
 
@@ -55,6 +59,20 @@ def test_a_working_directory_the_node_does_not_have_fails_the_attempt_unstarted(
     a_file.write_text("")
     agent.start({**run_order(2, 8, "touch started"), "working_dir": str(a_file)})
     assert [e["end"] for e in agent.outbox] == ["never_started", "never_started"]
+    assert not agent.processes
+
+
+def test_a_working_directory_the_agent_cannot_look_up_fails_the_attempt_unstarted(tmp_path):
+    """A path the node cannot even look at (one it may not search, or, as here, a name too
+    long for its file system) is reported with the error, not raised out of the agent."""
+    agent = offline_agent(tmp_path)
+    too_long = tmp_path / ("x" * 300)
+    agent.start({**run_order(1, 7, "touch started"), "working_dir": str(too_long)})
+    (event,) = agent.outbox
+    assert (event["type"], event["end"]) == ("exited", "never_started")
+    assert event["detail"] == WORKING_DIR_UNREADABLE.format(
+        path=too_long, node="n", error="File name too long"
+    )
     assert not agent.processes
 
 
