@@ -109,7 +109,10 @@ def _executable(program: str, *, path: str, cwd: Path) -> bool:
     """Whether exec would find `program` (a name looked up in `path`, or a path from `cwd`)."""
     if os.sep in program:
         candidate = cwd / program
-        return candidate.is_file() and os.access(candidate, os.X_OK)
+        try:
+            return candidate.is_file() and os.access(candidate, os.X_OK)
+        except OSError:  # a name too long, a directory it may not search: exec fails too
+            return False
     return shutil.which(program, path=path) is not None
 
 

@@ -106,3 +106,13 @@ def test_a_connector_fails_an_attempt_whose_checkpoint_directory_it_cannot_make(
         path=in_the_way, where="the host of connector slurm", error="File exists"
     )
     assert not connector.attempts
+
+
+def test_a_program_path_the_agent_cannot_look_up_fails_the_attempt_unstarted(tmp_path):
+    """The same for the command's own path: the start fails with the error exec gives."""
+    agent = offline_agent(tmp_path)
+    agent.start(run_order(1, 7, "./" + "x" * 300))
+    (event,) = agent.outbox
+    assert (event["type"], event["end"]) == ("exited", "never_started")
+    assert "File name too long" in event["detail"]
+    assert not agent.processes
