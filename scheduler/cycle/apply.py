@@ -58,7 +58,7 @@ _ORDER_NAMES = (*_ORDER_COLUMNS, "grace_seconds")
 
 
 @cache
-def _lock_sql(states: int, cancel_condition: bool, with_orders: bool = False) -> str:
+def _lock_sql(states: int, cancel_condition: bool, with_orders: bool) -> str:
     """The jobs among the ids (the first parameter) in one of `states` states (the next
     parameters), with cancel_requested equal to the last parameter if `cancel_condition`;
     `with_orders`: with _ORDER_COLUMNS and their share's grace period."""

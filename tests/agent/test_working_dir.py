@@ -1,6 +1,7 @@
 """Where a job's command starts on a node agent: in the working directory the job names (so
 `python train.py` finds the code there), else in its checkpoint directory; a named directory
-the node does not have fails the attempt before anything starts, saying which and where."""
+the node does not have fails the attempt before anything starts, saying which and where. So does
+what the agent (or a connector) cannot look up or make there: that attempt fails, not the agent."""
 
 from __future__ import annotations
 
