@@ -23,8 +23,9 @@ NO_TOKEN = "no API token: pass --token or set PORTAL_TOKEN (manage.py drf_create
 NO_COMMAND = "no command: put it after --, like: submit ... -- python train.py"
 BAD_ENV = "--env takes NAME=VALUE, not {value!r}."
 EXIT_STATUS = (
-    "exit status: 0 done; 1 the job failed (submit --wait), did not succeed (logs --follow), "
-    "or ended in another state than the one waited for (wait --state); 2 the portal refused "
+    "exit status: 0 done; 1 the job did not succeed (submit --wait or --follow, logs --follow: "
+    "it failed or was cancelled), or ended in another state than the one waited for (wait "
+    "--state); 2 the portal refused "
     "the request (the error says why); "
     "3 wait timed out; 4 the portal could not be reached; 141 what read the output went away "
     "(| head)."
@@ -57,7 +58,11 @@ def parser() -> argparse.ArgumentParser:
     )
     for command in (submit, estimate):
         job_arguments(command)
-    submit.add_argument("--wait", action="store_true", help="wait until the job ends")
+    submit.add_argument(
+        "--wait", action="store_true",
+        help="wait until the job ends, however long it waits and runs (exit status 0 if it "
+        "succeeded, else 1)",
+    )  # fmt: skip
     submit.add_argument(
         "-f", "--follow", action="store_true",
         help="then print its log as it grows until it ends, as logs --follow does",
@@ -90,7 +95,10 @@ def parser() -> argparse.ArgumentParser:
     wait = commands.add_parser("wait", help="wait until a job reaches a state")
     wait.add_argument("job_id", type=int)
     wait.add_argument("--state", action="append", help=f"default: {', '.join(FINAL_STATES)}")
-    wait.add_argument("--timeout", type=float, default=3600)
+    wait.add_argument(
+        "--timeout", type=float, default=3600,
+        help="give up after this many seconds, with exit status 3 (3600)",
+    )  # fmt: skip
     commands.add_parser("queue", help="the front of the queue and per-share usage")
     commands.add_parser("shares", help="your shares and their usage")
     for command in commands.choices.values():
@@ -338,12 +346,16 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
         if args.follow and not emit:
             print(submitted_line(job), file=sys.stderr)
             return follow_logs(client, job["id"], FOLLOW_EVERY, out)
-        if args.wait or args.follow:
-            job = client.wait(job["id"])
+        waited = args.wait or args.follow
+        if waited:
+            # Until it ends: a job may wait for GPUs for hours, then run for days.
+            job = client.wait(job["id"], timeout=None)
         if emit:
             emit(job)
         else:
             print(submitted_line(job), file=out)
+        if waited:
+            return 0 if job["state"] == "SUCCEEDED" else 1
         return 0 if job["state"] != "FAILED" else 1
     if args.command == "ls":
         jobs = client.jobs(

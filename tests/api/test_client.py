@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -157,6 +158,30 @@ def test_cli_round_trip(world, live_server):
     assert logs.stderr == NO_LOG.format(job=job["id"]) + "\n"
     cancelled = cli(live_server, token, "cancel", str(job["id"]))
     assert "CANCELLED" in cancelled.stdout
+
+
+def test_submit_wait_fails_when_the_job_is_cancelled_while_it_waits(world, live_server):
+    """A pipeline's `gpu-portal submit --wait ... && next-step` must not go on when the job
+    did not succeed: cancelled while it waited for GPUs, it exits 1 and says so."""
+    token = world.tokens["bob"]
+    env = {**os.environ, "PORTAL_URL": live_server.url, "PORTAL_TOKEN": token}
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "portal_client", "submit", "--share", "research", "--gpus", "8",
+         "--gpu-type", "h100", "--name", "to-cancel", "--wait", "--", "train"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        client = Client(live_server.url, token)
+        deadline = time.monotonic() + 30
+        while not (jobs := client.jobs(share="research")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [job["name"] for job in jobs] == ["to-cancel"]
+        client.cancel(jobs[0]["id"])
+        out, err = waiting.communicate(timeout=30)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 1, err
+    assert out.startswith(f"job {jobs[0]['id']} CANCELLED: ")
 
 
 def test_the_cli_takes_json_after_the_command_too(world, live_server):
