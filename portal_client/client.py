@@ -10,6 +10,10 @@ from typing import Any
 import requests
 
 FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
+# Client.wait looks at the job every `poll` seconds for this long, then less and less often, up
+# to every WAIT_POLL_MAX_SECONDS.
+WAIT_POLL_STEADY_SECONDS = 60.0
+WAIT_POLL_MAX_SECONDS = 15.0
 
 
 # Below this much text in common, the end of a log seen before and the end seen now are not
@@ -222,9 +226,14 @@ class Client:
         poll: float = 1.0,
     ) -> dict:
         """Poll until the job is in one of `states`; returns it. Raises JobEnded when the job
-        ends in a state not asked for (it will never get there), TimeoutError at the timeout."""
+        ends in a state not asked for (it will never get there), TimeoutError at the timeout.
+        It looks at the job every `poll` seconds for the first WAIT_POLL_STEADY_SECONDS, then
+        half as long again after each look, up to WAIT_POLL_MAX_SECONDS (or `poll` if longer):
+        a wait of days costs the portal a request every 15 s, not every second."""
         wanted = {states} if isinstance(states, str) else set(states)
-        deadline = None if timeout is None else time.monotonic() + timeout
+        began = time.monotonic()
+        deadline = None if timeout is None else began + timeout
+        interval = poll
         while True:
             job = self.job(job_id)
             if job["state"] in wanted:
@@ -238,7 +247,11 @@ class Client:
                     f"job {job_id} is still {job['state']} after {timeout:g} s of waiting for "
                     f"{either}"
                 )
-            time.sleep(poll)
+            if deadline is not None:
+                interval = min(interval, max(0.0, deadline - time.monotonic()))
+            time.sleep(interval)
+            if time.monotonic() - began >= WAIT_POLL_STEADY_SECONDS:
+                interval = min(interval * 1.5, max(poll, WAIT_POLL_MAX_SECONDS))
 
     def logs(self, job_id: int) -> str:
         """The end of the job's log (latest attempt)."""
