@@ -36,13 +36,19 @@ def scheduling_policy_arn(name: str | None = None) -> str:
 
 def name_of(value: str, *, kind: str, field: str) -> str:
     """The name an ARN of `kind` ("job-queue", "quota-share", "job", ...) stands for, or the
-    value itself when it is a plain name."""
+    value itself when it is a plain name. A quota share's ARN names this portal's job queue: a
+    share of another queue is not one of this portal's."""
     if not value.startswith("arn:"):
         return value
     if not value.startswith(_prefix()):
         raise client_error(NOT_THIS_PORTAL.format(field=field, arn=value, prefix=_prefix()))
     resource = value[len(_prefix()) :]
-    marker = f"{kind}/"
-    if marker not in resource:
-        raise client_error(f"{field}: {value} is not the ARN of a {kind}.")
-    return resource.rsplit(marker, 1)[1]
+    if kind == "quota-share":
+        marker = job_queue_arn()[len(_prefix()) :] + "/quota-share/"
+    else:
+        marker = f"{kind}/"
+    name = resource.removeprefix(marker)
+    if name == resource or not name or "/" in name:
+        raise client_error(f"{field}: {value} is not the ARN of a {kind} of this portal's "
+                           f"({_prefix()}{marker}<name>).")  # fmt: skip
+    return name

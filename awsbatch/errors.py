@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+from django.core.exceptions import ValidationError
 from django.http import HttpResponse
 
 CLIENT = "ClientException"  # 400: bad input, something that does not exist, not allowed
@@ -38,3 +39,16 @@ def error_response(error: AwsError, request_id: str) -> HttpResponse:
     response["x-amzn-ErrorType"] = error.code
     response["x-amzn-RequestId"] = request_id
     return response
+
+
+def in_aws_words(error: ValidationError, fields: dict[str, str]) -> AwsError:
+    """A rule of the portal's, naming the request's field as AWS calls it (`fields`: the
+    portal's field → the request's), the portal's own name beside it."""
+    messages = getattr(error, "message_dict", {"": error.messages})
+    return client_error(" ".join(
+        f"{fields.get(field, field)} ({field}): {message.removeprefix(f'{field}: ')}"
+        if field
+        else message
+        for field, items in messages.items()
+        for message in items
+    ))  # fmt: skip

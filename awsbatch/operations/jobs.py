@@ -22,7 +22,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from awsbatch import arns
-from awsbatch.errors import AwsError, client_error
+from awsbatch.errors import AwsError, client_error, in_aws_words
 from awsbatch.models import InstanceType, ServiceJob, instance_type_named
 from awsbatch.operations import Caller, operation
 from awsbatch.operations.shares import NO_SUCH_SHARE, check_queue, page_size
@@ -59,7 +59,10 @@ STATUS = {
     Job.State.SUCCEEDED: "SUCCEEDED", Job.State.FAILED: "FAILED",
     Job.State.CANCELLED: "FAILED",
 }  # fmt: skip
+# AWS's PENDING (waiting on dependencies) has no portal state: listing it lists nothing.
 STATES_OF = {status: [s for s, a in STATUS.items() if a == status] for status in STATUS.values()}
+RETRY_ATTEMPTS = range(1, 11)  # ServiceJobRetryStrategy.attempts: between 1 and 10
+NOT_SECONDS = "{field}: an integer of seconds, at least 1."
 
 
 def _millis(moment) -> int | None:
@@ -101,12 +104,21 @@ def _request(payload: dict) -> dict:
                                                 rule="an integer of at least 1."))  # fmt: skip
     algorithm = _section(payload, "AlgorithmSpecification")
     entrypoint = algorithm.get("ContainerEntrypoint") or []
-    argv = [*entrypoint, *(algorithm.get("ContainerArguments") or [])]
-    if not entrypoint or not all(isinstance(a, str) for a in argv):
+    arguments = algorithm.get("ContainerArguments") or []
+    if (
+        not isinstance(entrypoint, list)
+        or not entrypoint
+        or not all(isinstance(a, str) for a in entrypoint)
+    ):
         raise client_error(PAYLOAD_FIELD.format(
             field="AlgorithmSpecification.ContainerEntrypoint",
             rule="required, a list of strings: the command the portal runs on its nodes (in "
             "TrainingImage on Kubernetes nodes, on the node itself elsewhere)."))  # fmt: skip
+    if not isinstance(arguments, list) or not all(isinstance(a, str) for a in arguments):
+        raise client_error(PAYLOAD_FIELD.format(
+            field="AlgorithmSpecification.ContainerArguments",
+            rule="a list of strings, given to ContainerEntrypoint."))  # fmt: skip
+    argv = [*entrypoint, *arguments]
     image = algorithm.get("TrainingImage") or ""
     if not isinstance(image, str):
         raise client_error(PAYLOAD_FIELD.format(field="AlgorithmSpecification.TrainingImage",
@@ -119,9 +131,12 @@ def _request(payload: dict) -> dict:
                                                 rule="a map of strings to strings."))  # fmt: skip
     stopping = _section(payload, "StoppingCondition")
     timeout = stopping.get("MaxRuntimeInSeconds")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int)):
-        raise client_error(PAYLOAD_FIELD.format(field="StoppingCondition.MaxRuntimeInSeconds",
-                                                rule="an integer of seconds."))  # fmt: skip
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1
+    ):
+        raise client_error(PAYLOAD_FIELD.format(
+            field="StoppingCondition.MaxRuntimeInSeconds",
+            rule="an integer of seconds, at least 1."))  # fmt: skip
     return {
         "gpu_type": instance.gpu_type,
         "gpus": instance.gpus * count,
@@ -145,9 +160,13 @@ def submit_service_job(caller: Caller, params: dict) -> dict:
     retry = params.get("retryStrategy", {})
     if retry.get("evaluateOnExit"):
         raise client_error(EVALUATE_ON_EXIT)
+    if "attempts" in retry and retry["attempts"] not in RETRY_ATTEMPTS:
+        raise client_error("retryStrategy.attempts: between 1 and 10.")
     asked = _request(_payload(params["serviceRequestPayload"]))
     per_attempt = params.get("timeoutConfig", {}).get("attemptDurationSeconds")
-    timeouts = [t for t in (asked["timeout_seconds"], per_attempt) if t]
+    if per_attempt is not None and per_attempt < 1:
+        raise client_error(NOT_SECONDS.format(field="timeoutConfig.attemptDurationSeconds"))
+    timeouts = [t for t in (asked["timeout_seconds"], per_attempt) if t is not None]
     preemption = params.get("preemptionConfiguration", {})
     try:
         job, created = job_submit(
@@ -174,23 +193,37 @@ def submit_service_job(caller: Caller, params: dict) -> dict:
     except ClientTokenConflict:
         raise client_error(TOKEN_CONFLICT.format(token=params.get("clientToken"))) from None
     except ValidationError as error:
-        raise client_error(_in_aws_words(error)) from None
+        raise in_aws_words(error, AWS_FIELDS) from None
+    aws = ServiceJob(
+        job=job,
+        service_job_type=params["serviceJobType"],
+        service_request_payload=params["serviceRequestPayload"],
+        tags=params.get("tags", {}),
+        retry_strategy=retry,
+        timeout_config=params.get("timeoutConfig", {}),
+        preemption_configuration=preemption,
+        instance_type=asked["instance"],
+        instance_count=asked["count"],
+    )
     if created:
         # One prepared INSERT, in its own commit: the job is accepted already; without this
         # row it is still described, from its own fields.
-        insert_with_children(ServiceJob(
-            job=job,
-            service_job_type=params["serviceJobType"],
-            service_request_payload=params["serviceRequestPayload"],
-            tags=params.get("tags", {}),
-            retry_strategy=retry,
-            timeout_config=params.get("timeoutConfig", {}),
-            preemption_configuration=preemption,
-            instance_type=asked["instance"],
-            instance_count=asked["count"],
-        ), [], link="job")  # fmt: skip
+        insert_with_children(aws, [], link="job")
+    else:
+        # The same token: the same request, AWS's own fields included, or a conflict.
+        first = ServiceJob.objects.filter(job=job).first()
+        if first is not None and any(
+            getattr(first, field) != getattr(aws, field) for field in AWS_REQUEST_FIELDS
+        ):
+            raise client_error(TOKEN_CONFLICT.format(token=params.get("clientToken")))
     return {"jobArn": arns.job_arn(job.pk), "jobName": job.name, "jobId": str(job.pk)}
 
+
+# What a ServiceJob keeps of a SubmitServiceJob request that the portal's job does not.
+AWS_REQUEST_FIELDS = (
+    "service_job_type", "service_request_payload", "tags", "retry_strategy", "timeout_config",
+    "preemption_configuration",
+)  # fmt: skip
 
 # The portal's job fields in a SubmitServiceJob request's words, for its rules' messages.
 AWS_FIELDS = {
@@ -210,24 +243,12 @@ AWS_FIELDS = {
 }
 
 
-def _in_aws_words(error: ValidationError) -> str:
-    """A rule of the portal's, naming the request's field as AWS calls it."""
-    messages = getattr(error, "message_dict", {"": error.messages})
-    return " ".join(
-        f"{AWS_FIELDS.get(field, field)} ({field}): {message.removeprefix(f'{field}: ')}"
-        if field
-        else message
-        for field, items in messages.items()
-        for message in items
-    )
-
-
 def _job(caller: Caller, job_id: str, field: str = "jobId") -> Job:
     """A job the caller may see, by id or ARN; another team's is not found."""
     value = arns.name_of(job_id, kind="job", field=field)
     job = (
         jobs_visible_to(caller.user).filter(pk=int(value)).select_related("share").first()
-        if value.isdigit() and int(value) < 2**62
+        if value.isascii() and value.isdigit() and int(value) < 2**62
         else None
     )
     if job is None:
@@ -325,7 +346,7 @@ def list_service_jobs(caller: Caller, params: dict) -> dict:
         check_queue(params["jobQueue"])
     jobs = jobs_visible_to(caller.user).select_related("share", "aws")
     if params.get("jobStatus"):
-        jobs = jobs.filter(state__in=STATES_OF[params["jobStatus"]])
+        jobs = jobs.filter(state__in=STATES_OF.get(params["jobStatus"], []))
     for i, item in enumerate(params.get("filters", [])):
         name, values = item.get("name"), item.get("values", [])
         if name == "JOB_NAME":
@@ -361,7 +382,7 @@ def update_service_job(caller: Caller, params: dict) -> dict:
     try:
         job = job_set_priority(job=job, priority=params["schedulingPriority"])
     except ValidationError as error:
-        raise client_error(_in_aws_words(error)) from None
+        raise in_aws_words(error, AWS_FIELDS) from None
     return {"jobArn": arns.job_arn(job.pk), "jobName": job.name, "jobId": str(job.pk)}
 
 
@@ -369,7 +390,7 @@ def update_service_job(caller: Caller, params: dict) -> dict:
 def terminate_service_job(caller: Caller, params: dict) -> dict:
     """Our cancel: a queued job ends at once, a running one is stopped with its share's grace
     period (SIGTERM, then SIGKILL)."""
-    job_cancel(job=_job(caller, params["jobId"]), user=caller.user)
+    job_cancel(job=_job(caller, params["jobId"]), user=caller.user, why=params["reason"])
     return {}
 
 
@@ -382,6 +403,6 @@ def terminate_service_jobs(caller: Caller, params: dict) -> dict:
         except AwsError as error:  # reported for this job; the others go on
             errors.append({"job": value, "code": error.code, "message": error.message})
             continue
-        job_cancel(job=job, user=caller.user)
+        job_cancel(job=job, user=caller.user, why=params.get("reason", ""))
         successful.append(value)
     return {"successful": successful, "errors": errors}

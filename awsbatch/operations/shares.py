@@ -10,7 +10,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from awsbatch import arns
-from awsbatch.errors import client_error
+from awsbatch.errors import client_error, in_aws_words
 from awsbatch.models import InstanceType, ShareTags
 from awsbatch.operations import Caller, operation
 from shares.models import MAX_GPU_TYPES_PER_SHARE, QuotaShare, ShareChange, Team, validate_gpu_type
@@ -37,6 +37,17 @@ BORROW_LIMIT_ONLY_LAB = (
     "(leave it out, or -1, for {strategy})."
 )
 BAD_TOKEN = "nextToken: not a token this operation gave."
+TOKEN_KIND = "quota-share:"  # what a ListQuotaShares token is a token of
+# The share's fields in CreateQuotaShare's and UpdateQuotaShare's words, for its rules' messages.
+SHARE_FIELDS = {
+    "name": "quotaShareName",
+    "max_gpus": "capacityLimits.maxCapacity",
+    "capacity_limits": "capacityLimits",
+    "strategy": "resourceSharingConfiguration.strategy",
+    "borrow_limit": "resourceSharingConfiguration.borrowLimit",
+    "in_share_preemption": "preemptionConfiguration.inSharePreemption",
+    "state": "state",
+}
 MAX_RESULTS = 100
 PAGE_SIZE = (
     f"maxResults: between 1 and {MAX_RESULTS} (a larger value gives pages of {MAX_RESULTS})."
@@ -148,16 +159,21 @@ def create_quota_share(caller: Caller, params: dict) -> dict:
     if QuotaShare.objects.filter(name=name).exists():
         raise client_error(SHARE_EXISTS.format(name=name))
     tags = params.get("tags", {})
-    share = share_create(
-        name=name,
-        team=_team(caller, tags),
-        capacity_limits=gpu_limits(params["capacityLimits"]),
-        in_share_preemption=params["preemptionConfiguration"]["inSharePreemption"] == "ENABLED",
-        state=params.get("state", QuotaShare.State.ENABLED),
-        actor=caller.user,
-        source=ShareChange.Source.API,
-        **_sharing(params["resourceSharingConfiguration"]),
-    )
+    try:
+        share = share_create(
+            name=name,
+            team=_team(caller, tags),
+            capacity_limits=gpu_limits(params["capacityLimits"]),
+            in_share_preemption=(
+                params["preemptionConfiguration"]["inSharePreemption"] == "ENABLED"
+            ),
+            state=params.get("state", QuotaShare.State.ENABLED),
+            actor=caller.user,
+            source=ShareChange.Source.API,
+            **_sharing(params["resourceSharingConfiguration"]),
+        )
+    except ValidationError as error:
+        raise in_aws_words(error, SHARE_FIELDS) from None
     ShareTags.objects.create(share=share, tags=tags)
     return {"quotaShareName": share.name, "quotaShareArn": arns.quota_share_arn(share.name)}
 
@@ -187,10 +203,15 @@ def page(names: list[str], params: dict) -> tuple[list[str], str | None]:
             after = base64.urlsafe_b64decode(params["nextToken"].encode()).decode()
         except (ValueError, UnicodeDecodeError):
             raise client_error(BAD_TOKEN) from None
+        if not after.startswith(TOKEN_KIND):
+            raise client_error(BAD_TOKEN)
+        after = after.removeprefix(TOKEN_KIND)
         start = next((i for i, n in enumerate(names) if n > after), len(names))
     chosen = names[start : start + size]
     more = start + size < len(names)
-    token = base64.urlsafe_b64encode(chosen[-1].encode()).decode() if more and chosen else None
+    token = None
+    if more and chosen:
+        token = base64.urlsafe_b64encode(f"{TOKEN_KIND}{chosen[-1]}".encode()).decode()
     return chosen, token
 
 
@@ -222,7 +243,12 @@ def update_quota_share(caller: Caller, params: dict) -> dict:
         )
     if "state" in params:
         changes["state"] = params["state"]
-    share = share_update(share=share, actor=caller.user, source=ShareChange.Source.API, **changes)
+    try:
+        share = share_update(
+            share=share, actor=caller.user, source=ShareChange.Source.API, **changes
+        )
+    except ValidationError as error:
+        raise in_aws_words(error, SHARE_FIELDS) from None
     return {"quotaShareName": share.name, "quotaShareArn": arns.quota_share_arn(share.name)}
 
 

@@ -19,17 +19,21 @@ ALREADY_FINAL = "job {job} already ended ({state}); nothing to cancel"
 
 
 @transaction.atomic
-def job_cancel(*, job: Job, user) -> Job:
+def job_cancel(*, job: Job, user, why: str = "") -> Job:
     """Cancel a job. A queued job ends at once; a job holding GPUs is stopped like a preemption
-    (SIGTERM, the share's grace period, SIGKILL) and ends CANCELLED when its node confirms."""
+    (SIGTERM, the share's grace period, SIGKILL) and ends CANCELLED when its node confirms.
+    `why`: the canceller's reason, added to the recorded one."""
     job = Job.objects.select_for_update().get(pk=job.pk)
     if job.is_final:
         return job
+    because = f" ({why.strip()})" if why.strip() else ""
     if job.state in (Job.State.SUBMITTED, Job.State.RUNNABLE):
         # A strict-FIFO share's next job may now go ahead.
         request_cycle()
         return job_transition(
-            job=job, to_state=Job.State.CANCELLED, reason=CANCELLED_BY_USER.format(user=user)
+            job=job,
+            to_state=Job.State.CANCELLED,
+            reason=CANCELLED_BY_USER.format(user=user) + because,
         )
     if job.cancel_requested:
         return job
@@ -38,7 +42,7 @@ def job_cancel(*, job: Job, user) -> Job:
     return job_transition(
         job=job,
         to_state=Job.State.PREEMPTING,
-        reason=CANCEL_STOPPING.format(user=user),
+        reason=CANCEL_STOPPING.format(user=user) + because,
         cancel_requested=True,
     )
 
