@@ -172,8 +172,12 @@ def _gres_gpus(gres: str) -> list[tuple[str | None, int]]:
 
 DOWN_WORDS = frozenset(("down", "fail", "failing", "future", "unknown", "noresp", "powered",
                         "power_down", "powering_down", "inval"))  # fmt: skip
-DRAINING_WORDS = frozenset(("drain", "drained", "draining", "drng", "maint", "reboot_requested",
-                            "reboot_issued"))  # fmt: skip
+DRAINING_WORDS = frozenset(("drain", "drained", "draining", "drng", "maint", "reboot",
+                            "reboot_requested", "reboot_issued"))  # fmt: skip
+# StateLong's suffixes (sinfo(1), NODE STATE CODES) of a node that takes no new jobs while
+# those it runs go on: "$" in a maintenance reservation (as MAINT), "^" its reboot issued, "!"
+# pending power down.
+DRAINING_SUFFIXES = frozenset("$^!")
 
 
 def node_state(state: str, reason: str) -> tuple[str, str]:
@@ -185,7 +189,7 @@ def node_state(state: str, reason: str) -> tuple[str, str]:
     # "*": not responding; "~", "#", "%": powered off, powering up, powering down.
     if set(state) & set("*~#%") or words & DOWN_WORDS:
         return NODE_DOWN, said
-    if words & DRAINING_WORDS:
+    if words & DRAINING_WORDS or set(state) & DRAINING_SUFFIXES:
         return NODE_DRAINING, said
     return NODE_READY, said if state not in ("idle", "mixed", "allocated") else ""
 
@@ -198,7 +202,9 @@ def parse_sinfo(text: str) -> list[SlurmNode]:
         fields = line.split(SEP)
         if len(fields) < len(SINFO_FIELDS):
             continue
-        name, partition, state, gres, used, reason = (f.strip() for f in fields[:6])
+        name, partition, state, gres, used = (f.strip() for f in fields[:5])
+        # The reason is an operator's free text, and the last field: all the rest of the line.
+        reason = SEP.join(fields[5:]).strip().removesuffix(SEP).strip()
         node = by_name.setdefault(
             name, {"partitions": [], "state": state, "gres": gres, "used": used, "reason": reason}
         )
@@ -231,7 +237,10 @@ def parse_sinfo(text: str) -> list[SlurmNode]:
 def _exit_code(status: str) -> int | None:
     """squeue's exit_code is the batch script's wait status: 768 is exit code 3, 9 a death by
     SIGKILL (-9, as Popen says)."""
-    if not status.strip().isdigit():
+    status = status.strip()
+    if ":" in status:  # Slurm 23.02 and later print "exit:signal", as sacct does
+        return _status_exit_code(status)
+    if not (status.isascii() and status.isdigit()):
         return None
     value = int(status)
     signal = value & 0x7F
@@ -239,23 +248,32 @@ def _exit_code(status: str) -> int | None:
 
 
 def parse_squeue(text: str) -> list[SlurmJob]:
-    """`squeue -h -O` with SQUEUE_FIELDS."""
+    """`squeue -h -O` with SQUEUE_FIELDS. A job's name is whatever its user gave, the separator
+    too: it is all that lies between the id and the last six fields. A line that still cannot
+    be read (not one of the connector's jobs, whose names and nodes it makes) is left out."""
     jobs = []
+    after_name = len(SQUEUE_FIELDS) - 2
     for line in text.splitlines():
         fields = line.split(SEP)
+        if fields[-1].strip() == "":
+            fields.pop()  # each field ends with the separator
         if len(fields) < len(SQUEUE_FIELDS):
             continue
-        job_id, name, state, reason, nodes, tres, status, partition = (
-            f.strip() for f in fields[: len(SQUEUE_FIELDS)]
-        )
-        gpus = _gres_gpus(tres.replace("gres:", "").replace("gres/", ""))
+        job_id, name = fields[0].strip(), SEP.join(fields[1:-after_name]).strip()
+        state, reason, nodes, tres, status, partition = (f.strip() for f in fields[-after_name:])
+        try:
+            gpus = _gres_gpus(tres.replace("gres:", "").replace("gres/", ""))
+            hosts = tuple(expand_hostlist(nodes)) if nodes and nodes != "(null)" else ()
+        except ValueError:
+            logger.warning("left out a squeue line it cannot read: %r", line[:300])
+            continue
         jobs.append(
             SlurmJob(
                 id=job_id,
                 name=name,
                 state=state.split()[0] if state else "",
                 reason=reason,
-                nodes=tuple(expand_hostlist(nodes)) if nodes and nodes != "(null)" else (),
+                nodes=hosts,
                 gpus_per_node=sum(count for _, count in gpus),
                 exit_code=_exit_code(status),
                 partition=partition,
