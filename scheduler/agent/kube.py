@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from fnmatch import fnmatchcase
 from pathlib import Path
 
@@ -77,6 +78,17 @@ RETRY_SECONDS = (0.2, 0.5, 1.0, 2.0, 5.0)
 # container ran): the portal placed it on GPUs something else holds. Withdrawn and requeued.
 # A kubelet's eviction (node pressure) loses the attempt instead, as a node failure does.
 EVICTED = "Evicted"
+# A pod its kubelet itself terminated, not for anything the job did: the node shutting down
+# (graceful node shutdown: "Terminated", "Shutdown" before Kubernetes 1.22) or a critical pod
+# admitted in its place ("Preempting"); Kubernetes 1.26+ also marks it with a DisruptionTarget
+# condition of reason TerminationByKubelet.
+KUBELET_TERMINATED = frozenset(("Terminated", "Shutdown", "Preempting"))
+# Quantity suffixes (resource.Quantity): decimal and binary multipliers, and milli.
+QUANTITY_SUFFIXES = {
+    "": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+}  # fmt: skip
+QUANTITY = re.compile(r"([0-9.]+)(?:([eE][+-]?[0-9]+)|(m|k|[KMGTPE]i|[MGTPE])?)")
 # Container waiting reasons that mean the job cannot start where it is (its image or its
 # configuration): the attempt ends, as an agent's command that cannot start does.
 CANNOT_START = frozenset(
@@ -127,10 +139,31 @@ class KubeJob:
         return self.ended
 
 
+def quantity(value: object) -> int | None:
+    """A resource.Quantity as an integer ("8", "1k", "1e3", "1000m" and "1Ki" are 8, 1000,
+    1000, 1 and 1024), rounded down; None for what is not a quantity."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    match = QUANTITY.fullmatch(value.strip()) if isinstance(value, str) else None
+    if match is None:
+        return None
+    number, exponent, suffix = match.groups()
+    try:
+        amount = Decimal(number) * (Decimal(10) ** int(exponent[1:]) if exponent else 1)
+    except (InvalidOperation, ValueError):
+        return None
+    if suffix == "m":
+        amount /= 1000
+    else:
+        amount *= QUANTITY_SUFFIXES[suffix or ""]
+    return int(amount)
+
+
 def pod_gpus(pod: dict) -> int:
-    """The GPUs a pod holds on its node: its containers' `nvidia.com/gpu` limits (which
-    Kubernetes requires to equal the requests), or its largest init container's, whichever is
-    more (as the kubelet counts)."""
+    """The GPUs a pod holds on its node, as the kubelet counts them: its containers'
+    `nvidia.com/gpu` limits (which Kubernetes requires to equal the requests) and its sidecars'
+    (init containers that keep running: restartPolicy Always), or, if more, what an init
+    container asks for beside the sidecars started before it."""
     spec = pod.get("spec") or {}
 
     def asked(container: dict) -> int:
@@ -138,14 +171,15 @@ def pod_gpus(pod: dict) -> int:
         value = (resources.get("limits") or {}).get(GPU_RESOURCE) or (
             resources.get("requests") or {}
         ).get(GPU_RESOURCE)
-        try:
-            return int(value or 0)
-        except (TypeError, ValueError):
-            return 0
+        return max(0, quantity(value or 0) or 0)
 
-    running = sum(asked(c) for c in spec.get("containers") or [])
-    init = max((asked(c) for c in spec.get("initContainers") or []), default=0)
-    return max(running, init)
+    sidecars = init = 0
+    for container in spec.get("initContainers") or []:
+        if container.get("restartPolicy") == "Always":
+            sidecars += asked(container)
+        else:
+            init = max(init, sidecars + asked(container))
+    return max(sum(asked(c) for c in spec.get("containers") or []) + sidecars, init)
 
 
 def holds_gpus(pod: dict) -> bool:
@@ -224,6 +258,9 @@ def attempt_job(
         if status.get("phase") == "Failed" and reason == EVICTED:
             return job(EVICTED, f"evicted by the kubelet of {pod['spec'].get('nodeName')}: "
                        f"{message}", END_LOST)  # fmt: skip
+        if status.get("phase") == "Failed" and not stopped and _kubelet_terminated(status):
+            return job("TerminatedByKubelet", f"the kubelet of {pod['spec'].get('nodeName')} "
+                       f"terminated it ({said})", END_LOST)  # fmt: skip
         if reason == "DeadlineExceeded":
             return job("DeadlineExceeded", said, END_TIMEOUT, exit_code=None)
         if status.get("phase") == "Failed" and not _started(pod) and not _terminated(pod):
@@ -266,18 +303,48 @@ def attempt_job(
     return job("Pending", ", ".join(reasons) or "pods not started yet")
 
 
-def node_view(node: dict, *, used_gpus: int, gpu_type: str | None) -> KubeNode | None:
-    """A Node object as the portal takes it; None for a node without GPUs."""
+def _kubelet_terminated(status: dict) -> bool:
+    """Whether a Failed pod's kubelet terminated it for the node's sake (KUBELET_TERMINATED)."""
+    return status.get("reason") in KUBELET_TERMINATED or any(
+        c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+        and c.get("reason") == "TerminationByKubelet"
+        for c in status.get("conditions") or []
+    )  # fmt: skip
+
+
+def _tolerated(taint: dict, tolerations: list) -> bool:
+    """Whether one of `tolerations` tolerates `taint` (the rules of core/v1 Toleration)."""
+    for toleration in tolerations:
+        if not isinstance(toleration, dict):
+            continue
+        if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
+            continue
+        key = toleration.get("key", "")
+        if toleration.get("operator") == "Exists":
+            if not key or key == taint.get("key"):
+                return True
+        elif key == taint.get("key") and toleration.get("value", "") == taint.get("value", ""):
+            return True
+    return False
+
+
+def node_view(
+    node: dict, *, used_gpus: int, gpu_type: str | None, tolerations: list | tuple = ()
+) -> KubeNode | None:
+    """A Node object as the portal takes it; None for a node without GPUs. `tolerations`: the
+    connector's pods' (from its pod template): a NoExecute taint none of them tolerates keeps
+    every portal pod off the node (its kubelet refuses them, and evicts those running)."""
     status = node.get("status") or {}
     gpus = status.get("allocatable", {}).get(GPU_RESOURCE) or status.get("capacity", {}).get(
         GPU_RESOURCE
     )
-    try:
-        gpus = int(gpus or 0)
-    except (TypeError, ValueError):
-        gpus = 0
+    gpus = quantity(gpus or 0) or 0
     if gpus <= 0:
         return None
+    untolerated = [
+        taint for taint in (node.get("spec") or {}).get("taints") or []
+        if taint.get("effect") == "NoExecute" and not _tolerated(taint, tolerations)
+    ]  # fmt: skip
     name = node["metadata"]["name"]
     ready = next(
         (c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {"status": ""}
@@ -289,6 +356,14 @@ def node_view(node: dict, *, used_gpus: int, gpu_type: str | None) -> KubeNode |
         state, reason = NODE_DOWN, f"Kubernetes: NotReady ({said})"
     elif (node.get("spec") or {}).get("unschedulable"):
         state, reason = NODE_DRAINING, "Kubernetes: cordoned"
+    elif untolerated:
+        taints = ", ".join(
+            f"{t.get('key', '')}={t.get('value', '')}:NoExecute" for t in untolerated
+        )
+        state, reason = (
+            NODE_DRAINING,
+            f"Kubernetes: tainted {taints}, which its pods do not tolerate",
+        )
     else:
         state, reason = NODE_READY, ""
     return KubeNode(name=name, gpu_type=gpu_type, gpus=gpus,
@@ -762,10 +837,11 @@ class KubernetesCluster:
             for node, gpus in self.pod_usage.values():
                 used[node] = used.get(node, 0) + gpus
         nodes = []
+        tolerations = ((self.pod_template or {}).get("spec") or {}).get("tolerations") or []
         for obj in objects:
             gpu_type = self.gpu_type_of(obj)
             view = node_view(obj, used_gpus=used.get(obj["metadata"]["name"], 0),
-                             gpu_type=gpu_type)  # fmt: skip
+                             gpu_type=gpu_type, tolerations=tolerations)  # fmt: skip
             if view is None:
                 continue
             if gpu_type is None:

@@ -1,0 +1,155 @@
+"""Objects a real API server sends, as the Kubernetes connector (scheduler.agent.kube) must
+read them: pure tests over the objects as the API returns them."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from scheduler.agent.kube import (
+    ATTEMPT_LABEL,
+    GANG_ANNOTATION,
+    GPU_RESOURCE,
+    KubernetesCluster,
+    attempt_job,
+    node_view,
+    pod_gpus,
+    quantity,
+)
+from scheduler.agent.protocol import END_LOST, NODE_READY
+
+STARTED = "2026-12-02T06:00:00Z"
+
+
+def portal_pod(status: dict) -> dict:
+    """One of the connector's pods (one-node attempt) with the given status."""
+    asked = {GPU_RESOURCE: "2"}
+    return {
+        "metadata": {"name": "portal-research-job5-a11", "namespace": "gpu-portal",
+                     "uid": "uid-1", "labels": {ATTEMPT_LABEL: "11"},
+                     "annotations": {GANG_ANNOTATION: "kube1"}},
+        "spec": {"nodeName": "kube1", "restartPolicy": "Never",
+                 "containers": [{"name": "job", "image": "trainer:1",
+                                 "resources": {"limits": asked, "requests": asked}}]},
+        "status": status,
+    }  # fmt: skip
+
+
+def gpu_node(*, gpus: str = "8", taints: list | None = None) -> dict:
+    spec: dict = {}
+    if taints:
+        spec["taints"] = taints
+    return {
+        "metadata": {"name": "kube1",
+                     "labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
+        "spec": spec,
+        "status": {"capacity": {GPU_RESOURCE: gpus}, "allocatable": {GPU_RESOURCE: gpus},
+                   "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                   "message": "kubelet is posting ready status"}]},
+    }  # fmt: skip
+
+
+def synced_cluster(**settings) -> KubernetesCluster:
+    """A connector whose watches have listed (their cache filled by hand below)."""
+    cluster = KubernetesCluster(**settings)
+    up = threading.Event()
+    up.set()
+    cluster.informers = [SimpleNamespace(synced=up, healthy=up)]
+    return cluster
+
+
+# 1. A pod the kubelet itself terminated (graceful node shutdown, e.g. a spot GPU VM reclaimed;
+#    or kubelet preemption for a critical pod) is phase Failed with the kubelet's reason and a
+#    DisruptionTarget condition; its container has terminated with whatever exit code the job
+#    returned on SIGTERM (0 for a job that checkpoints and exits cleanly, as the portal asks).
+@pytest.mark.parametrize(
+    ("reason", "message", "exit_code"),
+    [
+        ("Terminated", "Pod was terminated in response to imminent node shutdown.", 0),
+        ("Terminated", "Pod was terminated in response to imminent node shutdown.", 143),
+        ("Preempting", "Preempted in order to admit critical pod", 143),
+    ],
+)
+def test_a_job_the_kubelet_killed_for_node_shutdown_or_preemption_is_lost_not_finished(
+    reason, message, exit_code
+):
+    status = {
+        "phase": "Failed", "reason": reason, "message": message,
+        "conditions": [{"type": "DisruptionTarget", "status": "True",
+                        "reason": "TerminationByKubelet", "message": message}],
+        "containerStatuses": [{"name": "job", "ready": False, "restartCount": 0, "state": {
+            "terminated": {"exitCode": exit_code,
+                           "reason": "Completed" if exit_code == 0 else "Error",
+                           "startedAt": STARTED, "finishedAt": "2026-12-02T06:30:00Z"}}}],
+    }  # fmt: skip
+    job = attempt_job("gpu-portal/portal-research-job5-a11", [portal_pod(status)], expected=1,
+                      deleted=set(), down={})  # fmt: skip
+    # As a kubelet's eviction is: the job runs again from its checkpoint, nothing counted
+    # against it; never "Succeeded" (exit 0) nor a failure of the job (exit 143).
+    assert job.end == END_LOST, (job.state, job.end, job.exit_code)
+
+
+# 2. A NoExecute taint (`kubectl taint node kube1 maintenance=true:NoExecute`): the kubelet
+#    refuses every pod bound there that does not tolerate it (pkg/kubelet/lifecycle/predicate.go,
+#    "Kubelet is only interested in the NoExecute taint"), and the taint manager evicts those
+#    running. The node must not be offered to the engine as READY.
+def test_a_gpu_node_with_a_noexecute_taint_its_pods_do_not_tolerate_is_not_offered_as_ready():
+    taint = {"key": "maintenance", "value": "true", "effect": "NoExecute"}
+    cluster = synced_cluster(default_gpu_type="h100")
+    cluster._node_event("LISTED", [gpu_node(taints=[taint])])
+    [view] = cluster.nodes()
+    assert view.state != NODE_READY, view
+
+
+# 3. Native sidecars (init containers with restartPolicy: Always, on by default since 1.29) run
+#    beside the app containers for the pod's life: their requests add to the containers' sum
+#    (component-helpers resource.PodRequests), and the device manager does not reuse their
+#    devices for the app containers.
+def test_gpus_of_a_sidecar_init_container_add_to_the_gpus_a_foreign_pod_holds():
+    pod = {
+        "metadata": {"name": "notebook", "namespace": "ml", "uid": "u-2"},
+        "spec": {"nodeName": "kube1",
+                 "initContainers": [{"name": "gpu-exporter", "image": "exporter",
+                                     "restartPolicy": "Always",
+                                     "resources": {"limits": {GPU_RESOURCE: "1"},
+                                                   "requests": {GPU_RESOURCE: "1"}}}],
+                 "containers": [{"name": "main", "image": "nb",
+                                 "resources": {"limits": {GPU_RESOURCE: "2"},
+                                               "requests": {GPU_RESOURCE: "2"}}}]},
+        "status": {"phase": "Running"},
+    }  # fmt: skip
+    assert pod_gpus(pod) == 3
+
+
+# 4. Quantities come back in canonical form: the exponent/suffix as large as possible without
+#    losing precision, so a node that advertises 1000 nvidia.com/gpu (time-slicing replicas,
+#    which docs/kubernetes.md "Limits" says are counted) is "1k" in node.status.
+def test_a_node_whose_gpu_quantity_is_in_canonical_suffix_form_keeps_its_gpus():
+    view = node_view(gpu_node(gpus="1k"), used_gpus=0, gpu_type="h100")
+    assert view is not None and view.gpus == 1000
+
+
+def test_a_noexecute_taint_the_pod_template_tolerates_leaves_the_node_ready():
+    """A site whose pod template tolerates its GPU nodes' NoExecute taint (a dedicated pool)
+    keeps those nodes for the portal."""
+    taint = {"key": "dedicated", "value": "gpu", "effect": "NoExecute"}
+    for toleration in (
+        {"key": "dedicated", "operator": "Exists", "effect": "NoExecute"},
+        {"key": "dedicated", "operator": "Equal", "value": "gpu"},
+        {"operator": "Exists"},
+    ):
+        view = node_view(gpu_node(taints=[taint]), used_gpus=0, gpu_type="h100",
+                         tolerations=[toleration])  # fmt: skip
+        assert view is not None and view.state == NODE_READY, toleration
+    other = {"key": "dedicated", "operator": "Equal", "value": "cpu"}
+    view = node_view(gpu_node(taints=[taint]), used_gpus=0, gpu_type="h100", tolerations=[other])
+    assert view is not None and view.state != NODE_READY
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("8", 8), ("1k", 1000), ("1e3", 1000), ("1000m", 1), ("1Ki", 1024), ("0", 0), ("x", None),
+])  # fmt: skip
+def test_gpu_quantities_are_read_in_every_form_kubernetes_writes(text, value):
+    assert quantity(text) == value
