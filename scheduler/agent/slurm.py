@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pwd
 import re
 import shlex
 import subprocess
@@ -49,7 +50,7 @@ STALE_GPUS_RECORD_SECONDS = 3600.0
 SEP = "|"
 SINFO_FIELDS = ("NodeList", "Partition", "StateLong", "Gres", "GresUsed", "Reason")
 SQUEUE_FIELDS = ("JobID", "Name", "State", "Reason", "NodeList", "tres-per-node", "exit_code",
-                 "Partition")  # fmt: skip
+                 "Partition", "UserName")  # fmt: skip
 # Slurm job states in which the job holds its nodes' GPUs, or will no more.
 HOLDING_STATES = frozenset(("RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING",
                             "STAGE_OUT", "RESIZING"))  # fmt: skip
@@ -94,6 +95,7 @@ class SlurmJob:
     gpus_per_node: int
     exit_code: int | None  # the batch script's; -N: killed by signal N (as Popen says)
     partition: str
+    user: str = ""  # who submitted it (squeue's UserName; not known to sacct's and jobcomp's)
 
     @property
     def pending(self) -> bool:
@@ -260,7 +262,9 @@ def parse_squeue(text: str) -> list[SlurmJob]:
         if len(fields) < len(SQUEUE_FIELDS):
             continue
         job_id, name = fields[0].strip(), SEP.join(fields[1:-after_name]).strip()
-        state, reason, nodes, tres, status, partition = (f.strip() for f in fields[-after_name:])
+        state, reason, nodes, tres, status, partition, user = (
+            f.strip() for f in fields[-after_name:]
+        )
         try:
             gpus = _gres_gpus(tres.replace("gres:", "").replace("gres/", ""))
             hosts = tuple(expand_hostlist(nodes)) if nodes and nodes != "(null)" else ()
@@ -277,6 +281,7 @@ def parse_squeue(text: str) -> list[SlurmJob]:
                 gpus_per_node=sum(count for _, count in gpus),
                 exit_code=_exit_code(status),
                 partition=partition,
+                user=user,
             )
         )
     return jobs
@@ -379,6 +384,8 @@ class SlurmCluster:
     # The nodes as last read: a job goes to a partition that has all its nodes.
     partitions_of: dict[str, tuple[str, ...]] = field(default_factory=dict)
     stale_records: FileRetention | None = None  # of `script_dir`, made at the first submit
+    # Who the connector's jobs belong to: the user it runs sbatch as.
+    user: str = field(default_factory=lambda: pwd.getpwuid(os.getuid()).pw_name)
 
     kind = "slurm"
     manager = "Slurm"
@@ -524,7 +531,11 @@ class SlurmCluster:
         return f"{self.prefix}-{order['share']}-job{order['job']}-a{order['attempt']}"
 
     def attempt_of(self, job: SlurmJob) -> int | None:
-        """The portal attempt a Slurm job runs, if the connector submitted it."""
+        """The portal attempt a Slurm job runs, if the connector submitted it: its name, as
+        the connector's user (another user may name a job anything), and not an element of a
+        job array or a heterogeneous job ("123_4", "123+0"), which the connector never makes."""
+        if job.user and job.user != self.user or not (job.id.isascii() and job.id.isdigit()):
+            return None
         match = re.fullmatch(rf"{re.escape(self.prefix)}-.+-job\d+-a(\d+)", job.name)
         return int(match.group(1)) if match else None
 

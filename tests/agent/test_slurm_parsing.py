@@ -71,15 +71,15 @@ def test_typeless_nodes_take_the_type_given_on_the_command_line():
 
 
 # squeue -h --states=all -p gpu -O 'JobID:|,Name:|,State:|,Reason:|,NodeList:|,tres-per-node:|,
-# exit_code:|,Partition:|'
+# exit_code:|,Partition:|,UserName:|'
 SQUEUE = """\
-9|fill-7|PENDING|Resources||gres:gpu:1|0|gpu|
-2|portal-research-job7-a12|RUNNING|None|node[1-2]|gres:gpu:4|0|gpu|
-28|mine-exit3|FAILED|NonZeroExitCode|node1|gres:gpu:1|768|gpu|
-30|mine-kill|FAILED|JobLaunchFailure|node1|gres:gpu:1|9|gpu|
-26|nodefail|NODE_FAIL|NodeDown|node2|gres:gpu:8|0|gpu|
-40|slow|TIMEOUT|TimeLimit|node3|gres:gpu:8|15|gpu|
-41|x|CANCELLED|None||N/A|0|gpu|
+9|fill-7|PENDING|Resources||gres:gpu:1|0|gpu|root|
+2|portal-research-job7-a12|RUNNING|None|node[1-2]|gres:gpu:4|0|gpu|root|
+28|mine-exit3|FAILED|NonZeroExitCode|node1|gres:gpu:1|768|gpu|root|
+30|mine-kill|FAILED|JobLaunchFailure|node1|gres:gpu:1|9|gpu|root|
+26|nodefail|NODE_FAIL|NodeDown|node2|gres:gpu:8|0|gpu|root|
+40|slow|TIMEOUT|TimeLimit|node3|gres:gpu:8|15|gpu|root|
+41|x|CANCELLED|None||N/A|0|gpu|root|
 """
 
 

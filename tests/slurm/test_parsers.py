@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.agent.protocol import NODE_DOWN, NODE_DRAINING
-from scheduler.agent.slurm import node_state, parse_sinfo, parse_squeue
+from scheduler.agent.slurm import SlurmCluster, node_state, parse_sinfo, parse_squeue
 
 
 def test_squeue_exit_codes_of_slurm_23_02_and_later_are_read():
@@ -14,9 +14,9 @@ def test_squeue_exit_codes_of_slurm_23_02_and_later_are_read():
     src/squeue/print.c _print_job_exit_code) `squeue -O exit_code` prints "exit:signal", as
     squeue(1) says: "Following the colon is the signal that caused the process to terminate"."""
     text = (
-        "28|portal-research-job7-a12|FAILED|NonZeroExitCode|node1|gres/gpu:1|3:0|gpu|\n"
-        "30|portal-research-job7-a13|FAILED|JobLaunchFailure|node1|gres/gpu:1|0:9|gpu|\n"
-        "31|portal-research-job7-a14|COMPLETED|None|node1|gres/gpu:1|0:0|gpu|\n"
+        "28|portal-research-job7-a12|FAILED|NonZeroExitCode|node1|gres/gpu:1|3:0|gpu|root|\n"
+        "30|portal-research-job7-a13|FAILED|JobLaunchFailure|node1|gres/gpu:1|0:9|gpu|root|\n"
+        "31|portal-research-job7-a14|COMPLETED|None|node1|gres/gpu:1|0:0|gpu|root|\n"
     )
     jobs = {job.id: job for job in parse_squeue(text)}
     assert jobs["28"].exit_code == 3
@@ -64,8 +64,22 @@ def test_a_foreign_job_named_with_the_separator_does_not_stop_the_connector():
     prints the name verbatim. The connector lists every job of its partitions, so a parser
     exception here stops it (and again after every restart while the job is listed)."""
     text = (
-        "50|a|b|c|n[a-b]|PENDING|Resources||gres/gpu:1|0|gpu|\n"
-        "2|portal-research-job7-a12|RUNNING|None|node[1-2]|gres/gpu:4|0|gpu|\n"
+        "50|a|b|c|n[a-b]|PENDING|Resources||gres/gpu:1|0|gpu|root|\n"
+        "2|portal-research-job7-a12|RUNNING|None|node[1-2]|gres/gpu:4|0|gpu|root|\n"
     )
     jobs = {job.id: job for job in parse_squeue(text)}
     assert jobs["2"].nodes == ("node1", "node2") and jobs["2"].gpus_per_node == 4
+
+
+def test_a_job_named_like_the_connectors_but_not_its_own_is_never_taken_for_an_attempt():
+    """Another user of the partition may name a job `portal-research-job7-a12`; a job array's
+    element ("123_4") is never one the connector submitted. Neither is taken for attempt 12
+    (whose real Slurm job would then go untracked), and neither stops the connector."""
+    text = (
+        "90|portal-research-job7-a12|RUNNING|None|node1|gres/gpu:1|0|gpu|mallory|\n"
+        "91_4|portal-research-job7-a12|RUNNING|None|node1|gres/gpu:1|0|gpu|root|\n"
+        "92|portal-research-job7-a12|RUNNING|None|node1|gres/gpu:1|0|gpu|root|\n"
+    )
+    cluster = SlurmCluster(partitions=("gpu",), user="root")
+    jobs = {job.id: job for job in parse_squeue(text)}
+    assert [cluster.attempt_of(jobs[i]) for i in ("90", "91_4", "92")] == [None, None, 12]
