@@ -17,10 +17,10 @@ from django.urls import reverse
 
 from scheduler.engine import outcomes
 from scheduler.engine.snapshot import CHURN_PREEMPTIONS, CHURN_WINDOW_SECONDS, Allocation
+from scheduler.limits import MAX_GPUS_PER_NODE
 from shares.models import QuotaShare, validate_gpu_type
 
 MAX_PRIORITY = 9999
-MAX_GPUS_PER_NODE = 64
 MAX_TIMEOUT_SECONDS = 90 * 86400
 MAX_RETRY_ATTEMPTS = 20
 

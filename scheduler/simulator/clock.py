@@ -395,6 +395,20 @@ class Simulation:
         if spec.gpus % spec.nodes:
             self._reject(now, job, NOT_DIVISIBLE.format(gpus=spec.gpus, nodes=spec.nodes))
             return None
+        if spec.gpu_type not in self.node_sizes:
+            # No node of the type: the engine would reject it (DESIGN §2), but the cycles here
+            # are per GPU type of the nodes, so none would see it. Same reason as the engine's.
+            view = RunnableJob(
+                id=spec.id,
+                share=spec.share,
+                gpu_type=spec.gpu_type,
+                gpus=spec.gpus,
+                nodes=spec.nodes,
+            )
+            reason = rejection_reason(view, self.shares, None)
+            assert reason is not None  # with no node sizes, every job has a reason
+            self._reject(now, job, reason)
+            return None
         job.state = RUNNABLE
         self._enqueue(job)
         return spec.gpu_type

@@ -32,9 +32,13 @@ from scheduler.engine.snapshot import (
     NodeView,
     ShareView,
 )
+from scheduler.limits import MAX_GPUS_PER_NODE
 
 MAX_GPU_TYPES = 5
 MAX_PRIORITY = 9999
+# Times and durations in seconds are at most this (about 31,700 years): far beyond any trace, and
+# small enough that GPU-seconds summed over a run stay finite numbers in the result JSON.
+MAX_SECONDS = 10**12
 
 TOP_LEVEL_KEYS = {"borrow_order", "churn", "nodes", "shares", "jobs", "trace", "changes"}
 CHURN_KEYS = {"preemptions", "window_seconds"}
@@ -65,6 +69,34 @@ SLUG = re.compile(r"^[a-z0-9]([a-z0-9_-]*[a-z0-9])?$")
 
 class ScenarioError(ValueError):
     """The scenario breaks a rule; the message names the entry and the rule."""
+
+
+class _DuplicateKeyError(yaml.YAMLError):
+    def __init__(self, key: Any, line: int) -> None:
+        super().__init__(f"line {line}: the key {key} is given twice")
+        self.key = key
+        self.line = line
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error: PyYAML
+    would keep the last value silently, and a scenario is simulated as written. A key a merge
+    (`<<: *defaults`) brings in may still be set again, as YAML intends."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                given_twice = key in seen
+            except TypeError:
+                continue  # an unhashable key: the base loader says so
+            if given_twice:
+                raise _DuplicateKeyError(key, key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 @dataclass(frozen=True)
@@ -110,11 +142,15 @@ def load_scenario(path: str | Path) -> Scenario:
     """Read and check the scenario at `path` (its `trace`, if any, is relative to it)."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8-sig")
     except OSError as exc:
         raise ScenarioError(f"cannot read scenario {path}: {exc.strerror}") from exc
+    except ValueError as exc:  # not UTF-8, or a path with a NUL byte
+        raise ScenarioError(f"scenario {path}: not a UTF-8 YAML file ({exc})") from exc
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # safe: a SafeLoader
+    except _DuplicateKeyError as exc:
+        raise ScenarioError(f"{path} {exc} (each key may be given once)") from exc
     except yaml.YAMLError as exc:
         raise ScenarioError(f"{path}: not valid YAML: {exc}") from exc
     return parse_scenario(data, base_dir=path.parent, source=str(path))
@@ -180,15 +216,18 @@ def _parse_churn(raw: Any) -> tuple[int, float]:
     _no_unknown_keys(raw, CHURN_KEYS, "churn")
     preemptions = _int(raw.get("preemptions", CHURN_PREEMPTIONS), "churn", "preemptions", minimum=0)
     window = raw.get("window_seconds", CHURN_WINDOW_SECONDS)
-    if not _finite(window) or window <= 0:
-        raise ScenarioError("churn: window_seconds must be a number of seconds > 0")
+    if not _finite(window) or not 0 < window <= MAX_SECONDS:
+        raise ScenarioError(
+            f"churn: window_seconds must be a number of seconds > 0 and <= {MAX_SECONDS}"
+        )
     return preemptions, float(window)
 
 
 def read_trace(path: Path, share_by_name: Mapping[str, ShareView]) -> list[JobSpec]:
     """Jobs of a CSV trace; each bad row is reported with its line number and job id."""
     try:
-        handle = path.open(newline="")
+        # utf-8-sig: a byte order mark (Excel's "CSV UTF-8") is not part of the first column.
+        handle = path.open(encoding="utf-8-sig", newline="")
     except OSError as exc:
         raise ScenarioError(f"trace {path}: cannot read it: {exc.strerror}") from exc
     except ValueError as exc:  # a path with a NUL byte
@@ -203,6 +242,12 @@ def read_trace(path: Path, share_by_name: Mapping[str, ShareView]) -> list[JobSp
 def _read_trace_rows(handle, path: Path, share_by_name: Mapping[str, ShareView]) -> list[JobSpec]:
     reader = csv.reader(handle)
     columns = next(reader, [])
+    repeated = sorted({c for c in columns if columns.count(c) > 1})
+    if repeated:
+        raise ScenarioError(
+            f"trace {path.name}: column{'s' if len(repeated) > 1 else ''} "
+            f"{', '.join(repeated)} given twice in the header (each column may be given once)"
+        )
     missing = [c for c in TRACE_COLUMNS if c not in columns]
     if missing:
         raise ScenarioError(f"trace {path.name}: missing columns {', '.join(missing)}")
@@ -241,7 +286,7 @@ class _WellFormedRows:
     is wrong with it."""
 
     def __init__(self, columns: list[str], share_by_name: Mapping[str, ShareView]) -> None:
-        at = {column: i for i, column in enumerate(columns)}  # the last of a repeated column
+        at = {column: i for i, column in enumerate(columns)}  # each column is given once
         self._shares = share_by_name
         self._required = itemgetter(*(at[c] for c in TRACE_COLUMNS))
         self._nodes = at.get("nodes")
@@ -299,12 +344,13 @@ class _WellFormedRows:
 
 
 def _seconds(text: str) -> float | None:
-    """A finite number of a CSV cell, whole ones as int (as `_number_from_text`); None if not."""
+    """A number of seconds of a CSV cell, at most MAX_SECONDS, whole ones as int (as
+    `_seconds_value` of `_number_from_text`); None if not."""
     try:
         number = float(text)
     except ValueError:
         return None
-    if not math.isfinite(number):
+    if not math.isfinite(number) or number > MAX_SECONDS:
         return None
     return int(number) if number.is_integer() else number
 
@@ -332,6 +378,11 @@ def _parse_nodes(raw: Any) -> tuple[NodeView, ...]:
         name = _text(entry["name"], where, "name")
         gpu_type = _text(entry["gpu_type"], where, "gpu_type")
         gpus = _int(entry["gpus"], where, "gpus", minimum=1)
+        if gpus > MAX_GPUS_PER_NODE:
+            raise ScenarioError(
+                f"{where}: gpus must be at most {MAX_GPUS_PER_NODE} (the portal's most GPUs on "
+                f"one node), not {gpus}"
+            )
         if "count" in entry:
             count = _int(entry["count"], where, "count", minimum=1)
             names = [f"{name}-{i}" for i in range(count)]
@@ -392,8 +443,10 @@ def _build_share(name: str, fields: Mapping[str, Any], where: str) -> ShareView:
         )
     lend_limit = _parse_lend_limit(fields.get("lend_limit"), limits, where)
     grace = fields.get("grace_seconds", 120)
-    if not _finite(grace) or grace < 0:
-        raise ScenarioError(f"{where}: grace_seconds must be a number of seconds >= 0")
+    if not _finite(grace) or not 0 <= grace <= MAX_SECONDS:
+        raise ScenarioError(
+            f"{where}: grace_seconds must be a number of seconds >= 0 and <= {MAX_SECONDS}"
+        )
     state = fields.get("state", ENABLED)
     if state not in (ENABLED, DISABLED):
         raise ScenarioError(f"{where}: state must be {ENABLED} or {DISABLED}")
@@ -401,8 +454,10 @@ def _build_share(name: str, fields: Mapping[str, Any], where: str) -> ShareView:
     if not _finite(weight) or weight <= 0:
         raise ScenarioError(f"{where}: weight must be a number > 0")
     min_runtime = fields.get("min_runtime_seconds", 0)
-    if not _finite(min_runtime) or min_runtime < 0:
-        raise ScenarioError(f"{where}: min_runtime_seconds must be a number of seconds >= 0")
+    if not _finite(min_runtime) or not 0 <= min_runtime <= MAX_SECONDS:
+        raise ScenarioError(
+            f"{where}: min_runtime_seconds must be a number of seconds >= 0 and <= {MAX_SECONDS}"
+        )
     return ShareView(
         name=name,
         capacity_limits=limits,
@@ -446,6 +501,13 @@ def _parse_lend_limit(raw: Any, limits: Mapping[str, int], where: str) -> dict[s
 def _parse_job(
     raw: Any, where: str, share_by_name: Mapping[str, ShareView], *, from_text: bool = False
 ) -> JobSpec:
+    if from_text and isinstance(raw, dict) and None in raw:
+        # csv.DictReader's key for the cells of a row beyond the header's columns.
+        extra = len(raw[None])
+        raise ScenarioError(
+            f"{where}: the row has {extra} cell{'s' if extra > 1 else ''} more than the header "
+            "has columns (a row may have at most one cell per column)"
+        )
     where = _checked_entry(raw, where, JOB_KEYS, REQUIRED_JOB_KEYS, label="id")
     share = str(raw["share"])
     if share not in share_by_name:
@@ -461,17 +523,19 @@ def _parse_job(
         )
     checkpoint = raw.get("checkpoint_interval")
     if checkpoint is not None:
-        checkpoint = number(checkpoint, where, "checkpoint_interval")
+        checkpoint = _seconds_value(
+            number(checkpoint, where, "checkpoint_interval"), where, "checkpoint_interval"
+        )
         if checkpoint <= 0:
             raise ScenarioError(f"{where}: checkpoint_interval must be > 0 seconds")
-    submit = number(raw["submit"], where, "submit")
+    submit = _seconds_value(number(raw["submit"], where, "submit"), where, "submit")
     if submit < 0:
         raise ScenarioError(f"{where}: submit must be >= 0")
-    duration = number(raw["duration"], where, "duration")
+    duration = _seconds_value(number(raw["duration"], where, "duration"), where, "duration")
     if duration <= 0:
         raise ScenarioError(f"{where}: duration must be > 0 seconds")
     return JobSpec(
-        id=str(raw["id"]),
+        id=_text(raw["id"], where, "id"),
         share=share,
         gpu_type=_text(raw["gpu_type"], where, "gpu_type"),
         gpus=_int(number(raw["gpus"], where, "gpus"), where, "gpus", minimum=1),
@@ -503,7 +567,7 @@ def _parse_changes(raw: Any, share_by_name: Mapping[str, ShareView]) -> tuple[Sh
     entries = []
     for index, entry in enumerate(raw):
         where = _checked_entry(entry, f"changes[{index}]", CHANGE_KEYS, ("at", "share", "set"))
-        at = _number(entry["at"], where, "at")
+        at = _seconds_value(_number(entry["at"], where, "at"), where, "at")
         if at < 0:
             raise ScenarioError(f"{where}: at must be >= 0")
         share = str(entry["share"])
@@ -609,6 +673,13 @@ def _number(value: Any, where: str, key: str) -> float:
     if not _finite(value):
         raise ScenarioError(f"{where}: {key} must be a number, not {value!r}")
     return value
+
+
+def _seconds_value(seconds: float, where: str, key: str) -> float:
+    """A time or duration no larger than MAX_SECONDS (what the result JSON can hold)."""
+    if seconds > MAX_SECONDS:
+        raise ScenarioError(f"{where}: {key} must be at most {MAX_SECONDS} seconds, not {seconds}")
+    return seconds
 
 
 def _number_from_text(value: Any, where: str, key: str) -> float:
