@@ -9,6 +9,7 @@ from django.contrib.auth.backends import ModelBackend
 from django.core.exceptions import SuspiciousOperation
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 
+from sso.conf import SIGN_ALGO_UNSUPPORTED, SIGN_ALGOS_SUPPORTED
 from sso.services import (
     ACCOUNT_DISABLED,
     LoginRefused,
@@ -26,10 +27,15 @@ EXPIRED_TOKEN = "The ID token has expired: log in again (if it keeps happening, 
 BAD_SIGNATURE = "The ID token's signature is not the identity provider's: it was altered."
 INVALID_TOKEN = "The identity provider's ID token is not valid: {error}."
 NOT_FOR_US = "The ID token was issued for another application (audience {audience!r})."
+REQUESTED_BY_ANOTHER = "The ID token was requested by another application (azp {azp!r})."
 CLAIM_MISSING = (
     "The identity provider sent no {claim!r} claim: see OIDC_USERNAME_CLAIM in docs/sso.md."
 )
 SUBJECT_MISMATCH = "The provider's userinfo describes another subject than its ID token."
+GROUPS_NOT_A_LIST = (
+    "The identity provider's {claim!r} claim is {value!r:.80}, neither a list of groups nor "
+    "one group: see OIDC_GROUPS_CLAIM in docs/sso.md."
+)
 # A few seconds of clock difference between the provider and the portal are no error.
 CLOCK_LEEWAY_SECONDS = 30
 
@@ -66,9 +72,11 @@ class ProviderBackend(OIDCAuthenticationBackend):
         return super().authenticate(request, **kwargs)
 
     def verify_token(self, token, **kwargs):
+        if self.OIDC_RP_SIGN_ALGO not in SIGN_ALGOS_SUPPORTED:
+            raise LoginRefused(SIGN_ALGO_UNSUPPORTED.format(algo=self.OIDC_RP_SIGN_ALGO))
         try:
             return super().verify_token(token, **kwargs)
-        except (jwt.InvalidTokenError, KeyError) as error:  # not even a JWT, no key id
+        except (jwt.PyJWTError, KeyError) as error:  # not a JWT, no key id, a key of another type
             raise LoginRefused(INVALID_TOKEN.format(error=repr(error))) from None
         except SuspiciousOperation as error:  # no key of the provider's JWKS, a wrong nonce
             raise LoginRefused(INVALID_TOKEN.format(error=error)) from None
@@ -78,7 +86,7 @@ class ProviderBackend(OIDCAuthenticationBackend):
         if header.get("alg") != self.OIDC_RP_SIGN_ALGO:
             raise LoginRefused(INVALID_TOKEN.format(error=f"signed with {header.get('alg')!r}"))
         try:
-            return jwt.decode(
+            claims = jwt.decode(
                 payload,
                 key,
                 algorithms=[self.OIDC_RP_SIGN_ALGO],
@@ -101,6 +109,18 @@ class ProviderBackend(OIDCAuthenticationBackend):
             raise LoginRefused(NOT_FOR_US.format(audience=audience)) from None
         except jwt.InvalidTokenError as error:
             raise LoginRefused(INVALID_TOKEN.format(error=error)) from None
+        self._verify_audience(claims)
+        return claims
+
+    def _verify_audience(self, claims) -> None:
+        """OpenID Connect Core 1.0 §3.1.3.7, items 3 to 5 (PyJWT has checked that the client is
+        among the audiences): no other audience, which this portal does not trust, and an
+        authorized party (azp), when present, that is this client."""
+        audience = claims["aud"]
+        if isinstance(audience, list) and any(a != self.OIDC_RP_CLIENT_ID for a in audience):
+            raise LoginRefused(NOT_FOR_US.format(audience=audience))
+        if "azp" in claims and claims["azp"] != self.OIDC_RP_CLIENT_ID:
+            raise LoginRefused(REQUESTED_BY_ANOTHER.format(azp=claims["azp"]))
 
     def get_userinfo(self, access_token, id_token, payload):
         """The ID token's claims, with the userinfo endpoint's on top when one is configured."""
@@ -119,27 +139,44 @@ class ProviderBackend(OIDCAuthenticationBackend):
             raise LoginRefused(
                 CLAIM_MISSING.format(claim=settings.OIDC_USERNAME_CLAIM), claims=claims
             )
+        groups = groups_of(claims)
         issuer, subject = payload["iss"], payload["sub"]
         try:
             user = identity_user(issuer=issuer, subject=subject) or identity_create_user(
                 issuer=issuer,
                 subject=subject,
                 username=str(username),
-                email=claims.get("email") or "",
-                name=claims.get("name") or "",
+                email=claims.get("email"),
+                name=claims.get("name"),
             )
         except LoginRefused as refused:
             refused.claims = claims
             raise
         if not user.is_active:
             raise LoginRefused(ACCOUNT_DISABLED.format(username=user.username), claims=claims)
-        login_apply_groups(user=user, groups=groups_of(claims), subject=subject)
+        login_apply_groups(user=user, groups=groups, subject=subject)
         return user
 
 
 def groups_of(claims) -> list[str]:
-    """The values of the groups claim (a list, or one string), as strings."""
-    groups = claims.get(settings.OIDC_GROUPS_CLAIM) or []
+    """The values of the groups claim, as strings: a list, or one string; none when the claim
+    is absent (or null, or empty). Anything else (a number, true) refuses the login."""
+    groups = claims.get(settings.OIDC_GROUPS_CLAIM)
+    if groups is None or groups == "":
+        return []
     if isinstance(groups, str):
-        groups = [groups]
-    return [str(group) for group in groups]
+        return [groups]
+    if isinstance(groups, list):
+        return [str(group) for group in groups]
+    raise LoginRefused(
+        GROUPS_NOT_A_LIST.format(claim=settings.OIDC_GROUPS_CLAIM, value=groups), claims=claims
+    )
+
+
+def groups_to_record(claims) -> list[str]:
+    """The groups a refused login's record keeps: groups_of's, or none when the groups claim is
+    what was refused."""
+    try:
+        return groups_of(claims)
+    except LoginRefused:
+        return []

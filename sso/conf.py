@@ -28,6 +28,22 @@ OIDC_STORE_ID_TOKEN = True
 OIDC_RP_CLIENT_ID = _env.str("OIDC_RP_CLIENT_ID", default="")
 OIDC_RP_CLIENT_SECRET = _env.str("OIDC_RP_CLIENT_SECRET", default="")
 OIDC_RP_SIGN_ALGO = _env.str("OIDC_RP_SIGN_ALGO", default="RS256")
+# mozilla-django-oidc picks the key by the algorithm's first letters: RS* and ES* are checked
+# with the provider's JWKS, anything else with the client secret (as HS* must be). PS256 or
+# EdDSA would be checked with the secret and never pass, so they are refused (here at start,
+# and by ProviderBackend for a setting changed later).
+SIGN_ALGOS_SUPPORTED = (
+    *("RS256", "RS384", "RS512"),
+    *("ES256", "ES384", "ES512"),
+    *("HS256", "HS384", "HS512"),
+)
+SIGN_ALGO_UNSUPPORTED = (
+    "OIDC_RP_SIGN_ALGO is {algo!r}, which mozilla-django-oidc cannot check; the portal takes "
+    "RS256, RS384, RS512, ES256, ES384, ES512 (the provider's JWKS) or HS256, HS384, HS512 "
+    "(the client secret): see docs/sso.md."
+)
+if OIDC_RP_SIGN_ALGO not in SIGN_ALGOS_SUPPORTED:
+    raise ImproperlyConfigured(SIGN_ALGO_UNSUPPORTED.format(algo=OIDC_RP_SIGN_ALGO))
 OIDC_RP_SCOPES = _env.str("OIDC_RP_SCOPES", default="openid email profile")
 # The client authenticates to the token endpoint with HTTP Basic (client_secret_basic) rather
 # than in the form body (client_secret_post).

@@ -9,6 +9,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from shares.models import Membership, Team
+from shares.selectors import is_admin
 from sso.models import GroupMapping, LoginRecord, ProviderIdentity
 
 # Messages that tests assert (shown on the login error page and kept in the LoginRecord).
@@ -18,6 +19,14 @@ USERNAME_TAKEN = (
     "issuer {issuer}, subject {subject}) or renames it."
 )
 ACCOUNT_DISABLED = "The portal account {username!r} is disabled; ask an admin."
+USERNAME_TOO_LONG = (
+    "The identity provider names this person with {length} characters; a portal username has "
+    "at most {limit}: see OIDC_USERNAME_CLAIM in docs/sso.md."
+)
+SUBJECT_TOO_LONG = (
+    "The identity provider's subject for this person has {length} characters; OpenID Connect "
+    "allows at most {limit}."
+)
 
 _ROLE_RANK = {str(Membership.Role.MEMBER.value): 1, str(Membership.Role.LEAD.value): 2}
 
@@ -40,20 +49,46 @@ def identity_user(*, issuer: str, subject: str):
     return identity[0].user if identity else None
 
 
-def identity_create_user(*, issuer: str, subject: str, username: str, email: str, name: str):
-    """A new portal user for someone's first login, without a local password."""
+def identity_create_user(*, issuer: str, subject: str, username: str, email: object, name: object):
+    """A new portal user for someone's first login, without a local password. The username is
+    Django's normalised form (NFKC) of the provider's; a name that is too long, or an existing
+    account's, refuses the login. `email` and `name` are the claims as the provider sent them."""
     User = get_user_model()
+    username = User.normalize_username(username)
+    if len(username) > _max_length(User, "username"):
+        limit = _max_length(User, "username")
+        raise LoginRefused(USERNAME_TOO_LONG.format(length=len(username), limit=limit))
+    if len(subject) > _max_length(ProviderIdentity, "subject"):
+        limit = _max_length(ProviderIdentity, "subject")
+        raise LoginRefused(SUBJECT_TOO_LONG.format(length=len(subject), limit=limit))
     with transaction.atomic():
         if User.objects.filter(username=username).exists():
             raise LoginRefused(
                 USERNAME_TAKEN.format(username=username, issuer=issuer, subject=subject)
             )
-        first, _, last = name.partition(" ")
         user = User.objects.create_user(
-            username, email=email, first_name=first[:150], last_name=last[:150]
+            username, **profile_of(email=email, name=name)
         )  # no password: create_user leaves an unusable one
         ProviderIdentity.objects.create(user=user, issuer=issuer, subject=subject)
     return user
+
+
+def profile_of(*, email: object, name: object) -> dict[str, str]:
+    """The email and names a new user gets from the provider's claims: only strings; an email
+    too long for its column is left out (cut, it would be another address), names are cut."""
+    User = get_user_model()
+    if not isinstance(email, str) or len(email) > _max_length(User, "email"):
+        email = ""
+    first, _, last = (name if isinstance(name, str) else "").partition(" ")
+    return {
+        "email": email,
+        "first_name": first[: _max_length(User, "first_name")],
+        "last_name": last[: _max_length(User, "last_name")],
+    }
+
+
+def _max_length(model, field: str) -> int:
+    return model._meta.get_field(field).max_length
 
 
 def mapped_roles(groups: Iterable[str]) -> tuple[dict[int, str], bool]:
@@ -92,7 +127,9 @@ def login_apply_groups(*, user, groups: list[str], subject: str) -> LoginRecord:
                 membership.role = role
                 membership.save(update_fields=["role"])
         admin_mapped = GroupMapping.objects.filter(role=GroupMapping.Role.ADMIN).exists()
-        if admin_mapped and admin != (user.is_staff and user.is_superuser):
+        # An admin mapping makes staff and superuser; without it, staff or superuser is still
+        # an admin (shares.selectors.is_admin), so both end together.
+        if admin_mapped and (user.is_staff, user.is_superuser) != (admin, admin):
             changes.append("became an admin" if admin else "no longer an admin")
             user.is_staff = user.is_superuser = admin
             user.save(update_fields=["is_staff", "is_superuser"])
@@ -108,14 +145,22 @@ def login_apply_groups(*, user, groups: list[str], subject: str) -> LoginRecord:
             subject=subject,
             groups=groups,
             memberships=memberships,
-            admin=user.is_superuser,
+            admin=is_admin(user),
             changes=changes,
         )
 
 
 def login_record_refusal(*, reason: str, username: str = "", subject: str = "", groups=()):
-    """Records a login the portal refused, with why."""
-    user = get_user_model().objects.filter(username=username).first() if username else None
+    """Records a login the portal refused, with why; a name or subject too long for the record
+    is kept cut."""
+    username = username[: _max_length(LoginRecord, "username")]
+    subject = subject[: _max_length(LoginRecord, "subject")]
+    User = get_user_model()
+    user = (
+        User.objects.filter(username=User.normalize_username(username)).first()
+        if username
+        else None
+    )
     return LoginRecord.objects.create(
         outcome=LoginRecord.Outcome.REFUSED,
         user=user,

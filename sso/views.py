@@ -20,7 +20,7 @@ from mozilla_django_oidc.views import (
     OIDCAuthenticationRequestView,
 )
 
-from sso.backends import groups_of
+from sso.backends import groups_to_record
 from sso.services import LoginRefused, login_record_refusal
 
 logger = logging.getLogger(__name__)
@@ -36,6 +36,9 @@ WRONG_PROVIDER = (
     "({expected!r})."
 )
 LOGIN_EXPIRED = "This login took too long or was started in another browser window: start it again."
+# What a login puts in the session before Django's login: the ID token (logout's hint for the
+# provider's end-session endpoint) and the page to go back to.
+KEPT_ACROSS_LOGIN = ("oidc_id_token", "oidc_login_next")
 
 
 def login_failed(request: HttpRequest, reason: str, *, status: int) -> HttpResponse:
@@ -102,7 +105,7 @@ class LoginCallback(OIDCAuthenticationCallbackView):
                 reason=refused.reason,
                 username=str(refused.claims.get(settings.OIDC_USERNAME_CLAIM) or ""),
                 subject=str(refused.claims.get("sub") or ""),
-                groups=groups_of(refused.claims),
+                groups=groups_to_record(refused.claims),
             )
             return login_failed(request, refused.reason, status=403)
         except requests.HTTPError as error:
@@ -118,9 +121,20 @@ class LoginCallback(OIDCAuthenticationCallbackView):
             logger.warning("login callback refused: %s", error)
             return login_failed(request, LOGIN_EXPIRED, status=400)
 
+    def login_success(self) -> HttpResponse:
+        """Django's login, then back to the page the login started from. When this browser was
+        logged in as someone else, auth.login empties the session for the new user: what this
+        login kept there comes along into the new one."""
+        session = self.request.session
+        self.kept = {key: session[key] for key in KEPT_ACROSS_LOGIN if key in session}
+        response = super().login_success()
+        self.request.session.update(self.kept)
+        return response
+
     @property
     def success_url(self) -> str:
-        return self.request.session.get("oidc_login_next") or settings.LOGIN_REDIRECT_URL
+        kept = getattr(self, "kept", self.request.session)  # login_success keeps it first
+        return kept.get("oidc_login_next") or settings.LOGIN_REDIRECT_URL
 
     def login_failure(self) -> HttpResponse:
         error = self.request.GET.get("error_description") or self.request.GET.get("error")
