@@ -59,6 +59,7 @@ RANGE_TOO_LONG = (
     f"end: a range spans at most {MAX_DAYS} days (got {{days}} days); ask for several ranges."
 )
 PER_INVALID = "per: must be 'range' (one row per share and GPU type) or 'month' (one per month)."
+FORMAT_INVALID = "format: must be 'json' (the default) or 'csv' (got {value!r})."
 
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2})?(Z|[+-]\d{2}:\d{2})?")
@@ -114,16 +115,23 @@ def _parse_time(field: str, value: str, errors: dict[str, str]) -> datetime | No
 
 
 def chargeback_request(
-    *, start: str | None = None, end: str | None = None, month: str | None = None, per=None
+    *,
+    start: str | None = None,
+    end: str | None = None,
+    month: str | None = None,
+    per=None,
+    format=None,
 ) -> ChargebackRequest:
     """Validate a chargeback's range: `month` (YYYY-MM), or `start` and `end` (a date, or a time
     to the minute or second; UTC unless an offset says otherwise; end excluded), at most
-    MAX_DAYS long; `per` is 'range' (default) or 'month'. Raises ValidationError {field: message}
-    naming each field and its rule."""
+    MAX_DAYS long; `per` is 'range' (default) or 'month'; `format`, where given, one of
+    FORMATS. Raises ValidationError {field: message} naming each field and its rule."""
     errors: dict[str, str] = {}
     per = per or PER_RANGE
     if per not in PER_CHOICES:
         errors["per"] = PER_INVALID
+    if format and format not in FORMATS:
+        errors["format"] = FORMAT_INVALID.format(value=format)
     begin = until = None
     if month:
         if start or end:
@@ -310,12 +318,28 @@ def row_dict(row: ChargebackRow) -> dict:
     return data
 
 
+# A cell starting with one of these is a formula to a spreadsheet (OWASP, "CSV Injection").
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_cell(value):
+    """`value` as a CSV cell that a spreadsheet shows as written: text that starts like a
+    formula (a share named `-2-3`) gets a leading single quote, as OWASP advises, so it is
+    read as text, not evaluated; numbers and other text as they are."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 def rows_csv(rows: Iterable[dict]) -> str:
-    """CSV with a header row of COLUMNS, one line per row (dicts as row_dict gives them)."""
+    """CSV with a header row of COLUMNS, one line per row (dicts as row_dict gives them), every
+    cell a `spreadsheet_cell`."""
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\r\n")
     writer.writeheader()
-    writer.writerows(rows)
+    writer.writerows(
+        {column: spreadsheet_cell(value) for column, value in row.items()} for row in rows
+    )
     return out.getvalue()
 
 

@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from dashboards.models import ClusterSample, Resolution, UsageSample
 from dashboards.services import STEP, retention
+from portal.ids import is_row_id
 from scheduler.cycle.estimates import expected_times_of
 from scheduler.engine import order
 from scheduler.jobs import selectors as job_selectors
@@ -108,13 +109,16 @@ class TimeRange:
 
 
 def _parse_utc(value: str | None) -> datetime | None:
+    """A custom range's start or end in UTC: as given where it has no offset, converted once
+    here where it has one (so the page's label and links give the range in UTC); None where it
+    is no time, or lies outside the years 1 to 9999 once in UTC."""
     if not value:
         return None
     try:
         parsed = datetime.fromisoformat(value)
-    except ValueError:
+        return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    except (ValueError, OverflowError):
         return None
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed
 
 
 def time_range_from(params: Mapping[str, str], now: datetime | None = None) -> TimeRange:
@@ -891,9 +895,17 @@ class JobPage:
         return self.may_cancel and not self.job.is_final and not self.job.cancel_requested
 
 
+def visible_job(user, job_id: int) -> Job | None:
+    """The job as `user` may see it (`job_selectors.job_detail`), or None: also for an id the
+    database cannot hold, as the API's `jobs/<id>/` (`portal.ids`)."""
+    if not is_row_id(job_id):
+        return None
+    return job_selectors.job_detail(user=user, job_id=job_id)
+
+
 def job_page(user, job_id: int) -> JobPage | None:
-    """The job as `user` may see it (`job_selectors.job_detail`), or None."""
-    job = job_selectors.job_detail(user=user, job_id=job_id)
+    """The job's page as `user` may see it (`visible_job`), or None."""
+    job = visible_job(user, job_id)
     if job is None:
         return None
     mark_held_off([job])

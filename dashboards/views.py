@@ -21,7 +21,6 @@ from dashboards.metrics import metrics_allowed, metrics_text
 from scheduler.jobs.selectors import (
     CANCEL_REFUSED,
     PRIORITY_REFUSED,
-    job_detail,
     may_cancel,
     may_change_priority,
 )
@@ -342,7 +341,7 @@ def job_priority_view(request: HttpRequest, job_id: int) -> HttpResponse:
 
 
 def _visible_job(request: HttpRequest, job_id: int) -> Job:
-    job = job_detail(user=request.user, job_id=job_id)
+    job = selectors.visible_job(request.user, job_id)
     if job is None:
         raise Http404(NO_SUCH_JOB.format(job=job_id))
     return job

@@ -14,10 +14,10 @@ from rest_framework.views import APIView
 from notifications import selectors, services
 from notifications.models import Delivery, Kind, Subscription
 from portal.choices import choice_errors
+from portal.ids import is_row_id
 from portal.pagination import Pagination
 
 SUBSCRIPTION_NOT_FOUND = "no subscription {subscription_id} among your subscriptions."
-MAX_ID = 2**63 - 1
 
 ERRORS = {
     400: OpenApiResponse(OpenApiTypes.OBJECT, description="Invalid input: {field: [messages]}."),
@@ -143,7 +143,7 @@ class SubscriptionListCreateView(generics.GenericAPIView):
 def own_subscription(request, subscription_id: int) -> Subscription:
     found = (
         selectors.subscriptions_of(request.user).filter(pk=subscription_id).first()
-        if subscription_id <= MAX_ID
+        if is_row_id(subscription_id)
         else None
     )
     if found is None:

@@ -19,7 +19,7 @@ import requests
 from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
 
-from notifications.targets import GuardedAdapter, TargetRefused
+from notifications.targets import GuardedAdapter, TargetRefused, webhook_address
 
 SIGNATURE_HEADER = "X-Portal-Signature-256"
 EVENT_HEADER = "X-Portal-Event"
@@ -87,6 +87,7 @@ def post(message: Message, session: requests.Session) -> Outcome:
     headers |= {"Content-Type": "application/json", "User-Agent": USER_AGENT}
     timeout = settings.NOTIFICATIONS_TIMEOUT_SECONDS
     try:
+        webhook_address(message.target)  # refused as at subscription (a target made before)
         response = session.post(
             message.target, data=body, headers=headers, timeout=timeout, allow_redirects=False
         )

@@ -43,7 +43,7 @@ KIND_NOT_FOR_OWN_JOBS = (
 )
 EMAIL_NEEDED = "target: give an e-mail address (your account has none)."
 EMAIL_INVALID = "target: {target!r} is not an e-mail address."
-URL_INVALID = "target: a webhook URL must be http:// or https:// with a host (got {target!r})."
+URL_INVALID = targets.URL_INVALID
 SECRET_ONLY_WEBHOOK = "secret: only a webhook signs its messages; {channel} takes no secret."
 SECRET_LENGTH = (
     f"secret: between {SECRET_LENGTHS[0]} and {SECRET_LENGTHS[1]} characters (empty: the portal "
@@ -104,14 +104,10 @@ def subscription_create(
             except ValidationError:
                 errors["target"] = EMAIL_INVALID.format(target=target)
     else:
-        parts = urlsplit(target)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            errors["target"] = URL_INVALID.format(target=target)
-        else:
-            try:
-                targets.check_target(target)
-            except targets.TargetRefused as error:
-                errors["target"] = str(error)
+        try:
+            targets.check_target(target)
+        except targets.TargetRefused as error:
+            errors["target"] = str(error)
     if channel == Subscription.Channel.WEBHOOK:
         if secret and not SECRET_LENGTHS[0] <= len(secret) <= SECRET_LENGTHS[1]:
             errors["secret"] = SECRET_LENGTH

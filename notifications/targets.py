@@ -5,6 +5,12 @@ whose host resolves to a loopback, private, link-local, multicast, reserved, uns
 otherwise non-public address is refused, unless the address is inside one of
 NOTIFICATIONS_WEBHOOK_ALLOWED_NETS (comma-separated CIDRs, empty by default).
 
+The URL is read as the sender reads it (`webhook_address`: requests prepares it, urllib3 takes
+the host and port from it), at subscription and at each send alike, so the address checked is
+the address posted to. What parsers read differently is refused outright: a control character
+(urlsplit drops a tab that urllib3 refuses), a backslash (part of the host to urlsplit, a "/"
+to urllib3), a port outside 1..65535 (requests drops a port 0 and posts to the default one).
+
 The rule is checked when a subscription is made (`check_target`) and again at each send, on
 the address actually connected to: `GuardedAdapter` resolves the host once, checks every
 address, and connects only to those checked, so a name that resolves elsewhere the second
@@ -14,21 +20,29 @@ name. Network only, no database."""
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 from urllib.parse import urlsplit
 
+import requests
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
-from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
-from urllib3.util import connection
+from urllib3.exceptions import ConnectTimeoutError, LocationParseError, NewConnectionError
+from urllib3.util import connection, parse_url
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 # Messages that tests assert: each names the field and the rule.
+URL_INVALID = "target: a webhook URL must be http:// or https:// with a host (got {target!r})."
+AMBIGUOUS_CHARACTER = (
+    "target: {target!r} holds a control character (a tab, a line break, ...) or a backslash, "
+    "which URL parsers read differently; a webhook URL has none (in its path, percent-encode "
+    "them: %09, %5C)."
+)
 HOST_UNRESOLVED = "target: the host {host!r} does not resolve to an address."
 ADDRESS_REFUSED = (
     "target: {host!r} resolves to {address}, a {kind} address; webhooks go only to public "
@@ -38,9 +52,15 @@ PORT_INVALID = "target: the port of {target!r} is not a number from 1 to 65535."
 ALLOWED_NETS_INVALID = "NOTIFICATIONS_WEBHOOK_ALLOWED_NETS: {net!r} is not a network in CIDR form."
 
 
+# C0 controls, DEL and the backslash: Python's urlsplit drops tabs and line breaks that
+# urllib3 refuses, and reads a backslash as part of the host where urllib3 reads a "/".
+_AMBIGUOUS = re.compile(r"[\x00-\x1f\x7f\\]")
+PORTS = range(1, 65536)
+
+
 class TargetRefused(Exception):
-    """The target's host does not resolve, or resolves to an address the rule refuses. Its
-    message is one of the messages above."""
+    """The target is no URL the sender can post to as written, or its host does not resolve,
+    or resolves to an address the rule refuses. Its message is one of the messages above."""
 
 
 def allowed_nets() -> list[Network]:
@@ -90,15 +110,42 @@ def checked_addresses(host: str, port: int) -> list[str]:
     return addresses
 
 
-def check_target(url: str) -> None:
-    """A webhook URL (http or https, with a host) whose host the rule allows; else
-    TargetRefused."""
-    parts = urlsplit(url)
+def webhook_address(url: str) -> tuple[str, int]:
+    """The host and port a message to `url` goes to, read as the sender reads it (requests
+    prepares the URL, urllib3 takes the host and port from it). TargetRefused where the URL
+    holds a control character or a backslash (read differently by other parsers: by a person,
+    too), is no http(s) URL with a host, or has a port outside 1..65535: the sender would refuse
+    it, or (port 0, which requests drops) post where it does not say. No network."""
+    if _AMBIGUOUS.search(url):
+        raise TargetRefused(AMBIGUOUS_CHARACTER.format(target=url))
     try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError as error:
-        raise TargetRefused(PORT_INVALID.format(target=url)) from error
-    checked_addresses(parts.hostname, port)
+        written = parse_url(url)  # as requests reads it first, with the port as written
+        prepared = requests.PreparedRequest()
+        prepared.prepare_url(url, None)
+        sent = parse_url(prepared.url)
+    except (LocationParseError, requests.RequestException):
+        raise TargetRefused(_unreadable(url)) from None
+    if written.scheme not in ("http", "https") or not sent.host:
+        raise TargetRefused(URL_INVALID.format(target=url))
+    if written.port is not None and written.port not in PORTS:
+        raise TargetRefused(PORT_INVALID.format(target=url))
+    return sent.host.strip("[]"), sent.port or (443 if sent.scheme == "https" else 80)
+
+
+def _unreadable(url: str) -> str:
+    """Which rule a URL the sender cannot read breaks: its port (not a number from 1 to 65535),
+    else the URL's form. The message only: the URL is refused either way."""
+    try:
+        _ = urlsplit(url).port  # ValueError: no number, or one above 65535
+    except ValueError:
+        return PORT_INVALID.format(target=url)
+    return URL_INVALID.format(target=url)
+
+
+def check_target(url: str) -> None:
+    """A webhook URL the sender can post to (`webhook_address`) whose host the rule allows;
+    else TargetRefused."""
+    checked_addresses(*webhook_address(url))
 
 
 class _GuardedConnection(HTTPConnection):

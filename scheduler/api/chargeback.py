@@ -110,6 +110,7 @@ class ChargebackView(APIView):
             end=params.get("end"),
             month=params.get("month"),
             per=params.get("per"),
+            format=params.get(self.settings.URL_FORMAT_OVERRIDE),
         )
         try:
             names = chargeback.chargeback_shares(
@@ -123,6 +124,13 @@ class ChargebackView(APIView):
             name = chargeback.filename(wanted, "csv")
             response["Content-Disposition"] = f'attachment; filename="{name}"'
         return response
+
+    def perform_content_negotiation(self, request, force=False):
+        # DRF answers a ?format= none of the renderers has with a bare 404: take JSON instead,
+        # and let chargeback_request refuse the format with a 400 naming it.
+        asked = request.query_params.get(self.settings.URL_FORMAT_OVERRIDE)
+        unknown = bool(asked) and asked not in chargeback.FORMATS
+        return super().perform_content_negotiation(request, force=force or unknown)
 
     def finalize_response(self, request, response, *args, **kwargs):
         # Only a chargeback has rows to write as CSV. Errors ({field: [message]}) and the

@@ -12,6 +12,7 @@ from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from portal.ids import is_row_id
 from portal.pagination import Pagination
 from scheduler.api import serializers as s
 from scheduler.api.permissions import (
@@ -37,7 +38,6 @@ SHARE_NOT_YOURS = (
 JOB_NOT_FOUND = "no job {job_id} among the jobs you may see."
 NODE_NOT_FOUND = "no node named {name!r}."
 TEAM_UNKNOWN = "team: no team with slug {slug!r}."
-MAX_ID = 2**63 - 1
 
 ERRORS = {
     400: OpenApiResponse(OpenApiTypes.OBJECT, description="Invalid input: {field: [messages]}."),
@@ -52,7 +52,7 @@ def errors(*codes: int) -> dict:
 
 
 def visible_job(request, job_id: int) -> Job:
-    job = job_detail(user=request.user, job_id=job_id) if job_id <= MAX_ID else None
+    job = job_detail(user=request.user, job_id=job_id) if is_row_id(job_id) else None
     if job is None:
         raise NotFound(JOB_NOT_FOUND.format(job_id=job_id))
     return job
