@@ -27,6 +27,7 @@ from awsbatch.models import InstanceType, ServiceJob, instance_type_named
 from awsbatch.operations import Caller, operation
 from awsbatch.operations.shares import NO_SUCH_SHARE, check_queue, page_size
 from portal.db.bulk import insert_with_children
+from portal.ids import is_row_id
 from scheduler.jobs.selectors import jobs_visible_to
 from scheduler.jobs.services import (
     ClientTokenConflict,
@@ -248,7 +249,7 @@ def _job(caller: Caller, job_id: str, field: str = "jobId") -> Job:
     value = arns.name_of(job_id, kind="job", field=field)
     job = (
         jobs_visible_to(caller.user).filter(pk=int(value)).select_related("share").first()
-        if value.isascii() and value.isdigit() and int(value) < 2**62
+        if value.isascii() and value.isdigit() and is_row_id(int(value))
         else None
     )
     if job is None:
