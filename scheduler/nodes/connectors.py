@@ -29,6 +29,7 @@ from scheduler.nodes import queries
 from scheduler.nodes.attempts import attempts_start, nodes_report
 from scheduler.nodes.services import (
     JOIN_TOKEN_INVALID,
+    NodeConflict,
     PollStart,
     hash_token,
     heartbeat_write_seconds,
@@ -38,11 +39,6 @@ NODE_OF_AGENT = "nodes[{i}].name: node {name} is registered by its own node agen
 NODE_OF_OTHER = "nodes[{i}].name: node {name} belongs to the connector of cluster {other}."
 NODE_TWICE = "nodes[{i}].name: node {name} is listed twice."
 NOT_IN_CLUSTER = "no longer among the GPU nodes of the connector's cluster"
-
-
-class NodeConflict(Exception):
-    def __init__(self, field: str, message: str) -> None:
-        self.errors = {field: message}
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,18 @@ from scheduler.nodes.attempts import attempts_start, node_report, stops_ordered_
 JOIN_TOKEN_INVALID = (
     "join_token: not this cluster's join token (see Cluster settings in the admin)."
 )
+NODE_OF_CONNECTOR = (
+    "name: node {name} belongs to the connector of cluster {connector}; a node agent cannot "
+    "register it."
+)
+
+
+class NodeConflict(Exception):
+    """A node's name is taken by another kind of owner: an agent's node by a connector, or a
+    connector's by an agent (answered 409)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.errors = {field: message}
 
 
 def hash_token(token: str) -> str:
@@ -54,7 +66,8 @@ def node_register(
     hashed; registering again replaces it, so a replaced agent's old token stops working.
     `asks_to_start`: the agent says it starts only what the portal grants (`Node.asks_to_start`;
     an agent of an earlier release does not say so). Raises PermissionError on a wrong join
-    token."""
+    token, NodeConflict for a node of a connector's cluster (its attempts are the connector's
+    to start and report)."""
     expected = ClusterSettings.load().agent_join_token
     if not join_token or not secrets.compare_digest(join_token.encode(), expected.encode()):
         raise PermissionError(JOIN_TOKEN_INVALID)
@@ -63,6 +76,10 @@ def node_register(
         name=name,
         defaults={"gpu_type": gpu_type, "gpus": gpus},
     )
+    if node.connector_id is not None:
+        raise NodeConflict(
+            "name", NODE_OF_CONNECTOR.format(name=name, connector=node.connector.name)
+        )
     node.gpu_type = gpu_type
     node.gpus = gpus
     node.gpu_details = gpu_details
@@ -173,11 +190,12 @@ def orphan_stops(*, node: Node, running: set[int], orders: Orders) -> list[dict]
 
 def poll_wait_seconds(requested: float | None) -> float:
     """How long a long poll may wait: what the agent asks, capped well below the heartbeat
-    timeout (each poll is the node's heartbeat)."""
+    timeout (each poll is the node's heartbeat). Capped before it is made a float: an integer
+    too large for one is a wait as long as any."""
     cap = settings.AGENT_POLL_MAX_WAIT_SECONDS
     if requested is None:
         return cap
-    return max(0.0, min(float(requested), cap))
+    return float(max(0.0, min(requested, cap)))
 
 
 @dataclass

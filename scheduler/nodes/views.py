@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import json
+import math
+import re
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,9 +42,15 @@ from scheduler.agent.protocol import (
 from scheduler.cycle.wake import OrderWaiter
 from scheduler.models import MAX_GPUS_PER_NODE, Connector, Node
 from scheduler.nodes import connectors
-from scheduler.nodes.attempts import attempts_start, nodes_report, stops_ordered_first
+from scheduler.nodes.attempts import (
+    attempts_start,
+    node_report,
+    nodes_report,
+    stops_ordered_first,
+)
 from scheduler.nodes.connectors import ClusterNode, connector_for_token
 from scheduler.nodes.services import (
+    NodeConflict,
     node_for_token,
     node_heartbeat,
     node_poll_orders,
@@ -53,6 +61,7 @@ from scheduler.nodes.services import (
     starts_grantable,
     starts_granted,
 )
+from shares.models import validate_gpu_type
 
 AUTH_SCHEME = "Node"
 NOT_AUTHENTICATED = (
@@ -151,29 +160,37 @@ def _str(data: dict, name: str, *, max_length: int, required=True) -> str:
     value = data.get(name, None if required else "")
     if not isinstance(value, str) or (required and not value) or len(value) > max_length:
         raise BadRequest(name, f"{name}: must be a non-empty string of at most {max_length}.")
-    if "\x00" in value:
-        # PostgreSQL text cannot hold NUL; a name or token with one is not a real one.
-        raise BadRequest(name, f"{name}: must not contain NUL characters.")
+    if _UNSTORABLE.search(value):
+        # A name or token with such a character is not a real one: refused, not replaced.
+        raise BadRequest(name, f"{name}: {UNSTORABLE_TEXT}")
     return value
 
 
 def _text(data: dict, name: str, *, max_length: int) -> str:
-    """Free text from a process (its log tail, why it could not start): optional, and NUL
-    bytes, which PostgreSQL text cannot hold, become U+FFFD rather than refusing the report
-    (the agent would resend it forever)."""
+    """Free text from a process (its log tail, why it could not start): optional, and what a
+    database cannot store (`_UNSTORABLE`) becomes U+FFFD rather than refusing the report (the
+    agent would resend it forever)."""
     value = data.get(name, "")
     if not isinstance(value, str) or len(value) > max_length:
         raise BadRequest(name, f"{name}: must be a string of at most {max_length} characters.")
-    return value.replace("\x00", "\ufffd")
+    return _UNSTORABLE.sub("\ufffd", value)
 
 
-def _has_nul(value: Any) -> bool:
+# Characters no text column takes: NUL (PostgreSQL's text and jsonb refuse it) and the halves
+# of UTF-16 surrogate pairs, which JSON may carry alone ("\ud800") but UTF-8 cannot encode
+# (SQLite and PostgreSQL refuse them alike: the request failed with a 500).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+UNSTORABLE_TEXT = "must not contain NUL characters or unpaired UTF-16 surrogates."
+
+
+def _unstorable(value: Any) -> bool:
+    """Whether JSON from an agent holds text a database cannot store (`_UNSTORABLE`)."""
     if isinstance(value, str):
-        return "\x00" in value
+        return _UNSTORABLE.search(value) is not None
     if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+        return any(_unstorable(k) or _unstorable(v) for k, v in value.items())
     if isinstance(value, list):
-        return any(_has_nul(v) for v in value)
+        return any(_unstorable(v) for v in value)
     return False
 
 
@@ -300,8 +317,8 @@ def register(request: HttpRequest, data: dict) -> JsonResponse:
     details = data.get("gpu_details", [])
     if not isinstance(details, list) or not all(isinstance(d, dict) for d in details):
         raise BadRequest("gpu_details", "gpu_details: must be a list of objects.")
-    if _has_nul(details):
-        raise BadRequest("gpu_details", "gpu_details: must not contain NUL characters.")
+    if _unstorable(details):
+        raise BadRequest("gpu_details", f"gpu_details: {UNSTORABLE_TEXT}")
     asks_to_start = data.get("asks_to_start", False)
     if not isinstance(asks_to_start, bool):
         raise BadRequest("asks_to_start", "asks_to_start: must be true or false.")
@@ -312,6 +329,8 @@ def register(request: HttpRequest, data: dict) -> JsonResponse:
         )  # fmt: skip
     except PermissionError as error:
         return JsonResponse({"join_token": str(error)}, status=403)
+    except NodeConflict as error:
+        return JsonResponse(error.errors, status=409)
     return JsonResponse(
         {
             "node": node.name,
@@ -342,6 +361,7 @@ async def poll(request: HttpRequest) -> JsonResponse:
             node=node, running=running, grants=grants
         ),
         more=_poll_fields,
+        report=lambda node, events: node_report(node=node, events=events),
         with_news=orders_with_news,
         granting=_granted_in_answer,
     )
@@ -365,30 +385,40 @@ def _poll_fields(data: dict) -> dict:
 
 async def _long_poll(
     request: HttpRequest, *, principal: Principal, start, again, more=lambda data: {},
-    with_news=None, granting=None,
+    report, with_news=None, granting=None,
 ) -> JsonResponse:  # fmt: skip
     """A long poll, of an agent or a connector: `start(caller, running, stopping, events,
     waiter, **more(data))` its database step (a PollStart), `again(caller, running,
     **more(data))` the orders read again when a change woke the waiting poll, unless the
     notifications carried the new orders and `with_news(orders, news, running)` gives the
     orders with them, and `await granting(caller, orders, **more(data))` the orders to answer
-    with then."""
+    with then. A poll refused for bad input still applies its well-formed events
+    (`report(caller, events)`, see `Events`)."""
     try:
         data = _body(request)
+        events = _events(data, required=False)
+    except BadRequest as error:
+        return JsonResponse(error.errors, status=400)
+    try:
         running = _ids(data, "running")
         stopping = _ids(data, "stopping")
         wait = data.get("wait")
-        if wait is not None and (isinstance(wait, bool) or not isinstance(wait, int | float)):
+        if wait is not None and (
+            isinstance(wait, bool)
+            or not isinstance(wait, int | float)
+            or (isinstance(wait, float) and not math.isfinite(wait))  # NaN, Infinity
+        ):
             raise BadRequest("wait", "wait: must be a number of seconds.")
-        events = _events(data, required=False)
         extra = more(data)
     except BadRequest as error:
-        return JsonResponse(error.errors, status=400)
-    # The agent waits for the answer as long as it asked the poll to wait, and a margin.
-    asked = wait if wait is not None else settings.AGENT_POLL_MAX_WAIT_SECONDS
+        events.refused = error
+    if events.refused is not None:
+        return await _refused_poll(request, principal, report, events)
+    events = events.checked
+    # The agent waits for the answer at least as long as the poll may wait, and a margin.
     waiter = OrderWaiter()
     try:
-        with caller_waits(float(asked) + POLL_ANSWER_SECONDS):
+        with caller_waits(poll_wait_seconds(wait) + POLL_ANSWER_SECONDS):
             found = await attempt_turns.run(
                 (event["attempt"] for event in events),
                 functools.partial(
@@ -412,6 +442,26 @@ async def _long_poll(
     finally:
         waiter.close()
     return JsonResponse({**orders, "results": begun.results})
+
+
+async def _refused_poll(
+    request: HttpRequest, principal: Principal, report, events: Events
+) -> JsonResponse:
+    """The 400 of a poll with bad input, once its well-formed events are applied, as a report
+    would apply them (the caller authenticated first: 401 without)."""
+    refused = JsonResponse(events.refused.errors, status=400)
+    if not events.checked:
+        return refused
+
+    def applied(_request: HttpRequest, caller, checked: list[dict]) -> JsonResponse:
+        report(caller, checked)
+        return refused
+
+    with caller_waits(ANSWER_SECONDS):
+        return await attempt_turns.run(
+            (event["attempt"] for event in events.checked),
+            functools.partial(_authenticated_call, principal, applied, request, events.checked),
+        )
 
 
 def _poll_start(request: HttpRequest, principal: Principal, start, **poll):
@@ -480,24 +530,43 @@ def report(calls: list[AgentCall]) -> list[tuple[bool, Any]]:
             continue
         reports.append((i, node, events))
     try:
-        answers = nodes_report([(node, events) for _, node, events in reports])
+        answers = nodes_report([(node, events.checked) for _, node, events in reports])
     except Exception as error:  # noqa: BLE001 (answered to every request of them)
         answers = [error] * len(reports)
-    for (i, _, _), results in zip(reports, answers, strict=True):
+    for (i, _, events), results in zip(reports, answers, strict=True):
         if isinstance(results, Exception):
             outcomes[i] = (True, results)
+        elif events.refused is not None:
+            outcomes[i] = (True, events.refused)
         else:
             outcomes[i] = (False, JsonResponse({"results": results}))
     return outcomes
 
 
-def _events(data: dict, *, required: bool) -> list[dict]:
+@dataclass
+class Events:
+    """A request's events: those well-formed, in order, to apply, and the refusal of the first
+    of the others (None: none), answered with a 400 once the well-formed ones are applied, so
+    that one bad event does not hold back the exits beside it (the agent sends its events
+    again until they are taken; those applied are then replays, ignored)."""
+
+    checked: list[dict]
+    refused: BadRequest | None = None
+
+
+def _events(data: dict, *, required: bool) -> Events:
     events = data.get("events")
     if events is None and not required:
-        return []
+        return Events([])
     if not isinstance(events, list) or len(events) > MAX_EVENTS:
         raise BadRequest("events", f"events: must be a list of at most {MAX_EVENTS} events.")
-    return [_event(event, i) for i, event in enumerate(events)]
+    found = Events([])
+    for i, event in enumerate(events):
+        try:
+            found.checked.append(_event(event, i))
+        except BadRequest as error:
+            found.refused = found.refused or error
+    return found
 
 
 def _cluster_job(value: Any) -> dict:
@@ -527,7 +596,7 @@ def _cluster_job(value: Any) -> dict:
         ):
             raise BadRequest("cluster_job", message)
         checked.append({"node": allocation["node"], "gpu_indices": indices})
-    if _has_nul(checked) or _has_nul(value["id"]):
+    if _unstorable(checked) or _unstorable(value["id"]):
         raise BadRequest("cluster_job", message)
     return {"id": str(value["id"])[:100], "allocations": checked}
 
@@ -624,7 +693,7 @@ def _cluster_nodes(data: dict, *, required: bool) -> list[ClusterNode]:
             checked.append(
                 ClusterNode(
                     name=_str(node, "name", max_length=253),
-                    gpu_type=_str(node, "gpu_type", max_length=32),
+                    gpu_type=_gpu_type(node),
                     gpus=gpus,
                     state=state,
                     reason=_text(node, "reason", max_length=300),
@@ -635,6 +704,17 @@ def _cluster_nodes(data: dict, *, required: bool) -> list[ClusterNode]:
             ((field, message),) = error.errors.items()
             raise BadRequest(f"{where}.{field}", f"{where}.{message}") from None
     return checked
+
+
+def _gpu_type(node: dict) -> str:
+    """A cluster node's GPU type, checked here as the model checks it (`validate_gpu_type`):
+    refused as part of the request, the events beside it are still applied (`Events`)."""
+    value = _str(node, "gpu_type", max_length=32)
+    try:
+        validate_gpu_type(value)
+    except ValidationError as error:
+        raise BadRequest("gpu_type", error.messages[0]) from None
+    return value
 
 
 @agent_view(authenticated=False, answer_seconds=CONNECTOR_ANSWER_SECONDS)
@@ -653,7 +733,7 @@ def connector_register(request: HttpRequest, data: dict) -> JsonResponse:
         )
     except PermissionError as error:
         return JsonResponse({"join_token": str(error)}, status=403)
-    except connectors.NodeConflict as error:
+    except NodeConflict as error:
         return JsonResponse(error.errors, status=409)
     return JsonResponse(
         {
@@ -684,10 +764,15 @@ def connector_report(request: HttpRequest, connector: Connector, data: dict) -> 
     """{events: [...], nodes?: [...]} → {results: [...]}, as an agent's report; `nodes`: what
     the cluster manager now says of some of them."""
     events = _events(data, required=True)
-    nodes = _cluster_nodes(data, required=False)
+    try:
+        nodes = _cluster_nodes(data, required=False)
+    except BadRequest as error:
+        nodes, events.refused = [], error
     connectors.connector_nodes_update(connector=connector, nodes=nodes)
     connectors.connector_heartbeat(connector=connector)
-    results = connectors.connector_report(connector=connector, events=events)
+    results = connectors.connector_report(connector=connector, events=events.checked)
+    if events.refused is not None:
+        raise events.refused
     return JsonResponse({"results": results})
 
 
@@ -708,6 +793,8 @@ async def connector_poll(request: HttpRequest) -> JsonResponse:
             connector=connector, running=running
         ),
         more=_connector_poll_fields,
+        report=lambda connector, events: connectors.connector_report(connector=connector,
+                                                                      events=events),
     )  # fmt: skip
 
 
