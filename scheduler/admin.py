@@ -1,12 +1,30 @@
 from __future__ import annotations
 
+from django import forms
 from django.contrib import admin
+from django.core.exceptions import ValidationError
 from django.db.models import Count
 from django.http import HttpRequest
 
 from scheduler.jobs.services import job_cancel
-from scheduler.models import ClusterSettings, Connector, Job, JobAttempt, JobEvent, Node
+from scheduler.models import (
+    MAX_TIMEOUT_SECONDS,
+    ClusterSettings,
+    Connector,
+    Job,
+    JobAttempt,
+    JobEvent,
+    Node,
+)
 from scheduler.nodes.services import node_set_state
+
+# A held-off job's pages and metrics show when its window ends, as a date: a window beyond any
+# date would fail them all. No job runs longer than its longest timeout, nor need its window.
+MAX_CHURN_WINDOW_SECONDS = MAX_TIMEOUT_SECONDS
+CHURN_WINDOW_RANGE = (
+    f"churn_window_seconds: must be a whole number between 1 and {MAX_CHURN_WINDOW_SECONDS} "
+    "seconds (90 days)."
+)
 
 
 @admin.register(Connector)
@@ -53,9 +71,19 @@ class NodeAdmin(admin.ModelAdmin):
     actions = ["drain", "undrain"]
     # A connector's cluster manager says which node is its and how many GPUs its own jobs hold;
     # an agent says whether it asks before it starts (set by hand, a node could be double-booked).
+    # The state changes only through drain and undrain (`node_set_state`): a node set DOWN by
+    # hand is skipped by the heartbeat check, so a silent agent's jobs would never end.
     readonly_fields = [
-        "gpu_details", "last_heartbeat", "connector", "outside_gpus", "asks_to_start",
+        "state", "gpu_details", "last_heartbeat", "connector", "outside_gpus", "asks_to_start",
     ]  # fmt: skip
+    # What the agent registered (`node_register`): its attempts name the node and hold GPU
+    # indices of its type, so a rename, a new type or fewer GPUs would double-book GPUs.
+    registered_fields = ["name", "gpu_type", "gpus"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj=None):
+        if obj is None:
+            return self.readonly_fields
+        return [*self.registered_fields, *self.readonly_fields]
 
     @admin.action(description="Drain: finish running jobs, take no new ones")
     def drain(self, request: HttpRequest, queryset) -> None:
@@ -143,10 +171,23 @@ class JobAdmin(admin.ModelAdmin):
         self.message_user(request, f"{queryset.count()} job(s) cancelled or stopping.")
 
 
+class ClusterSettingsForm(forms.ModelForm):
+    class Meta:
+        model = ClusterSettings
+        fields = ["agent_join_token", "churn_preemptions", "churn_window_seconds"]
+
+    def clean_churn_window_seconds(self) -> int:
+        window = self.cleaned_data["churn_window_seconds"]
+        if not 1 <= window <= MAX_CHURN_WINDOW_SECONDS:
+            raise ValidationError(CHURN_WINDOW_RANGE)
+        return window
+
+
 @admin.register(ClusterSettings)
 class ClusterSettingsAdmin(admin.ModelAdmin):
     """One row: the join token node agents register with (shown here to the admin)."""
 
+    form = ClusterSettingsForm
     list_display = ["__str__", "agent_join_token", "churn_preemptions", "churn_window_seconds"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:

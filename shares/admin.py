@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.contrib.admin.widgets import AutocompleteSelect
 from django.core.exceptions import ValidationError
+from django.db import connections, router
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
@@ -16,10 +18,43 @@ from shares.models import (
     Team,
 )
 from shares.selectors import capacity_warnings
-from shares.services import share_record_changes, share_set_state, share_state
+from shares.services import share_delete, share_record_changes, share_set_state, share_state
 
 
-class MembershipInline(admin.TabularInline):
+class KeyAutocompleteSelect(AutocompleteSelect):
+    """An autocomplete select that looks up only what can be a key. A form shown again with
+    its errors looks its posted value up to show it: a value that is no key (`abc`, `1.5`, a
+    number beyond the database's integers) failed the page with a 500 instead of the field's
+    "Select a valid choice"."""
+
+    def optgroups(self, name, value, attr=None):
+        return super().optgroups(name, [v for v in value if self._is_key(v)], attr)
+
+    def _is_key(self, value) -> bool:
+        target = self.field.target_field
+        try:
+            key = target.to_python(value)
+        except ValidationError:
+            return False
+        if not isinstance(key, int):
+            return True
+        alias = self.db or router.db_for_read(target.model)
+        low, high = connections[alias].ops.integer_field_range(target.get_internal_type())
+        return (low is None or key >= low) and (high is None or key <= high)
+
+
+class KeyAutocompleteMixin:
+    """Use in place of `autocomplete_fields`' own widget (`KeyAutocompleteSelect`)."""
+
+    def formfield_for_foreignkey(self, db_field, request: HttpRequest, **kwargs):
+        if "widget" not in kwargs and db_field.name in self.get_autocomplete_fields(request):
+            kwargs["widget"] = KeyAutocompleteSelect(
+                db_field, self.admin_site, using=kwargs.get("using")
+            )
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+
+class MembershipInline(KeyAutocompleteMixin, admin.TabularInline):
     model = Membership
     extra = 1
     autocomplete_fields = ["user"]
@@ -90,6 +125,13 @@ class QuotaShareAdmin(admin.ModelAdmin):
     def get_queryset(self, request: HttpRequest):
         return super().get_queryset(request).prefetch_related("capacity_limits")
 
+    def get_readonly_fields(self, request: HttpRequest, obj=None):
+        # Jobs, clients and the usage history know a share by its name; the services never
+        # rename one (`share_update`), so neither does the change page.
+        if obj is None:
+            return self.readonly_fields
+        return ["name", *self.readonly_fields]
+
     @admin.display(description="limits")
     def limits_display(self, share: QuotaShare) -> str:
         return ", ".join(f"{t}: {n}" for t, n in sorted(share.limits.items()))
@@ -155,6 +197,14 @@ class QuotaShareAdmin(admin.ModelAdmin):
             actor=request.user,
             source=ShareChange.Source.ADMIN,
         )
+
+    def delete_model(self, request: HttpRequest, obj: QuotaShare) -> None:
+        # The delete page has already refused a share with jobs (they protect it).
+        share_delete(share=obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset) -> None:
+        for share in queryset:
+            share_delete(share=share)
 
     def _set_state(self, request: HttpRequest, queryset, state: str) -> None:
         for share in queryset:

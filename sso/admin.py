@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
+from shares.admin import KeyAutocompleteMixin
 from sso.models import GroupMapping, LoginRecord, ProviderIdentity
 
 
@@ -16,7 +17,7 @@ class GroupMappingAdmin(admin.ModelAdmin):
 
 
 @admin.register(ProviderIdentity)
-class ProviderIdentityAdmin(admin.ModelAdmin):
+class ProviderIdentityAdmin(KeyAutocompleteMixin, admin.ModelAdmin):
     """Adding one links an existing local account to the provider's subject (a refused login's
     record names the subject)."""
 
