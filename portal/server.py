@@ -18,19 +18,27 @@ generated SECRET_KEY). DEBUG is off; logs go to stdout as one JSON object a line
 from __future__ import annotations
 
 import argparse
+import importlib
+import ipaddress
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+from types import ModuleType
 from urllib.parse import urlsplit
 
 from scheduler.version import VERSION
 
 DEFAULT_ADDRESS = "127.0.0.1:8000"
+ADDRESS_MALFORMED = (
+    "PORTAL_ADDRESS must be HOST:PORT, with a port from 1 to 65535 and an IPv6 address in "
+    "brackets (0.0.0.0:8000, [::1]:8000), not {address!r}."
+)
 SERVICE_TIMEOUT_SECONDS = 5
 REQUIRED = {
     "DATABASE_URL": "postgres://USER@HOST:5432/DB (the portal's PostgreSQL database)",
@@ -70,21 +78,83 @@ def _environment() -> dict[str, str]:
 
 
 def _kept_secret_key(path: Path) -> str:
-    """A secret key generated once and kept (mode 0600), so that sessions survive restarts."""
+    """A secret key generated once and kept (mode 0600), so that sessions survive restarts and
+    the AWS access keys encrypted with it stay readable. A kept key that others may read, or
+    an empty one, is refused: the key signs sessions."""
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        # Written whole under another name, then linked into place: a process that starts at
+        # the same moment finds no key or the whole key, never half of one.
+        draft = path.with_name(f".{path.name}.{os.getpid()}")
+        descriptor = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(descriptor, "w") as file:
             file.write(secrets.token_urlsafe(50))
-        print(f"gpu-portal-server: generated SECRET_KEY in {path}", file=sys.stderr, flush=True)
-    return path.read_text().strip()
+        try:
+            os.link(draft, path)
+            print(f"gpu-portal-server: generated SECRET_KEY in {path}", file=sys.stderr, flush=True)
+        except FileExistsError:
+            pass  # another process kept its key first: that one is everyone's
+        finally:
+            draft.unlink()
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        sys.exit(f"gpu-portal-server: {path} holds SECRET_KEY but others may read it "
+                 f"(mode {mode:04o}): chmod 600 {path}")  # fmt: skip
+    key = path.read_text().strip()
+    if not key:
+        sys.exit(f"gpu-portal-server: {path} is empty: set SECRET_KEY, or restore the key kept "
+                 "there (a new one ends every session and loses the AWS access keys)")  # fmt: skip
+    return key
 
 
-def _address(env: dict[str, str]) -> tuple[str, int]:
-    host, _, port = env.get("PORTAL_ADDRESS", DEFAULT_ADDRESS).rpartition(":")
-    if not host or not port.isdigit():
-        sys.exit("gpu-portal-server: PORTAL_ADDRESS must be HOST:PORT, e.g. 0.0.0.0:8000")
-    return host.strip("[]"), int(port)
+def split_address(address: str) -> tuple[str, int]:
+    """PORTAL_ADDRESS's host and port: `0.0.0.0:8000` → ("0.0.0.0", 8000), `[::1]:8000` →
+    ("::1", 8000). ValueError (ADDRESS_MALFORMED) for anything else."""
+    host, colon, port = address.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            host = ""
+    elif ":" in host or "[" in host or "]" in host:
+        host = ""  # an IPv6 address without brackets, or HOST:PORT:MORE
+    port_ok = port.isascii() and port.isdigit() and 1 <= int(port) <= 65535
+    if not (colon and host.strip() and port_ok):
+        raise ValueError(ADDRESS_MALFORMED.format(address=address))
+    return host, int(port)
+
+
+def load_settings(env: dict[str, str], *, prog: str = "gpu-portal-server") -> ModuleType:
+    """The settings as every process will read them from `env`, loaded here before anything
+    starts: a setting that breaks its rule ends this process with one line that names it,
+    instead of a traceback from each process later."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    os.environ.update(env)
+    try:
+        return importlib.import_module(os.environ.get("DJANGO_SETTINGS_MODULE", "portal.settings"))
+    except ImproperlyConfigured as error:
+        sys.exit(f"{prog}: {error}")
+    except ValueError as error:  # an app's setting read without a rule of its own yet
+        sys.exit(f"{prog}: a setting is malformed ({error}); docs/deploy.md lists them")
+
+
+def _check_listening(settings: ModuleType, env: dict[str, str]) -> None:
+    """PORTAL_ADDRESS can be listened on (uvicorn binds as this does): a port in use or a host
+    that is not this machine's is said in one line before anything starts."""
+    address = env.get("PORTAL_ADDRESS", DEFAULT_ADDRESS)
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(
+            settings.PORTAL_HOST, settings.PORTAL_PORT, type=socket.SOCK_STREAM,
+            flags=socket.AI_PASSIVE,
+        )[0]  # fmt: skip
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(where)
+    except OSError as error:
+        sys.exit(f"gpu-portal-server: cannot listen on PORTAL_ADDRESS ({address}): "
+                 f"{error.strerror or error}")  # fmt: skip
 
 
 def _manage(env: dict[str, str], *args: str) -> None:
@@ -152,41 +222,42 @@ def commands(env: dict[str, str]) -> dict[str, list[str]]:
     }  # fmt: skip
 
 
-def web(env: dict[str, str]) -> None:
+def web(env: dict[str, str], settings: ModuleType) -> None:
     """uvicorn in this process: one or more worker processes on `portal.asgi`. Logging is
     Django's (LOGGING), set up in each worker when it imports the application."""
     import uvicorn
 
+    _check_listening(settings, env)
     os.environ.update(env)
-    host, port = _address(env)
     uvicorn.run(
         "portal.asgi:application",
-        host=host,
-        port=port,
-        workers=int(env.get("WEB_WORKERS", "2")),
+        host=settings.PORTAL_HOST,
+        port=settings.PORTAL_PORT,
+        workers=settings.WEB_WORKERS,
         loop="uvloop",
         http="httptools",
         lifespan="off",  # Django's ASGI handler has no lifespan events
         log_config=None,
-        access_log=env.get("ACCESS_LOG", "0") == "1",
+        access_log=settings.ACCESS_LOG,
         # An agent's long poll waits up to AGENT_POLL_MAX_WAIT_SECONDS; its connection is
         # reused for the next one.
-        timeout_keep_alive=int(env.get("KEEP_ALIVE_SECONDS", "75")),
+        timeout_keep_alive=settings.KEEP_ALIVE_SECONDS,
         # On SIGTERM, requests in flight get this long to finish; then the connections are
         # closed (waiting agents' polls among them: they poll again, elsewhere or after the
         # restart). Without a bound, kept-alive agents would hold the shutdown forever.
-        timeout_graceful_shutdown=int(env.get("GRACEFUL_SHUTDOWN_SECONDS", "10")),
+        timeout_graceful_shutdown=settings.GRACEFUL_SHUTDOWN_SECONDS,
         proxy_headers=True,
-        forwarded_allow_ips=env.get("FORWARDED_ALLOW_IPS", "127.0.0.1"),
+        forwarded_allow_ips=settings.FORWARDED_ALLOW_IPS,
     )
 
 
-def serve(env: dict[str, str]) -> int:
+def serve(env: dict[str, str], settings: ModuleType) -> int:
     """Setup, then web, worker and beat, supervised: if one exits, the others are stopped."""
+    _check_listening(settings, env)
     setup(env)
     processes = {name: subprocess.Popen(argv, env=env) for name, argv in commands(env).items()}
-    host, port = _address(env)
-    print(f"gpu-portal-server: serving at http://{host}:{port}/ (TLS is the reverse proxy's, "
+    address = env.get("PORTAL_ADDRESS", DEFAULT_ADDRESS)
+    print(f"gpu-portal-server: serving at http://{address}/ (TLS is the reverse proxy's, "
           "docs/deploy.md); Ctrl-C stops everything", file=sys.stderr, flush=True)  # fmt: skip
     return supervise(processes)
 
@@ -266,13 +337,14 @@ def main(argv: list[str] | None = None) -> int:
     manage.add_argument("args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     env = _environment()
+    settings = load_settings(env)
     if args.command == "serve":
-        return serve(env)
+        return serve(env, settings)
     if args.command == "setup":
         setup(env)
         return 0
     if args.command == "web":
-        web(env)
+        web(env, settings)
         return 0
     if args.command == "manage":
         return subprocess.run([sys.executable, "-m", "django", *args.args], env=env).returncode
