@@ -398,14 +398,7 @@ class Simulation:
         if spec.gpu_type not in self.node_sizes:
             # No node of the type: the engine would reject it (DESIGN §2), but the cycles here
             # are per GPU type of the nodes, so none would see it. Same reason as the engine's.
-            view = RunnableJob(
-                id=spec.id,
-                share=spec.share,
-                gpu_type=spec.gpu_type,
-                gpus=spec.gpus,
-                nodes=spec.nodes,
-            )
-            reason = rejection_reason(view, self.shares, None)
+            reason = rejection_reason(self._view(job), self.shares, None)
             assert reason is not None  # with no node sizes, every job has a reason
             self._reject(now, job, reason)
             return None
@@ -415,7 +408,19 @@ class Simulation:
 
     def _enqueue(self, job: SimJob, preempted_for: str | None = None) -> None:
         spec = job.spec
-        view = RunnableJob(
+        view = self._view(job, preempted_for)
+        self.runnable.setdefault(spec.gpu_type, {})[spec.id] = view
+        kinds = self.kinds.setdefault(spec.gpu_type, _Kinds())
+        if preempted_for is not None:
+            self.claims.setdefault(preempted_for, set()).add(spec.id)
+            kinds.add(spec.id, _Kinds.ALWAYS)
+        else:
+            kinds.add(spec.id, self._kind(view))
+
+    def _view(self, job: SimJob, preempted_for: str | None = None) -> RunnableJob:
+        """The job as the engine takes a runnable job."""
+        spec = job.spec
+        return RunnableJob(
             id=spec.id,
             share=spec.share,
             gpu_type=spec.gpu_type,
@@ -429,13 +434,6 @@ class Simulation:
             if self.scenario.churn_preemptions
             else (),
         )
-        self.runnable.setdefault(spec.gpu_type, {})[spec.id] = view
-        kinds = self.kinds.setdefault(spec.gpu_type, _Kinds())
-        if preempted_for is not None:
-            self.claims.setdefault(preempted_for, set()).add(spec.id)
-            kinds.add(spec.id, _Kinds.ALWAYS)
-        else:
-            kinds.add(spec.id, self._kind(view))
 
     def _kind(self, view: RunnableJob) -> int:
         key = (view.gpu_type, view.share, view.gpus, view.nodes, view.priority)

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.portal.test_setup import settings_in_subprocess
+
 ROOT = Path(__file__).resolve().parents[2]
-SETUP = "import django; django.setup(); from django.conf import settings"
 SETTINGS_ERROR = "django.core.exceptions.ImproperlyConfigured: "
 
 
@@ -22,15 +23,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def settings_in_subprocess(code: str, **env: str) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    clean.update(env, DJANGO_SETTINGS_MODULE="portal.settings")
-    return subprocess.run(
-        [sys.executable, "-c", f"{SETUP}; {code}"],
-        cwd=ROOT, env=clean, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
 
 
 def settings_error(**env: str) -> str:
