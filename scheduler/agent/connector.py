@@ -297,7 +297,9 @@ class Connector:
                 backoff.failed()
                 self.stopping.wait(backoff.delay)
                 continue
-            self.outbox.sent(events, delivered="results" in answer, poll=poll)
+            delivered = "results" in answer
+            if delivered or not self.outbox.refused(events, response, what="poll"):
+                self.outbox.sent(events, delivered=delivered, poll=poll)
             if response.status_code == 401:
                 logger.warning("the portal no longer knows this connector; registering again")
                 self.register()
@@ -784,8 +786,9 @@ class Connector:
         deadline = time.monotonic() + SHUTDOWN_REPORT_SECONDS
         while len(self.outbox) and time.monotonic() < deadline:
             self.outbox.backoff.succeeded()
-            self.outbox.report(self.http, CONNECTOR_REPORT_PATH, self._headers, everything=True)
-            if len(self.outbox):
-                time.sleep(0.2)
+            taken = self.outbox.report(self.http, CONNECTOR_REPORT_PATH, self._headers,
+                                       everything=True)  # fmt: skip
+            if len(self.outbox) and not taken:
+                time.sleep(0.2)  # batch after batch while the portal takes them
         if len(self.outbox):
             logger.warning("leaving with %d unsent report(s)", len(self.outbox))

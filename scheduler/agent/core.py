@@ -431,12 +431,14 @@ class Agent:
                 self.stopping.wait(backoff.delay)
                 continue
             # A portal that answers without `results` did not apply the events (an older
-            # one), and a refused poll may be refused for them: reports carry them from now on.
+            # one), and a refused poll may be refused for them: reports carry them from now on,
+            # unless it named bad ones or found them too many (`Outbox.refused`).
             delivered = "results" in answer
-            self.outbox.sent(events, delivered=delivered, poll=poll)
-            if events and not delivered and response.status_code in (200, 400):
-                logger.warning("the portal does not take events with polls; sending reports")
-                self.poll_events = False
+            if delivered or not self.outbox.refused(events, response, what="poll"):
+                self.outbox.sent(events, delivered=delivered, poll=poll)
+                if events and not delivered and response.status_code in (200, 400):
+                    logger.warning("the portal does not take events with polls; sending reports")
+                    self.poll_events = False
             if response.status_code == 401:
                 logger.warning("the portal no longer knows this node's token; registering again")
                 self.register()
@@ -456,10 +458,11 @@ class Agent:
                 if self.stopping.is_set():
                     return
 
-    def flush(self, *, everything: bool = False) -> None:
-        """Report the outbox events no poll carries (`everything`: all), in order; on failure
-        keep them and back off."""
-        self.outbox.report(self.http, REPORT_PATH, self._headers, everything=everything)
+    def flush(self, *, everything: bool = False) -> bool:
+        """Report the oldest outbox events no poll carries (`everything`: the oldest), a batch
+        of them (`Outbox.take`); on failure keep them and back off. Returns whether the portal
+        took them."""
+        return self.outbox.report(self.http, REPORT_PATH, self._headers, everything=everything)
 
     def _event(self, **event) -> None:
         self.outbox.add(event)
@@ -909,14 +912,16 @@ class Agent:
         while self.processes and time.monotonic() < deadline + 5:
             self.supervise()
             time.sleep(0.05)
-        # The last reports say what became of the jobs: try for a few seconds before leaving.
+        # The last reports say what became of the jobs: try for a few seconds before leaving,
+        # batch after batch.
         deadline = time.monotonic() + SHUTDOWN_REPORT_SECONDS
         while True:
             self.outbox.backoff.succeeded()
-            self.flush(everything=True)
+            taken = self.flush(everything=True)
             if not len(self.outbox):
                 break
             if time.monotonic() >= deadline:
                 logger.warning("leaving with %d unsent report(s)", len(self.outbox))
                 break
-            time.sleep(0.2)
+            if not taken:
+                time.sleep(0.2)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
+from django.core.exceptions import RequestDataTooBig, ValidationError
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
@@ -68,6 +68,9 @@ NOT_AUTHENTICATED = (
     "Authorization: send 'Node <token>' with the token this node got when it registered."
 )
 BODY_NOT_JSON = "body: must be a JSON object."
+BODY_TOO_LARGE = (
+    "body: at most {limit} bytes (DATA_UPLOAD_MAX_MEMORY_SIZE); send the events in smaller batches."
+)
 MAX_EVENTS = 1000
 MAX_ID = 2**62  # below the database's largest integer (SQLite's and PostgreSQL's bigint)
 
@@ -137,8 +140,16 @@ def _refused(error: ValidationError) -> JsonResponse:
 
 
 def _body(request: HttpRequest) -> dict:
+    """The request's JSON object, or BadRequest naming `body` (too large: the agent's outbox
+    sends smaller batches on such an answer, docs/agent.md)."""
     try:
-        data = json.loads(request.body or b"{}")
+        raw = request.body
+    except RequestDataTooBig:
+        raise BadRequest(
+            "body", BODY_TOO_LARGE.format(limit=settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
+        ) from None
+    try:
+        data = json.loads(raw or b"{}")
     except (ValueError, UnicodeDecodeError, RecursionError):
         # RecursionError: nesting deeper than the parser's stack ("[[[[...").
         raise BadRequest("body", BODY_NOT_JSON) from None

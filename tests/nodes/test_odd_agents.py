@@ -256,3 +256,25 @@ def test_a_connector_s_node_with_a_gpu_type_no_share_can_name_is_refused_naming_
     assert "lowercase" in response.json()["nodes[0].gpu_type"]
     assert Job.objects.get(pk=attempt.job_id).state == Job.State.SUCCEEDED
     assert Node.objects.get(name="sn1").gpu_type == "h100"
+
+
+def test_a_report_over_the_body_limit_is_a_400_naming_the_body_not_a_500(client_, world, settings):
+    """A report bigger than DATA_UPLOAD_MAX_MEMORY_SIZE (an agent's outbox after an outage, or a
+    portal with a lower limit) was a 500 from the production server: Django refuses the body
+    only when the view reads it. The agent halves its batches on a 400 naming `body`, and
+    nothing of the refused report is applied: its exits go again in smaller reports."""
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 4096
+    token = register(client_)
+    (attempt,) = placed(world)
+    post(client_, "start", {"attempts": [attempt.pk]}, token)
+    events = [exited(attempt, detail="x" * 1000) for _ in range(8)]
+    response = post(client_, "report", {"events": events}, token)
+    assert response.status_code == 400
+    assert response.json() == {
+        "body": "body: at most 4096 bytes (DATA_UPLOAD_MAX_MEMORY_SIZE); send the events in "
+        "smaller batches."
+    }
+    assert Job.objects.get(pk=attempt.job_id).state == Job.State.RUNNING
+    response = post(client_, "report", {"events": [exited(attempt)]}, token)
+    assert response.status_code == 200, response.content
+    assert Job.objects.get(pk=attempt.job_id).state == Job.State.SUCCEEDED
