@@ -19,7 +19,8 @@ reads what it needs from that cache: it never polls the API server.
   them.
 
 Reading the cache's pods into attempts (`attempt_job`) is a pure function over the pods' JSON,
-tested on its own (tests/agent/test_kube_pods.py) and live (tests/kubernetes/)."""
+tested on its own (tests/agent/test_kube_pods.py, tests/kubernetes/test_api_objects.py) and
+live (tests/kubernetes/)."""
 
 from __future__ import annotations
 
@@ -97,6 +98,10 @@ CANNOT_START = frozenset(
 )  # fmt: skip
 # A container that ended this way never ran its command (an executable not found, say).
 NOT_STARTED = frozenset(("StartError", "ContainerCannotRun"))
+# An init container the kubelet restarts after each failure (a sidecar, restartPolicy Always).
+CRASH_LOOP = "CrashLoopBackOff"
+# What the kubelet writes for a container of a pod it terminated without knowing how it ended.
+STATUS_UNKNOWN = "ContainerStatusUnknown"
 TERMINAL_PHASES = frozenset(("Succeeded", "Failed"))
 
 
@@ -228,6 +233,9 @@ def attempt_job(
 
     - a pod on a node that is down, and not ended: the attempt is lost with its node;
     - a pod evicted by its kubelet: lost;
+    - an init container (a pod template's) that failed, or cannot start, or keeps failing
+      (`init_failure`): the job container never starts, so the attempt is never started,
+      with that container's name, exit code and reason;
     - a pod its kubelet refused (Failed before its container ran): withdrawn;
     - a container that cannot start (its image, its command, its configuration): never
       started;
@@ -263,6 +271,9 @@ def attempt_job(
                        f"terminated it ({said})", END_LOST)  # fmt: skip
         if reason == "DeadlineExceeded":
             return job("DeadlineExceeded", said, END_TIMEOUT, exit_code=None)
+        failed_init = init_failure(pod)
+        if failed_init is not None:
+            return job("CannotStart", failed_init, END_NEVER_STARTED)
         if status.get("phase") == "Failed" and not _started(pod) and not _terminated(pod):
             node = pod["spec"].get("nodeName", "")
             return job("Rejected", f"the kubelet of {node} refused it ({said})", END_WITHDRAWN)
@@ -301,6 +312,57 @@ def attempt_job(
     ]
     reasons = sorted({w.get("reason", "") for w in waiting} - {""})
     return job("Pending", ", ".join(reasons) or "pods not started yet")
+
+
+def init_failure(pod: dict) -> str | None:
+    """Why the pod's init containers (a pod template may add some) keep its job container from
+    ever starting, or None. The pod's restartPolicy is Never, so an init container that exits
+    non-zero fails the pod ("Init:Error", phase Failed, the job container still waiting,
+    PodInitializing); one waiting for an image it cannot pull or a configuration that is not
+    there (CANNOT_START) waits for ever; a sidecar (restartPolicy Always) that crashes before
+    it has started is restarted in a loop (CrashLoopBackOff). None once the job container has
+    started or the pod is initialized, and for a pod being deleted (its init containers were
+    killed for that)."""
+    status = pod.get("status") or {}
+    initialized = any(
+        c.get("type") == "Initialized" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    if _started(pod) or initialized or pod["metadata"].get("deletionTimestamp"):
+        return None
+    specs = {c.get("name"): c for c in (pod.get("spec") or {}).get("initContainers") or []}
+    for container in status.get("initContainerStatuses") or []:
+        name = container.get("name", "")
+        spec = specs.get(name) or {}
+        state = container.get("state") or {}
+        waiting = state.get("waiting") or {}
+        terminated = state.get("terminated") or {}
+        if (
+            terminated
+            and spec.get("restartPolicy") != "Always"
+            and terminated.get("reason") != STATUS_UNKNOWN
+            and terminated.get("exitCode") not in (0, None)
+        ):
+            return f"init container {name} {_how_it_ended(terminated)}"
+        if waiting.get("reason") in CANNOT_START:
+            detail = f"{waiting['reason']}: {waiting.get('message', '')}".rstrip(": ")
+            return f"init container {name}: image {spec.get('image', '')}: {detail}"
+        if waiting.get("reason") == CRASH_LOOP:
+            last = (container.get("lastState") or {}).get("terminated") or {}
+            return (
+                f"init container {name} {_how_it_ended(last)}, restarted "
+                f"{container.get('restartCount', 0)} times ({CRASH_LOOP})"
+            )
+    return None
+
+
+def _how_it_ended(terminated: dict) -> str:
+    """How a container ended, from its terminated state: "exited with code 1 (Error: ...)"."""
+    said = ": ".join(
+        part for part in (terminated.get("reason"), (terminated.get("message") or "").strip())
+        if part
+    )  # fmt: skip
+    return f"exited with code {terminated.get('exitCode', '?')}" + (f" ({said})" if said else "")
 
 
 def _kubelet_terminated(status: dict) -> bool:

@@ -51,19 +51,52 @@ SEP = "|"
 SINFO_FIELDS = ("NodeList", "Partition", "StateLong", "Gres", "GresUsed", "Reason")
 SQUEUE_FIELDS = ("JobID", "Name", "State", "Reason", "NodeList", "tres-per-node", "exit_code",
                  "Partition", "UserName")  # fmt: skip
-# Slurm job states in which the job holds its nodes' GPUs, or will no more.
-HOLDING_STATES = frozenset(("RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING",
-                            "STAGE_OUT", "RESIZING"))  # fmt: skip
-PENDING_STATES = frozenset(("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"))
-# How each end state of a Slurm job reads to the portal: the process exited (with its exit
-# code; a cancel after SIGTERM is the exit of a stopped job), ran out of time, or was lost
-# with its node.
-END_STATES = {
+# What each job state Slurm prints means to the portal. squeue, sacct and scontrol print one
+# word for a job (job_state_string in src/common/slurm_protocol_defs.c): its first state flag
+# that has a name there, else its base state (squeue(1) "JOB STATE CODES",
+# doc/html/job_state_codes.shtml). The job is pending (not started: the connector waits
+# --pending-timeout, then cancels it and the portal requeues it, withdrawn), holding its
+# nodes' GPUs (it runs, or is stopped, suspended or finishing), or ended, in the protocol's
+# words: its process exited (with its exit code; a cancel after SIGTERM is the exit of a
+# stopped job), ran out of time, or was lost with its node (the portal runs it again).
+JOB_PENDING = "pending"
+JOB_HOLDING = "holding"
+JOB_STATES = {
+    "PENDING": JOB_PENDING,
+    "CONFIGURING": JOB_PENDING,  # its nodes are booting (powered down ones: POWER_UP_NODE)
+    "POWER_UP_NODE": JOB_PENDING,
+    "EXPEDITING": JOB_PENDING,  # requeued, to be scheduled before any other
+    "REQUEUED": JOB_PENDING, "REQUEUE_FED": JOB_PENDING, "REQUEUE_HOLD": JOB_PENDING,
+    "RESV_DEL_HOLD": JOB_PENDING,  # held: its reservation was deleted
+    # Requeue flags, not printed as states (slurm/slurm.h): requeued, held, after its launch
+    # (its prolog) or its nodes' reconfiguration failed.
+    "LAUNCH_FAILED": JOB_PENDING, "RECONFIG_FAIL": JOB_PENDING,
+    "RUNNING": JOB_HOLDING, "SUSPENDED": JOB_HOLDING, "STOPPED": JOB_HOLDING,
+    "SIGNALING": JOB_HOLDING, "RESIZING": JOB_HOLDING,
+    # Its processes have ended; its epilog, or its burst buffer's stage-out, has not.
+    "COMPLETING": JOB_HOLDING, "STAGE_OUT": JOB_HOLDING,
     "COMPLETED": END_EXIT, "FAILED": END_EXIT, "CANCELLED": END_EXIT, "OUT_OF_MEMORY": END_EXIT,
+    "SPECIAL_EXIT": END_EXIT,  # ended, and requeued held by the site's EpilogSlurmctld
     "TIMEOUT": END_TIMEOUT, "DEADLINE": END_TIMEOUT,
     "NODE_FAIL": END_LOST, "BOOT_FAIL": END_LOST, "PREEMPTED": END_LOST, "REVOKED": END_LOST,
-    "SPECIAL_EXIT": END_EXIT,
 }  # fmt: skip
+_unknown_job_states: set[str] = set()  # logged once each
+
+
+def job_state_meaning(state: str, *, has_nodes: bool) -> str:
+    """What a Slurm job's `state` means to the portal: JOB_PENDING, JOB_HOLDING or an END_*
+    (JOB_STATES). A state the table does not have ("?", Slurm's word for a base state it does
+    not know; a flag of a newer Slurm; UPDATE_DB) is never taken for an end, and never leaves
+    the attempt in between: a job that has its nodes holds them, one that has none is pending
+    (and withdrawn at the pending timeout). Such a state is logged, once."""
+    meaning = JOB_STATES.get(state)
+    if meaning is None:
+        meaning = JOB_HOLDING if has_nodes else JOB_PENDING
+        if state not in _unknown_job_states:
+            _unknown_job_states.add(state)
+            logger.warning("Slurm job state %r is not one the connector knows; read as %s",
+                           state, meaning)  # fmt: skip
+    return meaning
 
 
 class SlurmUnreachable(ClusterUnreachable):
@@ -99,16 +132,17 @@ class SlurmJob:
 
     @property
     def pending(self) -> bool:
-        return self.state in PENDING_STATES
+        return job_state_meaning(self.state, has_nodes=bool(self.nodes)) == JOB_PENDING
 
     @property
     def holding(self) -> bool:
-        return self.state in HOLDING_STATES
+        return job_state_meaning(self.state, has_nodes=bool(self.nodes)) == JOB_HOLDING
 
     @property
     def end(self) -> str | None:
         """How the job ended, in the protocol's words; None while it has not."""
-        return END_STATES.get(self.state)
+        meaning = job_state_meaning(self.state, has_nodes=bool(self.nodes))
+        return None if meaning in (JOB_PENDING, JOB_HOLDING) else meaning
 
 
 # --- Parsers -----------------------------------------------------------------------------------
@@ -172,27 +206,61 @@ def _gres_gpus(gres: str) -> list[tuple[str | None, int]]:
     return entries
 
 
-DOWN_WORDS = frozenset(("down", "fail", "failing", "future", "unknown", "noresp", "powered",
-                        "power_down", "powering_down", "inval"))  # fmt: skip
+# What each word of sinfo's StateLong means to the portal: node_state_string (src/common/
+# slurm_protocol_defs.c) lowercased, a base state or a flag that stands for it, and a suffix
+# for more flags (sinfo(1), NODE STATE CODES). READY: Slurm starts jobs there now ("completing":
+# its jobs' epilogs run, for seconds; "planned", "mixed-": the backfill scheduler's plan, remade
+# every cycle, puts a pending job there later, and its GPUs are free now; "reserved": idle in an
+# advanced reservation, which the portal's jobs may be given with --sbatch-arg=--reservation=...).
+# Where Slurm then keeps a portal job pending, the pending timeout withdraws it, with Slurm's
+# reason.
+READY_WORDS = frozenset(("idle", "mixed", "allocated", "completing", "planned", "reserved"))
+# DRAINING: no new jobs, and those it runs go on. "blocked": idle, kept out by another job's
+# exclusive topology block; "perfctrs": idle, its network performance counters in use by
+# another job (Cray, before Slurm 24.05).
 DRAINING_WORDS = frozenset(("drain", "drained", "draining", "drng", "maint", "reboot",
-                            "reboot_requested", "reboot_issued"))  # fmt: skip
-# StateLong's suffixes (sinfo(1), NODE STATE CODES) of a node that takes no new jobs while
-# those it runs go on: "$" in a maintenance reservation (as MAINT), "^" its reboot issued, "!"
-# pending power down.
+                            "reboot_requested", "reboot_issued", "blocked",
+                            "perfctrs"))  # fmt: skip
+# DOWN: not usable. "fail"/"failing": an operator says it is about to fail; "future": not yet
+# configured; "inval": registered with less than its configuration; the power-saving states
+# (powered down, powering up or down), which only a job's start or an operator ends: the portal
+# promises a start within its pending timeout, and a node that must boot first cannot keep it;
+# "unknown", "?" and any word not in these tables (logged once): a node is offered only in a
+# state known to take jobs.
+DOWN_WORDS = frozenset(("down", "fail", "failing", "future", "unknown", "inval", "noresp",
+                        "not_responding", "powered", "powered_down", "powering_down",
+                        "powering_up", "power_down", "power_up", "dynamic_future", "undrain",
+                        "cancel_reboot", "resume", "?", "n/a"))  # fmt: skip
+# Flags that say nothing of whether it takes jobs (as scontrol writes a node's flags,
+# "idle+cloud"): alone, a node is not READY.
+NEUTRAL_WORDS = frozenset(("cloud", "dynamic_norm", "external"))
+# StateLong's suffixes: "*" not responding, "~" powered off, "#" powering up or being
+# configured, "%" powering down.
+DOWN_SUFFIXES = frozenset("*~#%")
+# Of a node that takes no new jobs while those it runs go on: "$" in a maintenance reservation
+# (as MAINT), "^" its reboot issued, "!" pending power down (slurmctld never makes it
+# available). "@" (a reboot once idle), "+" (allocated, some jobs completing) and "-" (planned)
+# change nothing: Slurm still starts jobs there.
 DRAINING_SUFFIXES = frozenset("$^!")
+_unknown_node_states: set[str] = set()  # logged once each
 
 
 def node_state(state: str, reason: str) -> tuple[str, str]:
     """The portal's state of a node in Slurm's `state` (sinfo's StateLong: "idle", "mixed",
     "drained", "draining", "down*", "idle+drain", ...), and its reason as an operator reads
-    it."""
+    it. READY only in a state known to take jobs (READY_WORDS, no DOWN or DRAINING suffix)."""
     words = set(re.split(r"[+*~#!%$@^-]", state.lower())) - {""}
     said = f"Slurm: {state}" + (f" ({reason})" if reason and reason != "none" else "")
-    # "*": not responding; "~", "#", "%": powered off, powering up, powering down.
-    if set(state) & set("*~#%") or words & DOWN_WORDS:
+    unknown = words - READY_WORDS - DRAINING_WORDS - DOWN_WORDS - NEUTRAL_WORDS
+    if unknown and state not in _unknown_node_states:
+        _unknown_node_states.add(state)
+        logger.warning("Slurm node state %r is not one the connector knows; read as DOWN", state)
+    if unknown or words & DOWN_WORDS or set(state) & DOWN_SUFFIXES:
         return NODE_DOWN, said
     if words & DRAINING_WORDS or set(state) & DRAINING_SUFFIXES:
         return NODE_DRAINING, said
+    if not words & READY_WORDS:
+        return NODE_DOWN, said
     return NODE_READY, said if state not in ("idle", "mixed", "allocated") else ""
 
 

@@ -18,7 +18,7 @@ from scheduler.agent.kube import (
     pod_gpus,
     quantity,
 )
-from scheduler.agent.protocol import END_LOST, NODE_READY
+from scheduler.agent.protocol import END_LOST, END_NEVER_STARTED, NODE_READY
 
 STARTED = "2026-12-02T06:00:00Z"
 
@@ -153,3 +153,124 @@ def test_a_noexecute_taint_the_pod_template_tolerates_leaves_the_node_ready():
 ])  # fmt: skip
 def test_gpu_quantities_are_read_in_every_form_kubernetes_writes(text, value):
     assert quantity(text) == value
+
+
+# 5. Init containers come from the site's pod template (a data fetch, a sidecar). The portal's
+#    pods are restartPolicy Never, so an init container that exits non-zero fails the pod:
+#    phase Failed, `kubectl get pod` shows Init:Error, and the job container never leaves
+#    "waiting: PodInitializing" (or, once the kubelet's status manager has terminated the pod,
+#    ContainerStatusUnknown, exit code 137, never started). Such an attempt was taken for a
+#    kubelet's refusal and withdrawn, its job requeued to fail the same way for ever.
+FETCH = "registry.example.org/ml/fetch-data:3"
+NOT_INITIALIZED = [
+    {"type": "Initialized", "status": "False", "reason": "ContainersNotInitialized",
+     "message": "containers with incomplete status: [fetch-data]"},
+    {"type": "Ready", "status": "False", "reason": "ContainersNotReady",
+     "message": "containers with unready status: [job]"},
+    {"type": "ContainersReady", "status": "False", "reason": "ContainersNotReady",
+     "message": "containers with unready status: [job]"},
+    {"type": "PodScheduled", "status": "True"},
+]  # fmt: skip
+JOB_INITIALIZING = {"name": "job", "image": "trainer:1", "imageID": "", "ready": False,
+                    "restartCount": 0, "started": False,
+                    "state": {"waiting": {"reason": "PodInitializing"}}}  # fmt: skip
+JOB_NEVER_LOCATED = {**JOB_INITIALIZING, "state": {"terminated": {
+    "exitCode": 137, "reason": "ContainerStatusUnknown",
+    "message": "The container could not be located when the pod was terminated"}}}  # fmt: skip
+
+
+def pod_with_init(status: dict, *, sidecar: bool = False) -> dict:
+    pod = portal_pod(status)
+    init = {"name": "fetch-data", "image": FETCH, "command": ["/bin/sh", "-c", "fetch"]}
+    if sidecar:
+        init["restartPolicy"] = "Always"
+    pod["spec"]["initContainers"] = [init]
+    return pod
+
+
+def init_status(state: dict, **more) -> dict:
+    return {"name": "fetch-data", "image": FETCH, "imageID": "", "ready": False,
+            "restartCount": 0, "started": False, "state": state, **more}  # fmt: skip
+
+
+def read_attempt(pod: dict):
+    return attempt_job("gpu-portal/portal-research-job5-a11", [pod], expected=1, deleted=set(),
+                       down={})  # fmt: skip
+
+
+@pytest.mark.parametrize("job_container", [JOB_INITIALIZING, JOB_NEVER_LOCATED])
+def test_an_init_container_that_fails_ends_the_attempt_never_started_naming_it(job_container):
+    failed = {"exitCode": 3, "reason": "Error", "startedAt": STARTED,
+              "finishedAt": "2026-12-02T06:00:04Z",
+              "containerID": "containerd://0f3c9e7b2a"}  # fmt: skip
+    status = {"phase": "Failed", "conditions": NOT_INITIALIZED, "startTime": STARTED,
+              "initContainerStatuses": [init_status({"terminated": failed})],
+              "containerStatuses": [job_container]}  # fmt: skip
+    job = read_attempt(pod_with_init(status))
+    # Never started: the job fails with this reason (retry_attempts applies), as a job whose
+    # image cannot be pulled does; never withdrawn and requeued.
+    assert job.end == END_NEVER_STARTED, (job.state, job.end, job.reason)
+    assert job.reason == "init container fetch-data exited with code 3 (Error)"
+    assert job.nodes == ()
+    # One that did its work (exit code 0) leaves the attempt to its job.
+    done = init_status({"terminated": {**failed, "exitCode": 0, "reason": "Completed"}})
+    running = {**JOB_INITIALIZING, "started": True, "state": {"running": {"startedAt": STARTED}}}
+    status = {"phase": "Running", "conditions": [{"type": "Initialized", "status": "True"}],
+              "initContainerStatuses": [done], "containerStatuses": [running]}  # fmt: skip
+    assert read_attempt(pod_with_init(status)).holding
+
+
+@pytest.mark.parametrize(
+    ("why", "message"),
+    [
+        ("ErrImagePull", f'rpc error: code = NotFound desc = failed to pull and unpack image '
+         f'"{FETCH}": not found'),
+        ("ImagePullBackOff", f'Back-off pulling image "{FETCH}"'),
+        ("InvalidImageName", 'Failed to apply default image tag "Fetch-Data:3": couldn\'t parse '
+         'image reference "Fetch-Data:3": invalid reference format: repository name must be '
+         "lowercase"),
+        ("CreateContainerConfigError", 'secret "dataset-token" not found'),
+    ],
+)  # fmt: skip
+def test_an_init_container_that_cannot_start_ends_the_attempt_and_does_not_wait_for_ever(
+    why, message
+):
+    """Phase Pending, the init container waiting in a state the kubelet will not leave by
+    itself, the job container PodInitializing: the pod would wait for ever, and the attempt
+    be withdrawn at the connector's pending timeout, again at each requeue."""
+    status = {"phase": "Pending", "conditions": NOT_INITIALIZED, "startTime": STARTED,
+              "initContainerStatuses": [init_status({"waiting": {"reason": why,
+                                                                 "message": message}})],
+              "containerStatuses": [JOB_INITIALIZING]}  # fmt: skip
+    job = read_attempt(pod_with_init(status))
+    assert job.end == END_NEVER_STARTED, (job.state, job.end, job.reason)
+    assert job.reason == f"init container fetch-data: image {FETCH}: {why}: {message}"
+
+
+def test_a_sidecar_that_crashes_before_it_starts_ends_the_attempt_never_started():
+    """A native sidecar (restartPolicy Always) is restarted after each exit: one that never
+    starts keeps the pod initializing, in CrashLoopBackOff, for ever. Once the pod is
+    initialized, a sidecar restarting is no reason to end the attempt: its job container may
+    be being created."""
+    crashing = init_status(
+        {"waiting": {"reason": "CrashLoopBackOff",
+                     "message": "back-off 40s restarting failed container=fetch-data "
+                     "pod=portal-research-job5-a11_gpu-portal(uid-1)"}},
+        restartCount=3,
+        lastState={"terminated": {"exitCode": 2, "reason": "Error", "startedAt": STARTED,
+                                  "finishedAt": "2026-12-02T06:00:01Z"}},
+    )  # fmt: skip
+    status = {"phase": "Pending", "conditions": NOT_INITIALIZED, "startTime": STARTED,
+              "initContainerStatuses": [crashing],
+              "containerStatuses": [JOB_INITIALIZING]}  # fmt: skip
+    job = read_attempt(pod_with_init(status, sidecar=True))
+    assert job.end == END_NEVER_STARTED, (job.state, job.end, job.reason)
+    assert job.reason == (
+        "init container fetch-data exited with code 2 (Error), restarted 3 times (CrashLoopBackOff)"
+    )
+    initialized = [{"type": "Initialized", "status": "True"},
+                   {"type": "PodScheduled", "status": "True"}]  # fmt: skip
+    creating = {**JOB_INITIALIZING, "state": {"waiting": {"reason": "ContainerCreating"}}}
+    status = {"phase": "Pending", "conditions": initialized,
+              "initContainerStatuses": [crashing], "containerStatuses": [creating]}  # fmt: skip
+    assert read_attempt(pod_with_init(status, sidecar=True)).pending

@@ -3,9 +3,20 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from scheduler.agent.protocol import NODE_DOWN, NODE_DRAINING
+from scheduler.agent.connector import Attempt, Connector
+from scheduler.agent.protocol import (
+    END_EXIT,
+    END_LOST,
+    END_TIMEOUT,
+    END_WITHDRAWN,
+    NODE_DOWN,
+    NODE_DRAINING,
+    NODE_READY,
+)
 from scheduler.agent.slurm import SlurmCluster, node_state, parse_sinfo, parse_squeue
 
 
@@ -83,3 +94,118 @@ def test_a_job_named_like_the_connectors_but_not_its_own_is_never_taken_for_an_a
     cluster = SlurmCluster(partitions=("gpu",), user="root")
     jobs = {job.id: job for job in parse_squeue(text)}
     assert [cluster.attempt_of(jobs[i]) for i in ("90", "91_4", "92")] == [None, None, 12]
+
+
+def squeue_line(state: str, nodes: str, reason: str = "None") -> str:
+    """squeue -h --states=all -O 'JobID:|,Name:|,State:|,Reason:|,NodeList:|,tres-per-node:|,
+    exit_code:|,Partition:|,UserName:|' for the connector's job 2 (attempt 12)."""
+    return f"2|portal-research-job7-a12|{state}|{reason}|{nodes}|gres/gpu:4|0:0|gpu|root|\n"
+
+
+# Every word squeue prints for a job's state: job_state_string (src/common/
+# slurm_protocol_defs.c) prints the job's first state flag that has a name there, else its base
+# state; the rest are the flags of doc/html/job_state_codes.shtml that slurm.h calls requeue
+# flags, printed by no command. Each is pending (the pending timeout withdraws it), holding its
+# GPUs, or an end, never none of them: an attempt in none is followed by nothing, for ever.
+JOB_STATE_MEANINGS = [
+    ("PENDING", "", "pending"), ("CONFIGURING", "node1", "pending"),
+    ("POWER_UP_NODE", "node1", "pending"), ("EXPEDITING", "", "pending"),
+    ("REQUEUED", "node1", "pending"), ("REQUEUE_FED", "", "pending"),
+    ("REQUEUE_HOLD", "", "pending"), ("RESV_DEL_HOLD", "", "pending"),
+    ("LAUNCH_FAILED", "", "pending"), ("RECONFIG_FAIL", "", "pending"),
+    ("RUNNING", "node1", "holding"), ("COMPLETING", "node1", "holding"),
+    ("SUSPENDED", "node1", "holding"), ("STOPPED", "node1", "holding"),
+    ("SIGNALING", "node1", "holding"), ("STAGE_OUT", "node1", "holding"),
+    ("RESIZING", "node1", "holding"),
+    ("COMPLETED", "node1", END_EXIT), ("FAILED", "node1", END_EXIT),
+    ("CANCELLED", "", END_EXIT), ("OUT_OF_MEMORY", "node1", END_EXIT),
+    ("SPECIAL_EXIT", "node1", END_EXIT), ("TIMEOUT", "node1", END_TIMEOUT),
+    ("DEADLINE", "", END_TIMEOUT), ("NODE_FAIL", "node1", END_LOST),
+    ("BOOT_FAIL", "node1", END_LOST), ("PREEMPTED", "node1", END_LOST),
+    ("REVOKED", "", END_LOST),
+    # Words the connector does not know ("?": a base state the client does not; UPDATE_DB, or a
+    # flag of a newer Slurm): never an end; holding where the job has nodes, else pending.
+    ("?", "node1", "holding"), ("?", "", "pending"), ("UPDATE_DB", "node[1-2]", "holding"),
+    ("SOME_NEW_FLAG", "", "pending"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("state", "nodes", "meaning"), JOB_STATE_MEANINGS)
+def test_every_job_state_slurm_prints_is_pending_holding_or_an_end(state, nodes, meaning):
+    (job,) = parse_squeue(squeue_line(state, nodes))
+    read = [name for name, yes in (("pending", job.pending), ("holding", job.holding)) if yes]
+    assert read + ([job.end] if job.end is not None else []) == [meaning]
+
+
+class SlurmCommands(SlurmCluster):
+    """The connector's Slurm, its commands answered as slurmctld would: squeue prints
+    `squeue`, the others print nothing and are recorded."""
+
+    squeue = ""
+
+    def _run(self, *args: str) -> str:
+        if args[0] == "squeue":
+            return self.squeue
+        self.ran.append(" ".join(args))
+        return ""
+
+
+@pytest.mark.parametrize(
+    ("state", "reason"),
+    [("RESV_DEL_HOLD", "ReservationDeleted"), ("EXPEDITING", "None"), ("?", "None")],
+)
+def test_a_job_slurm_keeps_in_a_held_or_unknown_state_is_withdrawn_at_the_pending_timeout(
+    tmp_path, state, reason
+):
+    """Its reservation deleted, Slurm holds the attempt's job (RESV_DEL_HOLD) until an operator
+    releases it; the connector followed it as neither pending nor running nor ended, for ever.
+    It is cancelled at the pending timeout and the attempt withdrawn (requeued, nothing
+    counted), Slurm's state in the reason."""
+    cluster = SlurmCommands(partitions=("gpu",), user="root", script_dir=tmp_path / "s")
+    cluster.ran = []
+    connector = Connector(portal="http://127.0.0.1:9", join_token="x", name="slurm",
+                          cluster=cluster, work_dir=tmp_path, pending_timeout=60.0,
+                          checkpoint_root=tmp_path / "checkpoints")  # fmt: skip
+    order = {"attempt": 12, "job": 7, "number": 1, "share": "research", "command": "train",
+             "env": {}, "nodes": [{"node": "node1", "gpu_indices": [0, 1, 2, 3]}],
+             "timeout_seconds": None, "grace_seconds": 30}  # fmt: skip
+    connector.attempts[12] = Attempt(id=12, order=order, job_id="2",
+                                     submitted=time.monotonic() - 61)  # fmt: skip
+    cluster.squeue = squeue_line(state, "", reason)
+    connector.observe()
+    assert cluster.ran == ["scancel 2"]
+    cluster.squeue = squeue_line("CANCELLED", "")
+    connector.observe()
+    [event] = list(connector.outbox)
+    assert (event["attempt"], event["end"]) == (12, END_WITHDRAWN)
+    assert f"Slurm kept job 2 pending 60 s ({reason})" == event["detail"]
+
+
+# sinfo's StateLong is node_state_string() lowercased (src/common/slurm_protocol_defs.c,
+# src/sinfo/print.c _print_state_long). The portal places jobs only on READY nodes: one Slurm
+# starts no job on must never read READY.
+@pytest.mark.parametrize(
+    ("state", "portal"),
+    [
+        # "BLOCKED" (an idle node in the topology block of another job that asked for the
+        # whole block), "PERFCTRS" (Slurm before 24.05: its network performance counters in
+        # use by another job): healthy, and no job of the portal's starts there.
+        ("blocked", NODE_DRAINING), ("perfctrs", NODE_DRAINING),
+        # Printed alone when a node has no base state but one flag: not known to take jobs.
+        ("powered_down", NODE_DOWN), ("powering_up", NODE_DOWN), ("power_up", NODE_DOWN),
+        ("dynamic_future", NODE_DOWN), ("cloud", NODE_DOWN), ("?", NODE_DOWN),
+        # A word a newer Slurm may print.
+        ("overheated", NODE_DOWN), ("idle+quarantine", NODE_DOWN),
+        # Power saving: powered off ("~"), powering up ("#") or down ("%") is DOWN; the portal
+        # promises a start within its pending timeout, and a node must boot first.
+        ("idle~", NODE_DOWN), ("idle#", NODE_DOWN), ("mixed#", NODE_DOWN), ("idle%", NODE_DOWN),
+        # Slurm still starts jobs on these: a reboot once it is idle ("@"), a backfill plan
+        # ("-", "planned"), an idle node in an advanced reservation, some jobs completing.
+        ("mixed@", NODE_READY), ("mixed-", NODE_READY), ("planned", NODE_READY),
+        ("reserved", NODE_READY), ("allocated+", NODE_READY), ("idle+cloud", NODE_READY),
+        # Not responding ("*") or registered with less than its configuration.
+        ("future*", NODE_DOWN), ("unknown*", NODE_DOWN), ("inval", NODE_DOWN),
+    ],
+)  # fmt: skip
+def test_a_node_is_offered_only_in_a_state_slurm_starts_jobs_in(state, portal):
+    assert node_state(state, "none")[0] == portal
