@@ -312,11 +312,14 @@ class Client:
     def nodes(self) -> list[dict]:
         return self._request("GET", "nodes/")
 
-    def drain(self, node: str) -> dict:
-        return self._request("POST", f"nodes/{node}/drain/")
+    def drain(self, node: str, reason: str = "") -> dict:
+        """Drain a node (admins): its jobs finish, it takes no new ones; `reason` is recorded
+        with your name as the node's `state_reason`."""
+        return self._request("POST", f"nodes/{node}/drain/", json={"reason": reason})
 
-    def undrain(self, node: str) -> dict:
-        return self._request("POST", f"nodes/{node}/undrain/")
+    def undrain(self, node: str, reason: str = "") -> dict:
+        """Undrain a node (admins): it takes new jobs again; `reason` as for `drain`."""
+        return self._request("POST", f"nodes/{node}/undrain/", json={"reason": reason})
 
 
 def _arguments(frame_locals: dict[str, Any]) -> dict[str, Any]:

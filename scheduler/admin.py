@@ -1,14 +1,14 @@
 from __future__ import annotations
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ActionForm
 from django.core.exceptions import ValidationError
 from django.db.models import Count
 from django.http import HttpRequest
 
 from scheduler.jobs.services import job_cancel
 from scheduler.models import (
-    MAX_TIMEOUT_SECONDS,
     ClusterSettings,
     Connector,
     Job,
@@ -16,15 +16,7 @@ from scheduler.models import (
     JobEvent,
     Node,
 )
-from scheduler.nodes.services import node_set_state
-
-# A held-off job's pages and metrics show when its window ends, as a date: a window beyond any
-# date would fail them all. No job runs longer than its longest timeout, nor need its window.
-MAX_CHURN_WINDOW_SECONDS = MAX_TIMEOUT_SECONDS
-CHURN_WINDOW_RANGE = (
-    f"churn_window_seconds: must be a whole number between 1 and {MAX_CHURN_WINDOW_SECONDS} "
-    "seconds (90 days)."
-)
+from scheduler.nodes.services import MAX_NODE_REASON, node_set_state
 
 
 @admin.register(Connector)
@@ -52,6 +44,18 @@ class ConnectorAdmin(admin.ModelAdmin):
         return False
 
 
+class NodeActionForm(ActionForm):
+    """The node list's action bar, with the reason a drain or undrain records."""
+
+    # Its length is the service's rule (`node_set_state`), which names it when it is broken;
+    # a form rule would only say "No action selected."
+    reason = forms.CharField(
+        required=False,
+        widget=forms.TextInput(attrs={"maxlength": MAX_NODE_REASON, "size": 40}),
+        help_text="Why (recorded as the node's state reason with your name).",
+    )
+
+
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
     list_display = [
@@ -69,10 +73,12 @@ class NodeAdmin(admin.ModelAdmin):
     list_select_related = ["connector"]
     search_fields = ["name"]
     actions = ["drain", "undrain"]
+    action_form = NodeActionForm
     # A connector's cluster manager says which node is its and how many GPUs its own jobs hold;
     # an agent says whether it asks before it starts (set by hand, a node could be double-booked).
-    # The state changes only through drain and undrain (`node_set_state`): a node set DOWN by
-    # hand is skipped by the heartbeat check, so a silent agent's jobs would never end.
+    # The state changes only through drain and undrain (`node_set_state`, which records who and
+    # why as its state_reason): a node set DOWN by hand is skipped by the heartbeat check, so a
+    # silent agent's jobs would never end.
     readonly_fields = [
         "state", "gpu_details", "last_heartbeat", "connector", "outside_gpus", "asks_to_start",
     ]  # fmt: skip
@@ -87,15 +93,26 @@ class NodeAdmin(admin.ModelAdmin):
 
     @admin.action(description="Drain: finish running jobs, take no new ones")
     def drain(self, request: HttpRequest, queryset) -> None:
-        for node in queryset:
-            node_set_state(node=node, state=Node.State.DRAINING)
-        self.message_user(request, f"{queryset.count()} node(s) draining.")
+        if self._set_state(request, queryset, Node.State.DRAINING):
+            self.message_user(request, f"{queryset.count()} node(s) draining.")
 
     @admin.action(description="Undrain: take new jobs again")
     def undrain(self, request: HttpRequest, queryset) -> None:
-        for node in queryset.filter(state=Node.State.DRAINING):
-            node_set_state(node=node, state=Node.State.READY)
-        self.message_user(request, "Drained nodes are READY again.")
+        drained = queryset.filter(state=Node.State.DRAINING)
+        if self._set_state(request, drained, Node.State.READY):
+            self.message_user(request, "Drained nodes are READY again.")
+
+    def _set_state(self, request: HttpRequest, nodes, state: str) -> bool:
+        """Set the nodes' state with the action bar's reason and the admin's name; False, and
+        the rule it breaks shown, for a reason the service refuses (no node is changed)."""
+        reason = request.POST.get("reason", "")
+        try:
+            for node in nodes:
+                node_set_state(node=node, state=state, user=request.user, reason=reason)
+        except ValidationError as refused:
+            self.message_user(request, " ".join(refused.messages), level=messages.ERROR)
+            return False
+        return True
 
 
 class JobAttemptInline(admin.TabularInline):
@@ -171,23 +188,12 @@ class JobAdmin(admin.ModelAdmin):
         self.message_user(request, f"{queryset.count()} job(s) cancelled or stopping.")
 
 
-class ClusterSettingsForm(forms.ModelForm):
-    class Meta:
-        model = ClusterSettings
-        fields = ["agent_join_token", "churn_preemptions", "churn_window_seconds"]
-
-    def clean_churn_window_seconds(self) -> int:
-        window = self.cleaned_data["churn_window_seconds"]
-        if not 1 <= window <= MAX_CHURN_WINDOW_SECONDS:
-            raise ValidationError(CHURN_WINDOW_RANGE)
-        return window
-
-
 @admin.register(ClusterSettings)
 class ClusterSettingsAdmin(admin.ModelAdmin):
-    """One row: the join token node agents register with (shown here to the admin)."""
+    """One row: the join token node agents register with (shown here to the admin), and the
+    churn breaker's settings, whose bounds are the model's validators."""
 
-    form = ClusterSettingsForm
+    fields = ["agent_join_token", "churn_preemptions", "churn_window_seconds"]
     list_display = ["__str__", "agent_join_token", "churn_preemptions", "churn_window_seconds"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:

@@ -42,6 +42,13 @@ EXPECTED_RANGE = (
     f"expected_seconds: must be a whole number between 1 and {MAX_TIMEOUT_SECONDS} seconds "
     "(90 days)."
 )
+# A held-off job's pages and metrics show when its window ends, as a date: a window beyond any
+# date would fail them all. No job runs longer than its longest timeout, nor need its window.
+MAX_CHURN_WINDOW_SECONDS = MAX_TIMEOUT_SECONDS
+CHURN_WINDOW_RANGE = (
+    f"churn_window_seconds: must be a whole number between 1 and {MAX_CHURN_WINDOW_SECONDS} "
+    "seconds (90 days)."
+)
 NODE_GPUS_RANGE = f"gpus: a node has between 1 and {MAX_GPUS_PER_NODE} GPUs."
 MAX_IMAGE_CHARS = 512
 IMAGE_INVALID = (
@@ -143,7 +150,10 @@ class Node(models.Model):
         Connector, null=True, blank=True, on_delete=models.PROTECT, related_name="nodes"
     )
     state_reason = models.CharField(
-        max_length=300, blank=True, help_text="Why the node is in its state, as its cluster says."
+        max_length=300,
+        blank=True,
+        help_text="Why the node is in its state: as its cluster says, or who drained or "
+        "undrained it and why (`node_set_state`).",
     )
     outside_gpus = models.PositiveIntegerField(
         default=0,
@@ -471,10 +481,15 @@ class ClusterSettings(models.Model):
         "is not placed on borrowed GPUs until the window has passed (within its share's limit "
         "it still runs). 0 turns the breaker off.",
     )
+    # The bounds live here, so every form or service that cleans the row enforces them.
     churn_window_seconds = models.PositiveIntegerField(
         default=int(CHURN_WINDOW_SECONDS),
-        validators=[MinValueValidator(1)],
-        help_text="The churn breaker's window, in seconds.",
+        validators=[
+            MinValueValidator(1, message=CHURN_WINDOW_RANGE),
+            MaxValueValidator(MAX_CHURN_WINDOW_SECONDS, message=CHURN_WINDOW_RANGE),
+        ],
+        help_text=f"The churn breaker's window, in seconds (1 to {MAX_CHURN_WINDOW_SECONDS}, "
+        "90 days).",
     )
 
     class Meta:

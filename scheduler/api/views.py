@@ -7,7 +7,7 @@ from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import generics, status
+from rest_framework import generics, serializers, status
 from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -494,24 +494,42 @@ class NodeDetailView(APIView):
         return Response(s.NodeSerializer(_node(name), context=_node_context(request)).data)
 
 
+class NodeStateChangeSerializer(serializers.Serializer):
+    """The body of a drain or undrain, which may be empty: why (its length is the service's
+    rule, MAX_NODE_REASON)."""
+
+    reason = serializers.CharField(required=False, allow_blank=True, default="")
+
+
 class NodeStateView(APIView):
+    """Set a node's state; the node's `state_reason` records the admin's name and `reason`."""
+
     permission_classes = [IsAdmin]
     state: str = Node.State.DRAINING
 
-    @extend_schema(request=None, responses={200: s.NodeSerializer, **errors(403, 404)})
+    @extend_schema(
+        request=NodeStateChangeSerializer,
+        responses={200: s.NodeSerializer, **errors(400, 403, 404)},
+    )
     def post(self, request, name: str):
         node = _node(name)
-        node_services.node_set_state(node=node, state=self.state)
+        body = NodeStateChangeSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        node_services.node_set_state(
+            node=node, state=self.state, user=request.user, reason=body.validated_data["reason"]
+        )
         return Response(s.NodeSerializer(_node(name), context=_node_context(request)).data)
 
 
 class NodeDrainView(NodeStateView):
-    """Drain a node (admins): its jobs finish, it gets no new ones."""
+    """Drain a node (admins): its jobs finish, it gets no new ones. Its state reason says who
+    drained it and why ("drained by root: ECC errors on GPU 3")."""
 
     state = Node.State.DRAINING
 
 
 class NodeUndrainView(NodeStateView):
-    """Undrain a node (admins): it takes new jobs again."""
+    """Undrain a node (admins): it takes new jobs again. Its state reason says who undrained it
+    and why."""
 
     state = Node.State.READY

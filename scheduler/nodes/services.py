@@ -1,6 +1,6 @@
 """Writes about nodes: registration, heartbeats, the orders a node's agent polls for (one
-`node_poll_start` per long poll), and an admin's drain/undrain. What agents report about their
-attempts is `scheduler.nodes.attempts`."""
+`node_poll_start` per long poll), and an admin's drain/undrain, with who and why. What agents
+report about their attempts is `scheduler.nodes.attempts`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import DEFAULT_DB_ALIAS, connection, transaction
 from django.utils import timezone
 
@@ -306,9 +307,42 @@ def _news(orders: dict, running: set[int], stopping: set[int]) -> bool:
     return bool(to_run - running) or bool(to_stop - stopping)
 
 
-def node_set_state(*, node: Node, state: str) -> Node:
-    """Drain (finish running jobs, take no new ones), undrain, or mark a node down."""
-    Node.objects.filter(pk=node.pk).update(state=state)
+# The recorded reason is "<what> by <user>: <reason>" and fits Node.state_reason (300 characters)
+# with the longest user name (150).
+MAX_NODE_REASON = 120
+NODE_REASON_TOO_LONG = f"reason: at most {MAX_NODE_REASON} characters."
+NODE_REASON_NOT_TEXT = "reason: must be text."
+NODE_STATE_SET = {
+    Node.State.READY: "undrained",
+    Node.State.DRAINING: "drained",
+    Node.State.DOWN: "marked down",
+}
+
+
+def node_state_reason(*, state: str, user=None, reason: str = "") -> str:
+    """What `node_set_state` records: what was done, by whom, and why."""
+    if not isinstance(reason, str):
+        raise ValidationError({"reason": NODE_REASON_NOT_TEXT})
+    reason = " ".join(reason.split())
+    if len(reason) > MAX_NODE_REASON:
+        raise ValidationError({"reason": NODE_REASON_TOO_LONG})
+    text = NODE_STATE_SET[state]
+    if user is not None:
+        text += f" by {user.get_username()}"
+    return f"{text}: {reason}" if reason else text
+
+
+def node_set_state(*, node: Node, state: str, user=None, reason: str = "") -> Node:
+    """Drain (finish running jobs, take no new ones), undrain, or mark a node down, and record
+    who did it and why as the node's `state_reason` ("drained by alice: ECC errors on GPU 3"),
+    which the admin's node list, the nodes API and the overview page show. `user`: who acts
+    (None: the portal itself); `reason`: theirs, at most MAX_NODE_REASON characters, or
+    ValidationError naming `reason`, before anything is written. No job changes state here: a
+    draining node's jobs finish; a node marked down ends none of its attempts (its agent's next
+    heartbeat makes it READY again). A connector's node takes its state and reason from its
+    cluster again when the cluster reports it."""
+    node.state_reason = node_state_reason(state=state, user=user, reason=reason)
+    Node.objects.filter(pk=node.pk).update(state=state, state_reason=node.state_reason)
     node.state = state
     request_cycle()
     return node

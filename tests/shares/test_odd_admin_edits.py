@@ -9,10 +9,16 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from scheduler.admin import CHURN_WINDOW_RANGE, MAX_CHURN_WINDOW_SECONDS
 from scheduler.cycle.run import cycle_run
 from scheduler.jobs.selectors import held_off
-from scheduler.models import ClusterSettings, Job, JobAttempt, Node
+from scheduler.models import (
+    CHURN_WINDOW_RANGE,
+    MAX_CHURN_WINDOW_SECONDS,
+    ClusterSettings,
+    Job,
+    JobAttempt,
+    Node,
+)
 from shares.models import QuotaShare, Team
 from tests.conftest import make_node, place_a_borrower
 from tests.shares.test_admin import share_form
