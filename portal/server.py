@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import ipaddress
 import os
 import secrets
 import signal
@@ -32,13 +31,9 @@ from pathlib import Path
 from types import ModuleType
 from urllib.parse import urlsplit
 
+from portal.address import DEFAULT_ADDRESS
 from scheduler.version import VERSION
 
-DEFAULT_ADDRESS = "127.0.0.1:8000"
-ADDRESS_MALFORMED = (
-    "PORTAL_ADDRESS must be HOST:PORT, with a port from 1 to 65535 and an IPv6 address in "
-    "brackets (0.0.0.0:8000, [::1]:8000), not {address!r}."
-)
 SERVICE_TIMEOUT_SECONDS = 5
 REQUIRED = {
     "DATABASE_URL": "postgres://USER@HOST:5432/DB (the portal's PostgreSQL database)",
@@ -107,24 +102,6 @@ def _kept_secret_key(path: Path) -> str:
     return key
 
 
-def split_address(address: str) -> tuple[str, int]:
-    """PORTAL_ADDRESS's host and port: `0.0.0.0:8000` → ("0.0.0.0", 8000), `[::1]:8000` →
-    ("::1", 8000). ValueError (ADDRESS_MALFORMED) for anything else."""
-    host, colon, port = address.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            host = ""
-    elif ":" in host or "[" in host or "]" in host:
-        host = ""  # an IPv6 address without brackets, or HOST:PORT:MORE
-    port_ok = port.isascii() and port.isdigit() and 1 <= int(port) <= 65535
-    if not (colon and host.strip() and port_ok):
-        raise ValueError(ADDRESS_MALFORMED.format(address=address))
-    return host, int(port)
-
-
 def load_settings(env: dict[str, str], *, prog: str = "gpu-portal-server") -> ModuleType:
     """The settings as every process will read them from `env`, loaded here before anything
     starts: a setting that breaks its rule ends this process with one line that names it,
@@ -136,8 +113,6 @@ def load_settings(env: dict[str, str], *, prog: str = "gpu-portal-server") -> Mo
         return importlib.import_module(os.environ.get("DJANGO_SETTINGS_MODULE", "portal.settings"))
     except ImproperlyConfigured as error:
         sys.exit(f"{prog}: {error}")
-    except ValueError as error:  # an app's setting read without a rule of its own yet
-        sys.exit(f"{prog}: a setting is malformed ({error}); docs/deploy.md lists them")
 
 
 def _check_listening(settings: ModuleType, env: dict[str, str]) -> None:

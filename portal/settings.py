@@ -5,9 +5,6 @@ development system: SQLite and an embedded Redis under var/, so one can check ou
 and run it.
 """
 
-import logging
-import math
-import os
 import sys
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -15,7 +12,8 @@ from urllib.parse import urlsplit
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
-from portal.server import DEFAULT_ADDRESS, split_address
+from portal.address import DEFAULT_ADDRESS, split_address
+from portal.env import choice, count, flag, seconds
 
 # The portal package (its templates and static files travel with it in the wheel) and the
 # checkout or installation it lies in.
@@ -35,55 +33,10 @@ env = environ.Env()
 env.read_env(BASE_DIR / ".env") if (BASE_DIR / ".env").exists() else None
 
 # A setting that is set must be well formed: an empty or malformed value stops the portal at
-# start with its name and its rule, rather than falling back to a default in silence.
-SETTING_MALFORMED = "{name} must be {rule}, not {value!r}."
-FLAG_RULE = "true or false (also yes/no, on/off, 1/0)"
-FLAG_VALUES = {
-    **dict.fromkeys(("true", "yes", "on", "1"), True),
-    **dict.fromkeys(("false", "no", "off", "0"), False),
-}
+# start with its name and its rule, rather than falling back to a default in silence. The
+# readers (flag, count, seconds, choice) are portal/env.py's, which the apps' conf.py use too.
 
-
-def _flag(name: str, default: bool) -> bool:
-    """A yes-or-no setting; unset, `default`."""
-    if name not in os.environ:
-        return default
-    value = env.str(name)
-    if value.strip().lower() not in FLAG_VALUES:
-        raise ImproperlyConfigured(SETTING_MALFORMED.format(name=name, rule=FLAG_RULE, value=value))
-    return FLAG_VALUES[value.strip().lower()]
-
-
-def _count(name: str, default: int, *, least: int = 1) -> int:
-    """A whole number, at least `least`; unset, `default`."""
-    if name not in os.environ:
-        return default
-    value = env.str(name)
-    if not (value.strip().isascii() and value.strip().isdigit() and int(value) >= least):
-        rule = f"a whole number, {least} or more"
-        raise ImproperlyConfigured(SETTING_MALFORMED.format(name=name, rule=rule, value=value))
-    return int(value)
-
-
-def _seconds(name: str, default: float, *, zero: str = "") -> float:
-    """A duration in seconds: a finite number above 0, or also 0 where `zero` says what 0 means;
-    unset, `default`."""
-    if name not in os.environ:
-        return default
-    value = env.str(name)
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and (seconds > 0 or (zero and seconds == 0))):
-        rule = (
-            f"a number of seconds, 0 or more (0: {zero})" if zero else "a number of seconds above 0"
-        )
-        raise ImproperlyConfigured(SETTING_MALFORMED.format(name=name, rule=rule, value=value))
-    return seconds
-
-
-DEBUG = _flag("DEBUG", default=True)
+DEBUG = flag("DEBUG", default=True)
 
 SECRET_KEY_REQUIRED = (
     "SECRET_KEY must be set in the environment when DEBUG is off: "
@@ -101,15 +54,15 @@ SECRET_KEY_FALLBACKS = env.list("SECRET_KEY_FALLBACKS", default=[])
 
 # Production (DEBUG off) is served over HTTPS, usually behind a proxy that terminates TLS.
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-SECURE_SSL_REDIRECT = _flag("SECURE_SSL_REDIRECT", default=not DEBUG)
+SECURE_SSL_REDIRECT = flag("SECURE_SSL_REDIRECT", default=not DEBUG)
 # The agent and health endpoints are reached over plain HTTP inside the cluster network when
 # a proxy redirects only external traffic; exempt them by path if needed.
 SECURE_REDIRECT_EXEMPT = env.list("SECURE_REDIRECT_EXEMPT", default=[r"^health/$"])
-SECURE_HSTS_SECONDS = _count("SECURE_HSTS_SECONDS", default=0 if DEBUG else 3600, least=0)
-SECURE_HSTS_INCLUDE_SUBDOMAINS = _flag("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=not DEBUG)
-SECURE_HSTS_PRELOAD = _flag("SECURE_HSTS_PRELOAD", default=not DEBUG)
-SESSION_COOKIE_SECURE = _flag("SESSION_COOKIE_SECURE", default=not DEBUG)
-CSRF_COOKIE_SECURE = _flag("CSRF_COOKIE_SECURE", default=not DEBUG)
+SECURE_HSTS_SECONDS = count("SECURE_HSTS_SECONDS", default=0 if DEBUG else 3600, least=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = flag("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=not DEBUG)
+SECURE_HSTS_PRELOAD = flag("SECURE_HSTS_PRELOAD", default=not DEBUG)
+SESSION_COOKIE_SECURE = flag("SESSION_COOKIE_SECURE", default=not DEBUG)
+CSRF_COOKIE_SECURE = flag("CSRF_COOKIE_SECURE", default=not DEBUG)
 
 # Where the production server (uvicorn) or `make run` (runserver) listens: HOST:PORT.
 try:
@@ -201,7 +154,7 @@ def _database(url: str) -> dict:
 
 
 DATABASES = {"default": _database(env.str("DATABASE_URL", default=DEFAULT_SQLITE_URL))}
-DATABASE_POOL_SIZE = _count("DATABASE_POOL_SIZE", default=0, least=0)
+DATABASE_POOL_SIZE = count("DATABASE_POOL_SIZE", default=0, least=0)
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Tests start real web, worker and agent processes: the test database must be a file
     # they can open too, not :memory:.
@@ -222,12 +175,12 @@ elif DATABASE_POOL_SIZE:
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": 1,
         "max_size": DATABASE_POOL_SIZE,
-        "timeout": _seconds("DATABASE_POOL_TIMEOUT", default=10.0),
+        "timeout": seconds("DATABASE_POOL_TIMEOUT", default=10.0),
     }
 else:
     DATABASES["default"].setdefault("CONN_MAX_AGE", 60)
     DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
-if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and _flag(
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and flag(
     "DATABASE_PREPARED_STATEMENTS", default=True
 ):
     # The statements every submit runs (token lookup, submit target, insert) are prepared once
@@ -241,19 +194,19 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and _flag(
 # the admin and the pages (Django's WSGI application), and the database work of the agents'
 # endpoints runs on DATABASE_THREADS threads (portal.db.threads); they share the process's
 # DATABASE_POOL_SIZE connections.
-WEB_THREADS = _count("WEB_THREADS", default=DATABASE_POOL_SIZE or 8)
-DATABASE_THREADS = _count("DATABASE_THREADS", default=DATABASE_POOL_SIZE or 4)
+WEB_THREADS = count("WEB_THREADS", default=DATABASE_POOL_SIZE or 8)
+DATABASE_THREADS = count("DATABASE_THREADS", default=DATABASE_POOL_SIZE or 4)
 # The production server's processes (portal/server.py, docs/deploy.md): uvicorn's processes,
 # how long it keeps an idle connection and gives requests in flight on stop, whether it logs
 # each request, whose X-Forwarded-For it believes; the worker's processes.
-WEB_WORKERS = _count("WEB_WORKERS", default=2)
-KEEP_ALIVE_SECONDS = _seconds("KEEP_ALIVE_SECONDS", default=75.0)
-GRACEFUL_SHUTDOWN_SECONDS = _seconds(
+WEB_WORKERS = count("WEB_WORKERS", default=2)
+KEEP_ALIVE_SECONDS = seconds("KEEP_ALIVE_SECONDS", default=75.0)
+GRACEFUL_SHUTDOWN_SECONDS = seconds(
     "GRACEFUL_SHUTDOWN_SECONDS", default=10.0, zero="requests in flight are cut at once"
 )
-ACCESS_LOG = _flag("ACCESS_LOG", default=False)
+ACCESS_LOG = flag("ACCESS_LOG", default=False)
 FORWARDED_ALLOW_IPS = env.str("FORWARDED_ALLOW_IPS", default="127.0.0.1")
-WORKER_CONCURRENCY = _count("WORKER_CONCURRENCY", default=2)
+WORKER_CONCURRENCY = count("WORKER_CONCURRENCY", default=2)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -273,7 +226,7 @@ STATICFILES_DIRS = [PACKAGE_DIR / "static"]
 # Static files are the portal's own (no CDN: the machines may have no internet, so plotly.js and
 # Swagger UI come from here). By default straight from the apps and portal/static without
 # collectstatic; the production server collects them into STATIC_ROOT and serves those.
-WHITENOISE_USE_FINDERS = _flag("WHITENOISE_USE_FINDERS", default=True)
+WHITENOISE_USE_FINDERS = flag("WHITENOISE_USE_FINDERS", default=True)
 
 LOGIN_URL = "/admin/login/"
 # Where a login without a page to go back to lands (the dashboards' own, and single sign-on):
@@ -320,8 +273,8 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # job is already committed, and beat runs the cycle anyway. Short socket timeouts and one
 # publish retry bound the wait to a few seconds (request_cycle logs and carries on).
 CELERY_BROKER_TRANSPORT_OPTIONS = {
-    "socket_connect_timeout": _seconds("CELERY_BROKER_CONNECT_TIMEOUT_SECONDS", default=2.0),
-    "socket_timeout": _seconds("CELERY_BROKER_SOCKET_TIMEOUT_SECONDS", default=3.0),
+    "socket_connect_timeout": seconds("CELERY_BROKER_CONNECT_TIMEOUT_SECONDS", default=2.0),
+    "socket_timeout": seconds("CELERY_BROKER_SOCKET_TIMEOUT_SECONDS", default=3.0),
 }
 CELERY_TASK_PUBLISH_RETRY_POLICY = {
     "max_retries": 1,
@@ -338,15 +291,11 @@ CELERY_DB_REUSE_MAX = 1_000_000_000
 
 # The scheduling cycle: beat runs it every CYCLE_INTERVAL_SECONDS, and submits, finishes,
 # share and node changes trigger it at once.
-CYCLE_INTERVAL_SECONDS = _seconds("CYCLE_INTERVAL_SECONDS", default=5.0)
+CYCLE_INTERVAL_SECONDS = seconds("CYCLE_INTERVAL_SECONDS", default=5.0)
 # How borrowers share idle capacity: "fifo" (as AWS Batch) or "fair" (lowest borrowed/weight).
-BORROW_ORDER = env.str("BORROW_ORDER", default="fifo")
-if BORROW_ORDER not in ("fifo", "fair"):
-    raise ImproperlyConfigured(
-        SETTING_MALFORMED.format(name="BORROW_ORDER", rule="'fifo' or 'fair'", value=BORROW_ORDER)
-    )
+BORROW_ORDER = choice("BORROW_ORDER", default="fifo", choices=("fifo", "fair"))
 # A node whose agent has not been heard from for this long is marked DOWN.
-NODE_HEARTBEAT_TIMEOUT_SECONDS = _seconds("NODE_HEARTBEAT_TIMEOUT_SECONDS", default=30.0)
+NODE_HEARTBEAT_TIMEOUT_SECONDS = seconds("NODE_HEARTBEAT_TIMEOUT_SECONDS", default=30.0)
 # The join token agents register with, used when the cluster settings row is first created
 # (afterwards the admin shows and edits it there).
 AGENT_JOIN_TOKEN = env.str("AGENT_JOIN_TOKEN", default="")
@@ -361,21 +310,21 @@ AWS_SCHEDULING_POLICY_NAME = env.str("AWS_SCHEDULING_POLICY_NAME", default="gpu-
 # Longest an agent's long poll for orders waits; kept well below the heartbeat timeout, since
 # each poll is the node's heartbeat.
 AGENT_POLL_MAX_WAIT_SECONDS = min(
-    _seconds("AGENT_POLL_MAX_WAIT_SECONDS", default=20.0), NODE_HEARTBEAT_TIMEOUT_SECONDS / 3
+    seconds("AGENT_POLL_MAX_WAIT_SECONDS", default=20.0), NODE_HEARTBEAT_TIMEOUT_SECONDS / 3
 )
 # A full cycle runs at least this often even when nothing changed (idle cycles are skipped).
-CYCLE_FULL_EVERY_SECONDS = _seconds("CYCLE_FULL_EVERY_SECONDS", default=60.0)
+CYCLE_FULL_EVERY_SECONDS = seconds("CYCLE_FULL_EVERY_SECONDS", default=60.0)
 # Estimated starts (docs/estimates.md): refreshed at most this often after cycles, replaying
 # the queue this far ahead.
-ESTIMATES_ENABLED = _flag("ESTIMATES_ENABLED", default=True)
-ESTIMATE_EVERY_SECONDS = _seconds("ESTIMATE_EVERY_SECONDS", default=10.0)
+ESTIMATES_ENABLED = flag("ESTIMATES_ENABLED", default=True)
+ESTIMATE_EVERY_SECONDS = seconds("ESTIMATE_EVERY_SECONDS", default=10.0)
 # How often a job's page in the browser looks whether its job changed (0: it does not follow).
-JOB_PAGE_FOLLOW_SECONDS = _seconds(
+JOB_PAGE_FOLLOW_SECONDS = seconds(
     "JOB_PAGE_FOLLOW_SECONDS", default=10.0, zero="a job's page does not follow"
 )
-ESTIMATE_HORIZON_SECONDS = _seconds("ESTIMATE_HORIZON_SECONDS", default=7 * 86400.0)
+ESTIMATE_HORIZON_SECONDS = seconds("ESTIMATE_HORIZON_SECONDS", default=7 * 86400.0)
 # ... within this much of the worker's time: a longer queue is replayed less far ahead.
-ESTIMATE_BUDGET_SECONDS = _seconds("ESTIMATE_BUDGET_SECONDS", default=2.0)
+ESTIMATE_BUDGET_SECONDS = seconds("ESTIMATE_BUDGET_SECONDS", default=2.0)
 
 # Utilization history, retention and /metrics access (docs/dashboards.md).
 from dashboards.conf import *  # noqa: E402, F403
@@ -410,7 +359,7 @@ REST_FRAMEWORK = {
 
 # A job request is small: a command (≤ 64 KiB) and its environment. Bigger bodies get a 413
 # (JSON) or a 400 (forms) before anything is parsed.
-DATA_UPLOAD_MAX_MEMORY_SIZE = _count("DATA_UPLOAD_MAX_MEMORY_SIZE", default=1024 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = count("DATA_UPLOAD_MAX_MEMORY_SIZE", default=1024 * 1024)
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "GPU quota sharing portal API",
@@ -430,19 +379,10 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
 }
 
-LOG_FORMAT = env.str("LOG_FORMAT", default="plain")
-if LOG_FORMAT not in ("plain", "json"):
-    raise ImproperlyConfigured(
-        SETTING_MALFORMED.format(name="LOG_FORMAT", rule="'plain' or 'json'", value=LOG_FORMAT)
-    )
+LOG_FORMAT = choice("LOG_FORMAT", default="plain", choices=("plain", "json"))
+# The levels the README names, in any case; the message lists the same ones.
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-LOG_LEVEL = env.str("LOG_LEVEL", default="INFO").strip().upper()
-if LOG_LEVEL not in logging.getLevelNamesMapping():
-    raise ImproperlyConfigured(
-        SETTING_MALFORMED.format(
-            name="LOG_LEVEL", rule=", ".join(LOG_LEVELS) + " (any case)", value=env.str("LOG_LEVEL")
-        )
-    )
+LOG_LEVEL = choice("LOG_LEVEL", default="INFO", choices=LOG_LEVELS, any_case=True)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -2,14 +2,17 @@
 
 portal/settings.py star-imports this module, so each name here is a Django setting. The names
 that begin OIDC_OP_ / OIDC_RP_ are mozilla-django-oidc's own. Off by default: the zero-setup
-system logs in with local passwords."""
+system logs in with local passwords. Numbers and yes/no settings are read with portal/env.py's
+readers: a malformed value stops the portal at start, naming the variable and its rule."""
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from portal.env import flag, seconds
+
 _env = environ.Env()
 
-OIDC_ENABLED = _env.bool("OIDC_ENABLED", default=False)
+OIDC_ENABLED = flag("OIDC_ENABLED", default=False)
 # What the login button says: "Log in with {OIDC_PROVIDER_NAME}".
 OIDC_PROVIDER_NAME = _env.str("OIDC_PROVIDER_NAME", default="single sign-on")
 # The ID token's `iss` must be exactly this (mozilla-django-oidc checks the signature, we check
@@ -47,13 +50,17 @@ if OIDC_RP_SIGN_ALGO not in SIGN_ALGOS_SUPPORTED:
 OIDC_RP_SCOPES = _env.str("OIDC_RP_SCOPES", default="openid email profile")
 # The client authenticates to the token endpoint with HTTP Basic (client_secret_basic) rather
 # than in the form body (client_secret_post).
-OIDC_TOKEN_USE_BASIC_AUTH = _env.bool("OIDC_TOKEN_USE_BASIC_AUTH", default=False)
+OIDC_TOKEN_USE_BASIC_AUTH = flag("OIDC_TOKEN_USE_BASIC_AUTH", default=False)
 # The claim that lists a person's groups, and the one that names their portal user.
 OIDC_GROUPS_CLAIM = _env.str("OIDC_GROUPS_CLAIM", default="groups")
 OIDC_USERNAME_CLAIM = _env.str("OIDC_USERNAME_CLAIM", default="preferred_username")
 # Seconds the portal waits for the provider (its keys, its token endpoint) before it shows the
 # "provider not answering" page.
-OIDC_TIMEOUT = _env.float("OIDC_TIMEOUT", default=5.0)
+OIDC_TIMEOUT = seconds("OIDC_TIMEOUT", default=5.0)
+# A login started at /sso/login/ must come back from the provider within this many seconds: its
+# state, nonce and PKCE verifier (kept in the session) are refused after that ("this login link
+# has expired, start it again"), and dropped from the session at the next login that starts.
+OIDC_STATE_LIFETIME_SECONDS = seconds("OIDC_STATE_LIFETIME_SECONDS", default=600.0)
 # Authorization code flow with PKCE (S256), always.
 OIDC_USE_PKCE = True
 OIDC_PKCE_CODE_CHALLENGE_METHOD = "S256"

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, MutableMapping
 from functools import wraps
 from urllib.parse import urlencode
 
@@ -35,7 +36,14 @@ WRONG_PROVIDER = (
     "The login came back from {issuer!r}, not from the identity provider the portal trusts "
     "({expected!r})."
 )
-LOGIN_EXPIRED = "This login took too long or was started in another browser window: start it again."
+LOGIN_EXPIRED = (
+    "This login was already used, took too long or was started in another browser window: "
+    "start it again."
+)
+LOGIN_LINK_EXPIRED = (
+    "This login link has expired: a login must come back from the identity provider within "
+    "{lifetime} of starting it. Start it again."
+)
 # What a login puts in the session before Django's login: the ID token (logout's hint for the
 # provider's end-session endpoint) and the page to go back to.
 KEPT_ACROSS_LOGIN = ("oidc_id_token", "oidc_login_next")
@@ -65,6 +73,39 @@ def _oauth_error(response: requests.Response) -> str:
     return str(body.get("error_description") or body.get("error") or response.status_code)
 
 
+def _lifetime() -> str:
+    seconds = settings.OIDC_STATE_LIFETIME_SECONDS
+    if seconds >= 60 and seconds % 60 == 0:
+        minutes = int(seconds // 60)
+        return f"{minutes} minute{'s' if minutes != 1 else ''}"
+    return f"{seconds:g} seconds"
+
+
+def login_state_expired(entry: object, *, now: float) -> bool:
+    """Whether a login's state (an entry of mozilla-django-oidc's `oidc_states` in the session:
+    its nonce, PKCE verifier and `added_on`, the time the login started) is older than
+    OIDC_STATE_LIFETIME_SECONDS; an entry without a readable start counts as expired."""
+    try:
+        added_on = float(entry["added_on"])  # type: ignore[index]
+    except (TypeError, KeyError, ValueError):
+        return True
+    return now - added_on > settings.OIDC_STATE_LIFETIME_SECONDS
+
+
+def drop_expired_login_states(session: MutableMapping) -> None:
+    """Removes the session's login states that have expired: logins started and never finished
+    do not pile up in it (mozilla-django-oidc only caps them, at OIDC_MAX_STATES)."""
+    states = session.get("oidc_states")
+    if not isinstance(states, dict):
+        return
+    now = time.time()
+    expired = [state for state, entry in states.items() if login_state_expired(entry, now=now)]
+    for state in expired:
+        del states[state]
+    if expired:
+        session["oidc_states"] = states  # marks the session modified
+
+
 class LoginStart(OIDCAuthenticationRequestView):
     """Sends the browser to the provider (code flow with PKCE), after checking that the provider
     answers: otherwise the person would meet the browser's own error page on its host."""
@@ -75,6 +116,7 @@ class LoginStart(OIDCAuthenticationRequestView):
         return super().dispatch(request, *args, **kwargs)
 
     def get(self, request):
+        drop_expired_login_states(request.session)
         try:
             requests.get(
                 settings.OIDC_OP_JWKS_ENDPOINT, timeout=settings.OIDC_TIMEOUT
@@ -86,7 +128,9 @@ class LoginStart(OIDCAuthenticationRequestView):
 
 class LoginCallback(OIDCAuthenticationCallbackView):
     """Where the provider sends the browser back: the code is exchanged for the tokens, the ID
-    token checked, the groups applied; or a page says what went wrong."""
+    token checked, the groups applied; or a page says what went wrong. Each login's state is
+    used once (mozilla-django-oidc takes it out of the session before the exchange, so a
+    replayed callback is refused) and only within OIDC_STATE_LIFETIME_SECONDS of the start."""
 
     def dispatch(self, request, *args, **kwargs):
         if not settings.OIDC_ENABLED:
@@ -98,6 +142,18 @@ class LoginCallback(OIDCAuthenticationCallbackView):
             reason = WRONG_PROVIDER.format(issuer=issuer, expected=settings.OIDC_OP_ISSUER)
             login_record_refusal(reason=reason)
             return login_failed(request, reason, status=403)
+        states = request.session.get("oidc_states")
+        state = request.GET.get("state")
+        expired = (
+            "code" in request.GET
+            and isinstance(states, dict)
+            and state in states
+            and login_state_expired(states[state], now=time.time())
+        )
+        drop_expired_login_states(request.session)  # this one among them: it is never used
+        if expired:
+            reason = LOGIN_LINK_EXPIRED.format(lifetime=_lifetime())
+            return login_failed(request, reason, status=400)
         try:
             return super().dispatch(request, *args, **kwargs)
         except LoginRefused as refused:

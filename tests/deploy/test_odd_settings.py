@@ -164,7 +164,7 @@ def test_the_server_refuses_a_malformed_address_before_starting_anything(address
 
 def test_the_server_accepts_a_bracketed_ipv6_address(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-c", "from portal.server import split_address as s; "
+        [sys.executable, "-c", "from portal.address import split_address as s; "
          "print(*s('[::1]:8000'), *s('0.0.0.0:80'), *s('portal.example.org:8443'))"],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
@@ -236,3 +236,60 @@ def test_the_server_generates_a_private_secret_key_once(tmp_path):
     for result in (first, second):  # and it goes on to find PostgreSQL down
         assert_refused_in_one_line(result, "cannot reach PostgreSQL", "DATABASE_URL")
         assert "hunter2" not in result.stderr
+
+
+def test_log_level_accepts_exactly_the_levels_its_message_lists():
+    """The message said DEBUG, INFO, WARNING, ERROR, CRITICAL, but every name logging knows
+    (NOTSET, WARN, FATAL) was accepted too: one list now makes the rule and the message."""
+    for refused in ("notset", "WARN", "fatal"):
+        reason = settings_error(LOG_LEVEL=refused)
+        assert reason.startswith("LOG_LEVEL must be "), reason
+    listed = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+    assert all(f"'{level}'" in reason for level in listed), reason
+    for level in listed:
+        result = settings_in_subprocess(
+            "print(settings.LOGGING['root']['level'])", LOG_LEVEL=level.lower()
+        )
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == level
+
+
+def test_the_settings_do_not_import_the_server_command():
+    """PORTAL_ADDRESS is read by the settings and by `gpu-portal-server`; the settings imported
+    the server command's module (and with it subprocess, signal, uvicorn's launcher) to parse it."""
+    result = settings_in_subprocess("import sys; print('portal.server' in sys.modules)")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("HISTORY_RAW_RETENTION_DAYS", "two"),
+        ("HISTORY_SAMPLE_SECONDS", "0"),
+        ("EMAIL_PORT", "0"),
+        ("EMAIL_PORT", "99999"),
+        ("EMAIL_USE_TLS", "ture"),
+        ("NOTIFICATIONS_ENABLED", "ture"),
+        ("NOTIFICATIONS_MAX_ATTEMPTS", "eight"),
+        ("NOTIFICATIONS_RETENTION_DAYS", "-1"),
+        ("OIDC_ENABLED", "ture"),
+        ("OIDC_TIMEOUT", "5s"),
+        ("OIDC_STATE_LIFETIME_SECONDS", "0"),
+    ],
+)
+def test_an_apps_setting_that_is_malformed_is_refused_naming_the_variable(name, value):
+    """The apps' settings (dashboards, notifications, single sign-on) were read with plain
+    casts: NOTIFICATIONS_ENABLED=ture or OIDC_ENABLED=ture was silently false, EMAIL_PORT=0 or a
+    retention of -1 days was accepted, HISTORY_RAW_RETENTION_DAYS=two was a bare ValueError.
+    They follow the rule of the portal's own settings now."""
+    reason = settings_error(**{name: value})
+    assert reason.startswith(f"{name} must be "), reason
+    assert repr(value) in reason
+
+
+def test_the_server_reports_an_apps_malformed_setting_in_one_line(tmp_path):
+    result = server("setup", tmp_path, NOTIFICATIONS_ENABLED="ture")
+    line = assert_refused_in_one_line(result, "NOTIFICATIONS_ENABLED", "'ture'")
+    assert "true or false" in line
+    assert "PostgreSQL" not in result.stderr

@@ -234,3 +234,68 @@ def test_logout_ends_the_provider_session_after_switching_accounts_in_one_browse
     response = client.post("/dash/logout/")
     assert response.status_code == 302
     assert response["Location"].startswith(end_session), response["Location"]
+
+
+def start_login_states(client: Client, **started_ago: float) -> None:
+    """Logins this browser started `started_ago[state]` seconds ago and never finished, as
+    /sso/login/ leaves them in the session."""
+    session = client.session
+    session["oidc_states"] = {
+        state: {"nonce": "the-nonce", "code_verifier": "v" * 64, "added_on": time.time() - ago}
+        for state, ago in started_ago.items()
+    }
+    session.save()
+
+
+def test_a_login_that_comes_back_after_its_lifetime_is_refused_as_expired(provider, settings):
+    """A login's state and nonce were kept, and accepted, for ever: a callback that came back
+    hours after the login started still logged the person in. Past OIDC_STATE_LIFETIME_SECONDS
+    it is refused with a page that says the login link has expired, and the state is gone."""
+    from sso.views import LOGIN_LINK_EXPIRED
+
+    client = Client()
+    start_login_states(client, old=settings.OIDC_STATE_LIFETIME_SECONDS + 60)
+    provider.token = id_token({"preferred_username": "lena", "sub": "s-lena"})
+    response = client.get("/sso/callback/?code=the-code&state=old")
+    assert response.status_code == 400
+    page = response.content.decode()
+    assert escape(LOGIN_LINK_EXPIRED.format(lifetime="10 minutes")) in page
+    assert not get_user_model().objects.filter(username="lena").exists()
+    assert "old" not in client.session.get("oidc_states", {})
+
+
+def test_a_login_within_its_lifetime_still_logs_in(provider, settings):
+    client = Client()
+    start_login_states(client, st=settings.OIDC_STATE_LIFETIME_SECONDS - 60)
+    provider.token = id_token({"preferred_username": "lena", "sub": "s-lena"})
+    response = client.get("/sso/callback/?code=the-code&state=st")
+    assert response.status_code == 302
+    assert get_user_model().objects.filter(username="lena").exists()
+
+
+def test_the_states_of_logins_never_finished_are_dropped_when_another_starts(provider, settings):
+    """Each login started and abandoned (a closed tab, a provider page left open) left its
+    state, nonce and PKCE verifier in the session until mozilla-django-oidc's cap of 50: the
+    expired ones are dropped when the next login starts; the recent one of another tab stays."""
+    client = Client()
+    lifetime = settings.OIDC_STATE_LIFETIME_SECONDS
+    start_login_states(client, abandoned=lifetime + 1, other_tab=lifetime / 2)
+    response = client.get("/sso/login/")
+    assert response.status_code == 302
+    states = client.session["oidc_states"]
+    assert "abandoned" not in states
+    assert "other_tab" in states and len(states) == 2  # and the login just started
+
+
+def test_a_replayed_callback_is_refused(provider):
+    """The state is used once: the same callback again (a reloaded page, a copied URL) is
+    refused, and nothing is exchanged or recorded a second time."""
+    from sso.views import LOGIN_EXPIRED
+
+    client, first = log_in(provider, {"preferred_username": "rita", "sub": "s-rita"})
+    assert first.status_code == 302
+    assert "oidc_states" in client.session  # the login's state is out of it, not the dict
+    replay = client.get("/sso/callback/?code=the-code&state=st")
+    assert replay.status_code == 400
+    assert escape(LOGIN_EXPIRED) in replay.content.decode()
+    assert LoginRecord.objects.count() == 1
