@@ -89,6 +89,7 @@ def node_register(
     node.last_heartbeat = timezone.now()
     if node.state == Node.State.DOWN:
         node.state = Node.State.READY
+        node.state_reason = ""  # why it was down ("no heartbeat ...") is over
     node.full_clean(exclude=["token_hash"])
     node.save()
     request_cycle()

@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from scheduler.models import Node
+from scheduler.cycle.housekeeping import HEARTBEAT_LOST
+from scheduler.models import ClusterSettings, Node
 from scheduler.nodes.services import (
     MAX_NODE_REASON,
     NODE_REASON_TOO_LONG,
+    node_register,
     node_set_state,
 )
 from tests.conftest import make_node
@@ -105,3 +107,12 @@ def test_the_portal_s_own_state_change_says_what_it_did(node):
     """A change with no acting user (a script, a test) still records what it did."""
     node_set_state(node=node, state=Node.State.DRAINING)
     assert state_of("gpu-1") == ("DRAINING", "drained")
+
+
+def test_a_node_down_for_its_silent_agent_loses_that_reason_when_the_agent_registers_again(db):
+    """An agent that was silent (its node DOWN, "no heartbeat ...") and registers again makes
+    its node READY; the node must not go on saying it has no heartbeat."""
+    ClusterSettings.objects.update_or_create(pk=1, defaults={"agent_join_token": "join"})
+    make_node("gpu-1", state=Node.State.DOWN, state_reason=HEARTBEAT_LOST)
+    node_register(join_token="join", name="gpu-1", gpu_type="h100", gpus=8, gpu_details=[])
+    assert state_of("gpu-1") == ("READY", "")
