@@ -103,6 +103,9 @@ CRASH_LOOP = "CrashLoopBackOff"
 # What the kubelet writes for a container of a pod it terminated without knowing how it ended.
 STATUS_UNKNOWN = "ContainerStatusUnknown"
 TERMINAL_PHASES = frozenset(("Succeeded", "Failed"))
+# A node's conditions under which its kubelet evicts pods and refuses new ones (node-pressure
+# eviction): a pod placed there would be evicted and requeued, and placed there again.
+PRESSURE_CONDITIONS = frozenset(("MemoryPressure", "DiskPressure", "PIDPressure"))
 
 
 # --- What the pods say -------------------------------------------------------------------------
@@ -395,7 +398,8 @@ def node_view(
 ) -> KubeNode | None:
     """A Node object as the portal takes it; None for a node without GPUs. `tolerations`: the
     connector's pods' (from its pod template): a NoExecute taint none of them tolerates keeps
-    every portal pod off the node (its kubelet refuses them, and evicts those running)."""
+    every portal pod off the node (its kubelet refuses them, and evicts those running). A node
+    under memory, disk or PID pressure is DRAINING: its kubelet evicts pods and admits none."""
     status = node.get("status") or {}
     gpus = status.get("allocatable", {}).get(GPU_RESOURCE) or status.get("capacity", {}).get(
         GPU_RESOURCE
@@ -418,6 +422,14 @@ def node_view(
         state, reason = NODE_DOWN, f"Kubernetes: NotReady ({said})"
     elif (node.get("spec") or {}).get("unschedulable"):
         state, reason = NODE_DRAINING, "Kubernetes: cordoned"
+    elif pressure := [
+        c for c in status.get("conditions") or []
+        if c.get("type") in PRESSURE_CONDITIONS and c.get("status") == "True"
+    ]:  # fmt: skip
+        said = "; ".join(
+            f"{c['type']}: {c['message']}" if c.get("message") else c["type"] for c in pressure
+        )
+        state, reason = NODE_DRAINING, f"Kubernetes: {said}"
     elif untolerated:
         taints = ", ".join(
             f"{t.get('key', '')}={t.get('value', '')}:NoExecute" for t in untolerated

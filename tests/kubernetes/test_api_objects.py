@@ -18,7 +18,7 @@ from scheduler.agent.kube import (
     pod_gpus,
     quantity,
 )
-from scheduler.agent.protocol import END_LOST, END_NEVER_STARTED, NODE_READY
+from scheduler.agent.protocol import END_LOST, END_NEVER_STARTED, NODE_DRAINING, NODE_READY
 
 STARTED = "2026-12-02T06:00:00Z"
 
@@ -274,3 +274,23 @@ def test_a_sidecar_that_crashes_before_it_starts_ends_the_attempt_never_started(
     status = {"phase": "Pending", "conditions": initialized,
               "initContainerStatuses": [crashing], "containerStatuses": [creating]}  # fmt: skip
     assert read_attempt(pod_with_init(status, sidecar=True)).pending
+
+
+# 5. Node-pressure eviction: while a node reports MemoryPressure, DiskPressure or PIDPressure,
+#    its kubelet evicts pods and rejects new ones. The portal's pods are bound by nodeName, so
+#    the node.kubernetes.io/*-pressure NoSchedule taints do not keep them off.
+@pytest.mark.parametrize("condition", ["MemoryPressure", "DiskPressure", "PIDPressure"])
+def test_a_node_under_pressure_is_draining_so_its_evicted_jobs_are_not_placed_there_again(
+    condition,
+):
+    node = gpu_node()
+    node["status"]["conditions"].append(
+        {"type": condition, "status": "True", "reason": f"Kubelet Has {condition}",
+         "message": "kubelet has disk pressure"}
+    )  # fmt: skip
+    view = node_view(node, used_gpus=0, gpu_type="h100")
+    assert (view.state, view.reason) == (
+        NODE_DRAINING, f"Kubernetes: {condition}: kubelet has disk pressure"
+    )  # fmt: skip
+    node["status"]["conditions"][-1]["status"] = "False"
+    assert node_view(node, used_gpus=0, gpu_type="h100").state == NODE_READY
