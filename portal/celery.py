@@ -10,6 +10,7 @@ app = Celery("portal")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 app.autodiscover_tasks(["scheduler.cycle"])  # the cycle's task
+app.autodiscover_tasks(["portal"])  # housekeeping: portal/tasks.py
 
 
 @signals.setup_logging.connect
@@ -59,5 +60,13 @@ def schedule_history(sender: Celery, **kwargs) -> None:
 def schedule_notifications(sender: Celery, **kwargs) -> None:
     """Beat dispatches notifications (notifications/tasks.py)."""
     from notifications.tasks import add_periodic_tasks
+
+    add_periodic_tasks(sender)
+
+
+@app.on_after_finalize.connect
+def schedule_housekeeping(sender: Celery, **kwargs) -> None:
+    """Beat clears expired sessions daily (portal/tasks.py)."""
+    from portal.tasks import add_periodic_tasks
 
     add_periodic_tasks(sender)

@@ -6,7 +6,8 @@
                                 after an upgrade: migrations first, agents after)
     gpu-portal-server web       the web server only: uvicorn on `portal.asgi` (one systemd unit)
     gpu-portal-server worker    the Celery worker that runs the scheduling cycle
-    gpu-portal-server beat      Celery beat: the cycle's timer and the dashboards' sampling
+    gpu-portal-server beat      Celery beat: the cycle's timer, the dashboards' sampling, the
+                                notifications' dispatch, the daily session clean-up
     gpu-portal-server manage …  any `manage.py` command (createsuperuser, agent_join_token, …)
 
 Configuration comes from the environment (docs/deploy.md): DATABASE_URL and REDIS_URL are

@@ -3,6 +3,8 @@ provider (mozilla-django-oidc's backend, with the checks and the mapping of this
 
 from __future__ import annotations
 
+import json
+
 import jwt
 from django.conf import settings
 from django.contrib.auth.backends import ModelBackend
@@ -33,8 +35,20 @@ CLAIM_MISSING = (
 )
 SUBJECT_MISMATCH = "The provider's userinfo describes another subject than its ID token."
 GROUPS_NOT_A_LIST = (
-    "The identity provider's {claim!r} claim is {value!r:.80}, neither a list of groups nor "
-    "one group: see OIDC_GROUPS_CLAIM in docs/sso.md."
+    "The identity provider's {claim!r} claim is {value:.80}, neither a list of group names nor "
+    "one group name: see OIDC_GROUPS_CLAIM in docs/sso.md."
+)
+GROUP_NOT_A_NAME = (
+    "The identity provider's {claim!r} claim holds {item:.80}, which is not a group name (a "
+    "string): see OIDC_GROUPS_CLAIM in docs/sso.md."
+)
+GROUPS_ELSEWHERE = (
+    "The identity provider sent no {claim!r} claim, only a pointer to fetch it from elsewhere: "
+    "Microsoft Entra ID does this for a person in more than 200 groups (group overage). The "
+    "portal does not take that as no groups, which would end their teams and admin rights, so "
+    "the login is refused. Ask the portal's admin: the provider must send only the groups "
+    "assigned to the application (or app roles, with OIDC_GROUPS_CLAIM=roles), or "
+    "OIDC_GROUPS_CLAIM must name a claim the provider sends: see docs/sso.md."
 )
 # A few seconds of clock difference between the provider and the portal are no error.
 CLOCK_LEEWAY_SECONDS = 30
@@ -159,18 +173,37 @@ class ProviderBackend(OIDCAuthenticationBackend):
 
 
 def groups_of(claims) -> list[str]:
-    """The values of the groups claim, as strings: a list, or one string; none when the claim
-    is absent (or null, or empty). Anything else (a number, true) refuses the login."""
-    groups = claims.get(settings.OIDC_GROUPS_CLAIM)
-    if groups is None or groups == "":
+    """The values of the groups claim: a list of strings, or one string (one group); none when
+    the claim is absent or an empty list. The login is refused, rather than taken as having no
+    groups (which would end every mapped membership and admin rights), when the provider says
+    the groups are to be fetched elsewhere (group overage), or when the claim is anything else:
+    null, an empty string, a number, a list holding something other than strings."""
+    claim = settings.OIDC_GROUPS_CLAIM
+    if claim not in claims:
+        if groups_sent_elsewhere(claims, claim):
+            raise LoginRefused(GROUPS_ELSEWHERE.format(claim=claim), claims=claims)
         return []
-    if isinstance(groups, str):
+    groups = claims[claim]
+    if isinstance(groups, str) and groups:
         return [groups]
-    if isinstance(groups, list):
-        return [str(group) for group in groups]
-    raise LoginRefused(
-        GROUPS_NOT_A_LIST.format(claim=settings.OIDC_GROUPS_CLAIM, value=groups), claims=claims
-    )
+    if not isinstance(groups, list):
+        value = json.dumps(groups, default=str)
+        raise LoginRefused(GROUPS_NOT_A_LIST.format(claim=claim, value=value), claims=claims)
+    for group in groups:
+        if not isinstance(group, str):
+            item = json.dumps(group, default=str)
+            raise LoginRefused(GROUP_NOT_A_NAME.format(claim=claim, item=item), claims=claims)
+    return groups
+
+
+def groups_sent_elsewhere(claims, claim: str) -> bool:
+    """Whether the claims point elsewhere for `claim` instead of carrying it: a distributed or
+    aggregated claim (OpenID Connect Core 1.0 §5.6.2: `_claim_names` names it, as Entra ID's
+    group overage does), or Entra ID's `hasgroups: true` in place of `groups`."""
+    names = claims.get("_claim_names")
+    if isinstance(names, dict) and claim in names:
+        return True
+    return claim == "groups" and claims.get("hasgroups") is True
 
 
 def groups_to_record(claims) -> list[str]:

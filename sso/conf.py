@@ -51,7 +51,9 @@ OIDC_RP_SCOPES = _env.str("OIDC_RP_SCOPES", default="openid email profile")
 # The client authenticates to the token endpoint with HTTP Basic (client_secret_basic) rather
 # than in the form body (client_secret_post).
 OIDC_TOKEN_USE_BASIC_AUTH = flag("OIDC_TOKEN_USE_BASIC_AUTH", default=False)
-# The claim that lists a person's groups, and the one that names their portal user.
+# The claim that lists a person's groups (a list of strings, or one string; a claim of another
+# shape, or one the provider left out to be fetched elsewhere, refuses the login: groups_of in
+# sso/backends.py), and the one that names their portal user.
 OIDC_GROUPS_CLAIM = _env.str("OIDC_GROUPS_CLAIM", default="groups")
 OIDC_USERNAME_CLAIM = _env.str("OIDC_USERNAME_CLAIM", default="preferred_username")
 # Seconds the portal waits for the provider (its keys, its token endpoint) before it shows the

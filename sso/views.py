@@ -157,10 +157,20 @@ class LoginCallback(OIDCAuthenticationCallbackView):
         try:
             return super().dispatch(request, *args, **kwargs)
         except LoginRefused as refused:
+            username = str(refused.claims.get(settings.OIDC_USERNAME_CLAIM) or "")
+            subject = str(refused.claims.get("sub") or "")
+            # A provider misconfigured (a groups claim missing or malformed) refuses everyone
+            # it touches: the operator sees it in the log, not only in the Login records.
+            logger.warning(
+                "login through the provider refused (username %r, subject %r): %s",
+                username,
+                subject,
+                refused.reason,
+            )
             login_record_refusal(
                 reason=refused.reason,
-                username=str(refused.claims.get(settings.OIDC_USERNAME_CLAIM) or ""),
-                subject=str(refused.claims.get("sub") or ""),
+                username=username,
+                subject=subject,
                 groups=groups_to_record(refused.claims),
             )
             return login_failed(request, refused.reason, status=403)

@@ -299,3 +299,126 @@ def test_a_replayed_callback_is_refused(provider):
     assert replay.status_code == 400
     assert escape(LOGIN_EXPIRED) in replay.content.decode()
     assert LoginRecord.objects.count() == 1
+
+
+@pytest.fixture
+def carol_from_the_provider(carol, vision_team):
+    """carol, lead of vision and an admin, both through her groups (vision-leads,
+    portal-admins), has logged in through the provider before (subject s-carol)."""
+    GroupMapping.objects.create(group="vision-leads", team=vision_team, role="LEAD")
+    GroupMapping.objects.create(group="portal-admins", role="ADMIN")
+    carol.is_staff = carol.is_superuser = True
+    carol.save()
+    ProviderIdentity.objects.create(user=carol, issuer=ISSUER, subject="s-carol")
+    return carol
+
+
+def assert_refused_and_untouched(client, response, carol, reason: str) -> None:
+    """The login ends on the login page with `reason`, recorded; carol is not logged in and
+    keeps her team and her admin rights."""
+    from shares.selectors import is_admin
+
+    assert response.status_code == 403, response.status_code
+    assert escape(reason) in response.content.decode()
+    assert "_auth_user_id" not in client.session
+    carol.refresh_from_db()
+    assert is_admin(carol)
+    assert list(carol.memberships.values_list("team__slug", "role")) == [("vision", "LEAD")]
+    record = LoginRecord.objects.get()
+    assert (record.outcome, record.reason) == (LoginRecord.Outcome.REFUSED, reason)
+    assert record.username == "carol" and record.subject == "s-carol"
+
+
+@pytest.mark.parametrize(
+    "overage",
+    [
+        {
+            "_claim_names": {"groups": "src1"},
+            "_claim_sources": {
+                "src1": {"endpoint": "https://graph.windows.net/TENANT/users/OID/getMemberObjects"}
+            },
+        },
+        {"hasgroups": True},
+    ],
+    ids=["claim_names", "hasgroups"],
+)
+def test_a_group_overage_refuses_the_login_and_keeps_teams_and_admin_rights(
+    provider, carol_from_the_provider, overage, caplog
+):
+    """Microsoft Entra ID sends, for a person in more than 200 groups, no `groups` claim but a
+    pointer to fetch them (`_claim_names`/`_claim_sources`; `hasgroups` in the implicit flow).
+    The portal read that as no groups: carol's login ended her lead role and her admin rights.
+    The login is refused, naming the cause and the fix, and logged; nothing of hers changes."""
+    from sso.backends import GROUPS_ELSEWHERE
+
+    client, response = log_in(
+        provider, {"preferred_username": "carol", "sub": "s-carol", **overage}
+    )
+    reason = GROUPS_ELSEWHERE.format(claim="groups")
+    assert_refused_and_untouched(client, response, carol_from_the_provider, reason)
+    assert any(reason in record.getMessage() for record in caplog.records)
+
+
+def test_an_overage_of_a_claim_the_portal_does_not_read_changes_nothing(
+    provider, carol_from_the_provider, settings
+):
+    """With OIDC_GROUPS_CLAIM=roles (Entra's app roles), a `groups` overage is no concern:
+    carol logs in with her roles."""
+    settings.OIDC_GROUPS_CLAIM = "roles"
+    _, response = log_in(
+        provider,
+        {
+            "preferred_username": "carol",
+            "sub": "s-carol",
+            "roles": ["vision-leads", "portal-admins"],
+            "_claim_names": {"groups": "src1"},
+            "_claim_sources": {"src1": {"endpoint": "https://graph.example/groups"}},
+        },
+    )
+    assert response.status_code == 302
+    record = LoginRecord.objects.get()
+    assert record.outcome == LoginRecord.Outcome.LOGGED_IN and record.changes == []
+
+
+@pytest.mark.parametrize(
+    ("groups", "message", "shown"),
+    [
+        (None, "GROUPS_NOT_A_LIST", "null"),
+        ("", "GROUPS_NOT_A_LIST", '""'),
+        (
+            [{"id": "g-1", "displayName": "vision-leads"}],
+            "GROUP_NOT_A_NAME",
+            '{"id": "g-1", "displayName": "vision-leads"}',
+        ),
+        (["vision-leads", None], "GROUP_NOT_A_NAME", "null"),
+        (["portal-admins", 7], "GROUP_NOT_A_NAME", "7"),
+    ],
+    ids=["null", "empty-string", "list-of-objects", "list-with-null", "list-with-number"],
+)
+def test_a_groups_claim_that_is_not_group_names_is_refused_and_strips_nothing(
+    provider, carol_from_the_provider, groups, message, shown
+):
+    """A groups claim that is present but not a list of group names (null, an empty string, a
+    list of group objects as a mapper misconfigured sends them) was read as no groups, or as
+    groups named '{'id': ...}' that no mapping names: either way carol lost her team and her
+    admin rights. The login is refused with a message naming the claim and what it held."""
+    from sso import backends
+
+    client, response = log_in(
+        provider, {"preferred_username": "carol", "sub": "s-carol", "groups": groups}
+    )
+    template = getattr(backends, message)
+    reason = template.format(claim="groups", value=shown, item=shown)
+    assert_refused_and_untouched(client, response, carol_from_the_provider, reason)
+    assert shown in reason
+
+
+def test_a_groups_claim_of_one_string_is_one_group(provider, carol_from_the_provider):
+    """docs/sso.md: the claim may be one string (Google's `hd`, ADFS for a person in one
+    group): that is one group, not a refusal."""
+    _, response = log_in(
+        provider, {"preferred_username": "carol", "sub": "s-carol", "groups": "vision-leads"}
+    )
+    assert response.status_code == 302
+    record = LoginRecord.objects.get()
+    assert record.groups == ["vision-leads"] and record.changes == ["no longer an admin"]
