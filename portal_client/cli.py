@@ -4,6 +4,10 @@ Commands: submit, estimate, ls, show, cancel, logs, queue, shares, wait.
 
 export PORTAL_URL=http://127.0.0.1:8000 PORTAL_TOKEN=...
 gpu-portal submit --share research --gpus 8 --gpu-type h100 -- python train.py
+
+--url and --token win over PORTAL_URL and PORTAL_TOKEN; requests' own environment applies too
+(HTTPS_PROXY, HTTP_PROXY, NO_PROXY; REQUESTS_CA_BUNDLE for a portal whose certificate comes
+from your own CA).
 """
 
 from __future__ import annotations
@@ -15,9 +19,20 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from portal_client.client import FINAL_STATES, Client, JobEnded, PortalError, PortalUnreachable
+from portal_client.client import (
+    FINAL_STATES,
+    JOB_STATES,
+    OUTAGE_PATIENCE_SECONDS,
+    Client,
+    JobEnded,
+    PortalError,
+    PortalUnreachable,
+    api_token,
+    portal_url,
+)
 from scheduler.version import VERSION
 
+OUTAGE_SAID = f"{OUTAGE_PATIENCE_SECONDS / 60:g} min"
 NO_URL = "no portal URL: pass --url or set PORTAL_URL (like http://127.0.0.1:8000)."
 NO_TOKEN = "no API token: pass --token or set PORTAL_TOKEN (manage.py drf_create_token USER)."
 NO_COMMAND = "no command: put it after --, like: submit ... -- python train.py"
@@ -25,12 +40,20 @@ BAD_ENV = "--env takes NAME=VALUE, not {value!r}."
 EXIT_STATUS = (
     "exit status: 0 done; 1 the job did not succeed (submit --wait or --follow, logs --follow: "
     "it failed or was cancelled), or ended in another state than the one waited for (wait "
-    "--state); 2 the portal refused "
-    "the request (the error says why); "
-    "3 wait timed out; 4 the portal could not be reached; 141 what read the output went away "
-    "(| head)."
+    "--state); 2 the request was refused, by the portal (no such job or share, not allowed, "
+    "a bad value: the error says why) or by gpu-portal itself (a bad argument, no URL or "
+    "token); 3 wait timed out; 4 the portal could not be reached (wait and --follow first "
+    f"try again for {OUTAGE_SAID}); 130 interrupted (Ctrl-C; a job submitted goes on); "
+    "141 what read the output went away (| head)."
 )
 UNREACHABLE_HINT = "check --url or PORTAL_URL"
+TOKEN_HINT = "check --token or PORTAL_TOKEN"
+LS_MORE = "there are more jobs than the {limit} shown: --limit N shows more."
+INTERRUPTED = "interrupted."
+INTERRUPTED_WAIT = "interrupted: job {job} goes on (gpu-portal cancel {job} stops it)."
+LOG_UNREACHABLE = (
+    "[the portal does not answer ({error}); trying again for up to " + OUTAGE_SAID + "]"
+)
 NO_LOG = "job {job} has no log: it has not started yet, or its command wrote nothing."
 FOLLOW_EVERY = 5.0  # seconds between two looks at a log followed
 LOG_SKIPPED = "[... more than the portal keeps of a log was written since the last look ...]"
@@ -43,7 +66,11 @@ def parser() -> argparse.ArgumentParser:
         prog="gpu-portal", description=__doc__.split("\n")[0], epilog=EXIT_STATUS
     )
     main.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
-    main.add_argument("--url", default=os.environ.get("PORTAL_URL"), help="default: $PORTAL_URL")
+    main.add_argument(
+        "--url", default=os.environ.get("PORTAL_URL"),
+        help="the portal's address, like https://portal.example.org or https://host/gpu "
+        "(default: $PORTAL_URL)",
+    )  # fmt: skip
     main.add_argument(
         "--token", default=os.environ.get("PORTAL_TOKEN"), help="default: $PORTAL_TOKEN"
     )
@@ -71,10 +98,14 @@ def parser() -> argparse.ArgumentParser:
     ls = commands.add_parser("ls", help="list jobs, newest first")
 
     ls.add_argument("--share")
-    ls.add_argument("--state", action="append", help="repeatable")
+    ls.add_argument("--state", action="append", type=str.upper, choices=JOB_STATES,
+                    metavar="STATE", help="repeatable")  # fmt: skip
     ls.add_argument("--user", dest="submitted_by")
     ls.add_argument("--since", help="ISO time, like 2026-01-31T12:00Z")
-    ls.add_argument("--limit", type=int, default=50)
+    ls.add_argument(
+        "--limit", type=positive(int), default=50,
+        help="at most this many jobs, newest first (50); stderr says when there are more",
+    )  # fmt: skip
 
     for name, text in (("show", "describe a job"), ("cancel", "cancel a job"),
                        ("logs", "print the end of a job's log")):  # fmt: skip
@@ -88,13 +119,16 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     logs.add_argument(
         "--every",
-        type=float,
+        type=positive(float),
         default=FOLLOW_EVERY,
         help=f"seconds between looks ({FOLLOW_EVERY:g})",
     )
     wait = commands.add_parser("wait", help="wait until a job reaches a state")
     wait.add_argument("job_id", type=int)
-    wait.add_argument("--state", action="append", help=f"default: {', '.join(FINAL_STATES)}")
+    wait.add_argument(
+        "--state", action="append", type=str.upper, choices=JOB_STATES, metavar="STATE",
+        help=f"repeatable; one of {', '.join(JOB_STATES)} (default: {', '.join(FINAL_STATES)})",
+    )  # fmt: skip
     wait.add_argument(
         "--timeout", type=float, default=3600,
         help="give up after this many seconds, with exit status 3 (3600)",
@@ -108,6 +142,26 @@ def parser() -> argparse.ArgumentParser:
             "--json", action="store_true", default=argparse.SUPPRESS, help="print the API's JSON"
         )
     return main
+
+
+def positive(number: type[int] | type[float]):
+    """An argparse type: a number above 0, else the option's error names the rule."""
+    word = "whole number" if number is int else "number"
+
+    def read(text: str) -> int | float:
+        try:
+            value = number(text)
+        except ValueError:
+            value = 0
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be a {word} above 0, not {text!r}")
+        return value
+
+    return read
+
+
+class Refused(Exception):
+    """gpu-portal itself refuses the request: a bad argument or setting (exit status 2)."""
 
 
 def job_arguments(command: argparse.ArgumentParser) -> None:
@@ -155,6 +209,8 @@ def follow_logs(client: Client, job_id: int, every: float, out) -> int:
             print(LOG_SKIPPED, file=sys.stderr, flush=True)
         elif kind == "attempt":
             print(LOG_ATTEMPT.format(number=value), file=sys.stderr, flush=True)
+        elif kind == "unreachable":
+            print(LOG_UNREACHABLE.format(error=value), file=sys.stderr, flush=True)
         else:
             print(LOG_ENDED.format(job=job_id, state=value["state"], reason=value["reason"]),
                   file=sys.stderr)  # fmt: skip
@@ -167,12 +223,12 @@ def job_request(args: argparse.Namespace, *, command_required: bool = True) -> d
     estimate's command may be left out: it changes no estimate)."""
     command = args.job_command[1:] if args.job_command[:1] == ["--"] else args.job_command
     if not command and command_required:
-        raise SystemExit(NO_COMMAND)
+        raise Refused(NO_COMMAND)
     env = {}
     for item in args.env:
         name, sep, value = item.partition("=")
         if not sep:
-            raise SystemExit(BAD_ENV.format(value=item))
+            raise Refused(BAD_ENV.format(value=item))
         env[name] = value
     return {
         "share": args.share,
@@ -321,12 +377,24 @@ def usage_lines(name: str, usage: dict) -> list[str]:
     ]
 
 
-def run(args: argparse.Namespace, out=sys.stdout) -> int:
+def connect(args: argparse.Namespace) -> Client:
+    """The client of --url and --token (or PORTAL_URL and PORTAL_TOKEN); Refused, naming the
+    setting, for one missing or that cannot be one."""
     if not args.url:
-        raise SystemExit(NO_URL)
+        raise Refused(NO_URL)
     if not args.token:
-        raise SystemExit(NO_TOKEN)
-    client = Client(args.url, args.token)
+        raise Refused(NO_TOKEN)
+    for check, value, where in ((portal_url, args.url, UNREACHABLE_HINT),
+                                (api_token, args.token, TOKEN_HINT)):  # fmt: skip
+        try:
+            check(value)
+        except ValueError as error:
+            raise Refused(f"{error}; {where}") from None
+    return Client(args.url, args.token)
+
+
+def run(args: argparse.Namespace, out=sys.stdout) -> int:
+    client = connect(args)
     emit = (lambda data: print(json.dumps(data, indent=2), file=out)) if args.json else None
 
     if args.command == "estimate":
@@ -343,13 +411,18 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
         return 0
     if args.command == "submit":
         job = client.submit(**job_request(args))
-        if args.follow and not emit:
-            print(submitted_line(job), file=sys.stderr)
-            return follow_logs(client, job["id"], FOLLOW_EVERY, out)
         waited = args.wait or args.follow
         if waited:
-            # Until it ends: a job may wait for GPUs for hours, then run for days.
-            job = client.wait(job["id"], timeout=None)
+            # Said at once: which job this is, should the wait be interrupted.
+            print(submitted_line(job), file=sys.stderr, flush=True)
+            try:
+                if args.follow and not emit:
+                    return follow_logs(client, job["id"], FOLLOW_EVERY, out)
+                # Until it ends: a job may wait for GPUs for hours, then run for days.
+                job = client.wait(job["id"], timeout=None)
+            except KeyboardInterrupt:
+                print(INTERRUPTED_WAIT.format(job=job["id"]), file=sys.stderr)
+                return 130
         if emit:
             emit(job)
         else:
@@ -363,8 +436,11 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
             state=args.state,
             submitted_by=args.submitted_by,
             since=args.since,
-            limit=args.limit,
+            limit=args.limit + 1,  # one more: whether there are more than shown
         )
+        if len(jobs) > args.limit:  # said on stderr: what a script reads stays the list
+            jobs = jobs[: args.limit]
+            print(LS_MORE.format(limit=args.limit), file=sys.stderr)
         if emit:
             emit(jobs)
         else:
@@ -390,6 +466,10 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
             print_job(job, out)
         return 0
     if args.command == "logs":
+        if emit:  # the job's JSON, its log in `log_tail`; with --follow, once it has ended
+            job = client.wait(args.job_id, timeout=None) if args.follow else client.job(args.job_id)
+            emit(job)
+            return 0 if not args.follow or job["state"] == "SUCCEEDED" else 1
         if args.follow:
             return follow_logs(client, args.job_id, args.every, out)
         log = client.logs(args.job_id)
@@ -430,8 +510,19 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
 
 # The exit status of each failure (EXIT_STATUS); each is one line on stderr.
 FAILURES: dict[type[Exception], int] = {
-    JobEnded: 1, PortalError: 2, TimeoutError: 3, PortalUnreachable: 4,
+    JobEnded: 1, PortalError: 2, Refused: 2, TimeoutError: 3, PortalUnreachable: 4,
 }  # fmt: skip
+
+
+def hint(error: Exception) -> str:
+    """What to check, after the error: the URL or the token the CLI was given."""
+    if isinstance(error, PortalUnreachable) and error.check_url:
+        return f"; {UNREACHABLE_HINT}"
+    if isinstance(error, PortalError) and not error.from_the_api:
+        return f"; {UNREACHABLE_HINT}"
+    if isinstance(error, PortalError) and error.status == 401:
+        return f"; {TOKEN_HINT}"
+    return ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -445,7 +536,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # own tools do, and keep Python from failing again as it flushes stdout at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except KeyboardInterrupt:
+        print(INTERRUPTED, file=sys.stderr)
+        return 130
     except tuple(FAILURES) as error:
-        hint = f"; {UNREACHABLE_HINT}" if isinstance(error, PortalUnreachable) else ""
-        print(f"error: {error}{hint}", file=sys.stderr)
+        print(f"error: {error}{hint(error)}", file=sys.stderr)
         return next(status for kind, status in FAILURES.items() if isinstance(error, kind))
