@@ -12,6 +12,7 @@ from django.db import models
 from django.db.models import F, Q
 
 from scheduler.engine.snapshot import ShareView
+from scheduler.limits import GPU_TYPE_PATTERN
 
 MAX_GPU_TYPES_PER_SHARE = 5
 MAX_GRACE_SECONDS = 86400
@@ -199,7 +200,7 @@ class QuotaShare(models.Model):
 
 
 def validate_gpu_type(value: str) -> None:
-    if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,31}", value or ""):
+    if not re.fullmatch(GPU_TYPE_PATTERN, value or ""):
         raise ValidationError(GPU_TYPE_FORMAT.format(value=value))
 
 

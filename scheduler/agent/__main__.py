@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import os
 import signal
 import socket
@@ -14,7 +15,7 @@ import sys
 from pathlib import Path
 
 from scheduler.agent.core import KEEP_LOGS_DAYS, Agent
-from scheduler.agent.gpus import DiscoveryError, fake_gpus, nvml_gpus
+from scheduler.agent.gpus import GPU_TYPE, GPU_TYPE_RULE, DiscoveryError, fake_gpus, nvml_gpus
 from scheduler.agent.transport import checked_portal_url
 from scheduler.version import VERSION
 
@@ -43,11 +44,18 @@ def _portal_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--poll-wait",
-        type=float,
-        default=float(env("AGENT_POLL_WAIT", "10")),
+        type=_seconds,
+        # argparse passes a string default through `type` too: a bad environment variable is
+        # refused like the flag's value, naming the flag.
+        default=env("AGENT_POLL_WAIT", "10"),
         help="seconds a long poll may wait for orders (AGENT_POLL_WAIT)",
     )
-    parser.add_argument("--log-level", default=env("AGENT_LOG_LEVEL", "INFO"))
+    parser.add_argument(
+        "--log-level",
+        type=_log_level,
+        default=env("AGENT_LOG_LEVEL", "INFO"),
+        help=f"{', '.join(LOG_LEVELS)}, in any case (AGENT_LOG_LEVEL)",
+    )
     parser.add_argument(
         "--keep-logs-days",
         type=_days,
@@ -62,6 +70,50 @@ def _portal_url(value: str) -> str:
         return checked_portal_url(value)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _seconds(value: str) -> float:
+    """A number of seconds > 0: a poll that waits for nothing would be sent again at once."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise argparse.ArgumentTypeError(f"not a number of seconds > 0: {value!r}")
+    return seconds
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _log_level(value: str) -> str:
+    """A level of Python's logging, in any case (`debug`: DEBUG)."""
+    if value.upper() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"not a log level: {value!r}; use one of {', '.join(LOG_LEVELS)}"
+        )
+    return value.upper()
+
+
+def _gpu_count(value: str) -> int:
+    """--fake-gpus: 1 or more (leaving it out is how to ask NVML)."""
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(
+            f"not a number of GPUs ≥ 1: {value!r} (to ask NVML, leave out --fake-gpus and "
+            "AGENT_FAKE_GPUS)"
+        )
+    return count
+
+
+def _gpu_type(value: str) -> str:
+    """A GPU type as the portal's shares name them (a node of another would get no job)."""
+    if not GPU_TYPE.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"not a GPU type: {value!r}; use {GPU_TYPE_RULE}")
+    return value
 
 
 def _days(value: str) -> float:
@@ -87,14 +139,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--fake-gpus",
-        type=int,
-        default=int(env("AGENT_FAKE_GPUS", "0")),
-        help="pretend to have N GPUs instead of asking NVML (AGENT_FAKE_GPUS)",
+        type=_gpu_count,
+        # AGENT_FAKE_GPUS=0 or empty, as unset: NVML.
+        default=None if env("AGENT_FAKE_GPUS", "").strip() in ("", "0") else env("AGENT_FAKE_GPUS"),
+        help="pretend to have N ≥ 1 GPUs instead of asking NVML (AGENT_FAKE_GPUS; 0: NVML)",
     )
     parser.add_argument(
         "--gpu-type",
-        default=env("AGENT_GPU_TYPE", ""),
-        help="GPU type of the fake GPUs, or to override NVML's (AGENT_GPU_TYPE)",
+        type=_gpu_type,
+        default=env("AGENT_GPU_TYPE") or None,
+        help=f"GPU type of the fake GPUs, or to override NVML's: {GPU_TYPE_RULE} (AGENT_GPU_TYPE)",
     )
     parser.add_argument(
         "--work-dir",
@@ -146,7 +200,7 @@ def parse_slurm(argv: list[str]) -> argparse.Namespace:
         help="an extra sbatch option for every job, e.g. --sbatch-arg=--account=gpu-portal",
     )  # fmt: skip
     parser.add_argument(
-        "--pending-timeout", type=float, default=float(env("CONNECTOR_PENDING_TIMEOUT", "60")),
+        "--pending-timeout", type=_seconds, default=env("CONNECTOR_PENDING_TIMEOUT", "60"),
         help="seconds a job may stay pending in Slurm before it is withdrawn and requeued",
     )  # fmt: skip
     return parser.parse_args(argv)
@@ -221,7 +275,7 @@ def parse_kubernetes(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--job-prefix", default="portal",
                         help="pod names start with it (default: portal)")  # fmt: skip
     parser.add_argument(
-        "--pending-timeout", type=float, default=float(env("CONNECTOR_PENDING_TIMEOUT", "60")),
+        "--pending-timeout", type=_seconds, default=env("CONNECTOR_PENDING_TIMEOUT", "60"),
         help="seconds a pod may stay pending before its attempt is withdrawn and requeued",
     )  # fmt: skip
     return parser.parse_args(argv)

@@ -76,6 +76,17 @@ SPAWN_THREADS = 4  # processes started at once (`Agent.start_all`)
 # (`start/`), which refuses the start of an attempt whose stop was ordered meanwhile, so such a
 # victim's process never begins.
 GRANT_FRESH_SECONDS = 0.25
+# Why an attempt never started where its CHECKPOINT_DIR exists but its job could not write
+# there: it would lose its work at its first save, hours later maybe.
+CHECKPOINT_DIR_UNWRITABLE = (
+    "checkpoint directory {path} on node {node} cannot be written by the job (its permissions, "
+    "or a read-only file system)"
+)
+# Why an attempt never started whose command is a script with a #! line exec cannot follow.
+INTERPRETER_MISSING = (
+    "could not start: {program} names on its #! line the interpreter {interpreter!r}, which is "
+    "not an executable file on node {node}"
+)
 
 
 def _die_with_parent() -> None:
@@ -105,15 +116,38 @@ def _pdeathsig_launcher() -> list[str] | None:
     return [path, *PDEATHSIG_LAUNCHER[1:]] if ok else None
 
 
-def _executable(program: str, *, path: str, cwd: Path) -> bool:
-    """Whether exec would find `program` (a name looked up in `path`, or a path from `cwd`)."""
+def _executable_file(candidate: Path) -> bool:
+    try:
+        return candidate.is_file() and os.access(candidate, os.X_OK)
+    except OSError:  # a name too long, a directory it may not search: exec fails too
+        return False
+
+
+def _executable(program: str, *, path: str, cwd: Path) -> Path | None:
+    """The file exec would find for `program` (a name looked up in `path`, or a path from
+    `cwd`), if it is an executable file."""
     if os.sep in program:
-        candidate = cwd / program
-        try:
-            return candidate.is_file() and os.access(candidate, os.X_OK)
-        except OSError:  # a name too long, a directory it may not search: exec fails too
-            return False
-    return shutil.which(program, path=path) is not None
+        return cwd / program if _executable_file(cwd / program) else None
+    found = shutil.which(program, path=path)
+    return None if found is None else Path(found)
+
+
+def _missing_interpreter(script: Path, *, cwd: Path) -> str | None:
+    """The interpreter the #! line of `script` names, if it is not an executable file: exec
+    then fails as if the script itself were missing (a `#!/usr/bin/python` where only python3
+    is, a line that ends in a carriage return)."""
+    try:
+        with open(script, "rb") as opened:
+            head = opened.read(256)  # as much as the kernel reads of it
+    except OSError:
+        return None
+    line, newline, _ = head.partition(b"\n")
+    if not head.startswith(b"#!") or not newline:
+        return None  # no #! line, or one too long to judge here
+    interpreter = os.fsdecode(line[2:].lstrip(b" \t").split(b" ", 1)[0].split(b"\t", 1)[0])
+    if not interpreter or _executable_file(cwd / interpreter):
+        return None
+    return interpreter
 
 
 SHELL_SYNTAX = set("|&;<>()$`\\\"'*?[]#~=%{}\n")
@@ -133,6 +167,115 @@ def _group_alive(pgid: int) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return True
+
+
+# Every process of an attempt has this variable in its environment, and passes it on to what
+# it starts: the agent finds by it the processes that left the attempt's process group (setsid,
+# a daemon the job starts), to stop and kill them with the group, and a restarted agent finds
+# what its previous run left. Its value is `attempt@work directory`: unique on the machine, and
+# the same for a restarted agent. A process that takes it out of its environment, and what that
+# process starts, is not found.
+PROCESS_TAG = "GPU_AGENT_TAG"
+KILL_ROUNDS = 5  # a process may start another between a look and its SIGKILL: look again
+# A look through /proc costs about a millisecond per hundred processes: what outlives a job that
+# exited by itself is looked for at most this often, for all the jobs that exited meanwhile (a
+# node running many short jobs would otherwise look at every exit). A stop's SIGKILL at the end
+# of its grace period looks at once.
+SWEEP_EVERY_SECONDS = 1.0
+
+
+def tagged_processes() -> dict[int, str]:
+    """The processes (pid → tag) with PROCESS_TAG in their environment, as far as this user may
+    read it (/proc, Linux; elsewhere none). A zombie has no environment left: only processes
+    that still run are found."""
+    prefix = f"{PROCESS_TAG}=".encode()
+    found = {}
+    try:
+        entries = list(os.scandir("/proc"))
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as environ:
+                variables = environ.read()
+        except OSError:  # another user's, or gone meanwhile
+            continue
+        if prefix not in variables:
+            continue
+        for variable in variables.split(b"\0"):
+            if variable.startswith(prefix):
+                found[int(entry.name)] = os.fsdecode(variable[len(prefix) :])
+                break
+    found.pop(os.getpid(), None)
+    return found
+
+
+def _signal_tagged(tags: set[str], sig: int) -> set[str]:
+    """`sig` to every process whose tag is one of `tags` (SIGKILL: until none is left, or
+    KILL_ROUNDS looks); the tags of the processes signalled."""
+    tags = tags - {""}  # no tag: none of the agent's processes
+    signalled: set[int] = set()
+    tagged: set[str] = set()
+    for _ in range(KILL_ROUNDS if sig == signal.SIGKILL else 1):
+        found = {pid: tag for pid, tag in tagged_processes().items() if tag in tags}
+        if not found.keys() - signalled:
+            break
+        for pid, tag in found.items():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+                signalled.add(pid)
+                tagged.add(tag)
+    return tagged
+
+
+def _kill_attempt(pgid: int, tag: str) -> None:
+    """SIGKILL to an attempt's process group and to its processes that left it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+    _signal_tagged({tag}, signal.SIGKILL)
+
+
+def _attempt_alive(pgid: int, tag: str) -> bool:
+    """Whether a process of the attempt still runs, in its process group or not."""
+    return _group_alive(pgid) or bool(tag) and tag in tagged_processes().values()
+
+
+def _boot_time() -> float | None:
+    """When this machine booted (epoch seconds, to the second), from /proc/stat."""
+    try:
+        with open("/proc/stat") as stat:
+            for line in stat:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _started_at(pid: int, *, booted: float) -> float | None:
+    """When the process started (epoch seconds; up to a second early: the boot time is rounded
+    down), or None if it does not exist."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+    return booted + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def leftover_group(pgid: int, *, recorded_at: float) -> bool:
+    """Whether process group `pgid`, recorded at `recorded_at` (epoch seconds) by a previous run
+    of the agent, may still be the job's: not if the machine booted since (every number is
+    free again), nor if its leader started after the record (the number was reused)."""
+    booted = _boot_time()
+    if booted is None:
+        return True  # not Linux: the agent cannot tell, and kills it as it always did
+    if recorded_at < booted:
+        return False
+    leader_started = _started_at(pgid, booted=booted)
+    return leader_started is None or leader_started <= recorded_at
 
 
 def checkpoint_saved_at(marker: Path | None, *, after: float) -> float | None:
@@ -161,14 +304,22 @@ def checkpoint_dir_made(root: Path, job: int, *, where: str) -> tuple[Path, str]
 
 
 def log_tail(path: Path) -> str:
-    """The last LOG_TAIL_CHARS of a job's log ("" if it cannot be read)."""
+    """The last LOG_TAIL_CHARS of a job's log ("" if it cannot be read): at most that many
+    bytes, as text (bytes that are no UTF-8 become U+FFFD), from the first character that
+    starts within them (not the end of one cut in two)."""
     try:
         with open(path, "rb") as log:
             log.seek(0, os.SEEK_END)
-            log.seek(max(0, log.tell() - LOG_TAIL_CHARS))  # bytes: no more characters
-            return log.read().decode(errors="replace")
+            start = max(0, log.tell() - LOG_TAIL_CHARS)  # bytes: no more characters
+            log.seek(start)
+            tail = log.read()
     except OSError:
         return ""
+    if start:
+        # Up to 3 continuation bytes (10xxxxxx) end a character that began before the tail.
+        cut = next((i for i, byte in enumerate(tail[:3]) if byte & 0xC0 != 0x80), 0)
+        tail = tail[cut:]
+    return tail.decode(errors="replace")
 
 
 class FileRetention:
@@ -237,6 +388,7 @@ class Process:
     timeout: float | None
     grace: float
     pidfd: int | None = None  # readable once the process has ended
+    tag: str = ""  # PROCESS_TAG's value in its processes' environment
     term_sent_at: float | None = None
     killed: bool = False
     timed_out: bool = False
@@ -262,6 +414,7 @@ class _Launch:
     log_path: Path
     marker: Path
     via_launcher: bool  # through PDEATHSIG_LAUNCHER; otherwise _die_with_parent in the child
+    tag: str  # PROCESS_TAG's value
 
 
 def _spawn(launch: _Launch) -> subprocess.Popen | OSError:
@@ -307,6 +460,10 @@ class Agent:
         self.poll_wait = poll_wait
         self.token: str | None = None
         self.processes: dict[int, Process] = {}
+        # The tags of attempts that exited by themselves, whose processes outside their process
+        # groups the next sweep kills (`supervise`), and when the last sweep was.
+        self.unswept: set[str] = set()
+        self.swept_at = 0.0
         self.finished = EndedAttempts()  # attempts done here; never started again
         # Run orders the agent has and is to ask the portal to start (attempt → order): it
         # starts one only once the portal grants it, so an attempt whose stop was ordered first
@@ -343,6 +500,8 @@ class Agent:
         (work_dir / "logs").mkdir(parents=True, exist_ok=True)
         (work_dir / "running").mkdir(parents=True, exist_ok=True)
         checkpoint_root.mkdir(parents=True, exist_ok=True)
+        # PROCESS_TAG of attempt A is `A@` this.
+        self.work_dir_tag = str(work_dir.resolve())
 
     # --- Talking to the portal ---------------------------------------------------------------
 
@@ -687,6 +846,10 @@ class Agent:
         if unusable:
             self._end(attempt, end=END_NEVER_STARTED, detail=unusable)
             return None
+        if not os.access(checkpoint_dir, os.W_OK | os.X_OK):
+            unwritable = CHECKPOINT_DIR_UNWRITABLE.format(path=checkpoint_dir, node=self.name)
+            self._end(attempt, end=END_NEVER_STARTED, detail=unwritable)
+            return None
         # Where the command starts: the job's own directory if it names one, which must be
         # here already (the agent makes none: a missing one is a path or a mount gone wrong).
         working_dir = Path(order.get("working_dir") or checkpoint_dir)
@@ -704,6 +867,7 @@ class Agent:
             return None
         env = {k: v for k, v in os.environ.items() if k not in PRIVATE_ENV}
         env.update({str(k): str(v) for k, v in (order.get("env") or {}).items()})
+        tag = f"{attempt}@{self.work_dir_tag}"
         env.update(
             {
                 "CUDA_VISIBLE_DEVICES": visible,
@@ -711,14 +875,21 @@ class Agent:
                 "ATTEMPT": str(order["number"]),
                 "CHECKPOINT_DIR": str(checkpoint_dir),
                 "PREEMPT_GRACE_SECONDS": str(order["grace_seconds"]),
+                PROCESS_TAG: tag,
             }
         )
         argv = _argv(order["command"])
         # A command exec would not find goes without the launcher, so it fails to start here
         # (never_started, with the error) rather than as the launcher's exit code 127.
-        via_launcher = bool(self.pdeathsig_launcher) and _executable(
-            argv[0], path=env.get("PATH", os.defpath), cwd=working_dir
-        )
+        program = _executable(argv[0], path=env.get("PATH", os.defpath), cwd=working_dir)
+        interpreter = program and _missing_interpreter(program, cwd=working_dir)
+        if interpreter:
+            missing = INTERPRETER_MISSING.format(
+                program=argv[0], interpreter=interpreter, node=self.name
+            )
+            self._end(attempt, end=END_NEVER_STARTED, detail=missing)
+            return None
+        via_launcher = bool(self.pdeathsig_launcher) and program is not None
         return _Launch(
             order=order,
             argv=[*self.pdeathsig_launcher, *argv] if via_launcher else argv,
@@ -727,18 +898,32 @@ class Agent:
             log_path=self.work_dir / "logs" / f"job-{job}-attempt-{order['number']}.log",
             marker=checkpoint_dir / CHECKPOINT_MARKER,
             via_launcher=via_launcher,
+            tag=tag,
         )
 
     def _started(
         self, launch: _Launch, popen: subprocess.Popen | OSError, *, report_start: bool
     ) -> None:
-        """Supervise the process `_spawn` started (or report why it could not start)."""
+        """Supervise the process `_spawn` started (or report why it could not start, or kill it
+        if its process group cannot be recorded)."""
         order = launch.order
         attempt = order["attempt"]
         if isinstance(popen, OSError):
             self._end(attempt, end=END_NEVER_STARTED, detail=f"could not start: {popen}")
             return
-        (self.work_dir / "running" / f"{attempt}.pgid").write_text(str(popen.pid))
+        # The record a restarted agent kills leftovers by: without it (a full disk), the job
+        # does not run, rather than run unrecorded.
+        record = self.work_dir / "running" / f"{attempt}.pgid"
+        try:
+            record.write_text(str(popen.pid))
+        except OSError as error:
+            _kill_attempt(popen.pid, launch.tag)
+            popen.wait()
+            with contextlib.suppress(OSError):
+                record.unlink(missing_ok=True)
+            self._end(attempt, end=END_NEVER_STARTED, detail=f"could not record its process "
+                      f"group in {record}: {error.strerror or error}")  # fmt: skip
+            return
         try:
             pidfd = os.pidfd_open(popen.pid)
         except (AttributeError, OSError):  # not Linux 5.3+: exits are seen at the next turn
@@ -754,6 +939,7 @@ class Agent:
             grace=float(order["grace_seconds"]),
             pidfd=pidfd,
             marker=launch.marker,
+            tag=launch.tag,
         )
         logger.info("attempt %s (job %s) started, pid %s, GPUs %s", attempt, order["job"],
                     popen.pid, order["gpu_indices"])  # fmt: skip
@@ -761,35 +947,49 @@ class Agent:
             self._event(type=EVENT_STARTED, attempt=attempt)
 
     def terminate(self, process: Process) -> None:
-        """SIGTERM to the process group; SIGKILL follows after the grace period."""
+        """SIGTERM to the process group, and to the attempt's processes that left it
+        (PROCESS_TAG); SIGKILL follows after the grace period."""
         process.term_sent_at = time.monotonic()
         logger.info("attempt %s: SIGTERM, %.0f s grace", process.attempt, process.grace)
-        with contextlib.suppress(ProcessLookupError):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.popen.pid, signal.SIGTERM)
+        _signal_tagged({process.tag}, signal.SIGTERM)
 
     # --- Supervising -------------------------------------------------------------------------
 
     def supervise(self) -> None:
+        """One look at every process: report the attempts that ended, and kill what is left of
+        them; enforce timeouts and grace periods; send log tails and checkpoints."""
         now = time.monotonic()
+        # The attempts whose processes get SIGKILL this turn, by tag: one look through /proc
+        # finds those outside their process groups for all of them (those of jobs that exited
+        # by themselves: at most every SWEEP_EVERY_SECONDS, `unswept`).
+        killing: set[str] = set()
         for attempt, process in list(self.processes.items()):
             code = process.popen.poll()
             if (
                 code is not None
                 and process.term_sent_at is not None
                 and now - process.term_sent_at < process.grace
-                and _group_alive(process.popen.pid)
+                and _attempt_alive(process.popen.pid, process.tag)
             ):
-                # The leader is gone but the rest of the group is still saving its work: it
+                # The leader is gone but the rest of the attempt is still saving its work: it
                 # keeps its grace period.
                 continue
             if code is not None:
-                # Whatever of the group outlives its leader is taken down with it.
+                # Whatever of the attempt outlives its leader is taken down with it, in its
+                # process group or not.
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(process.popen.pid, signal.SIGKILL)
+                # Of a job stopped (preempted, cancelled, timed out), at once: its GPUs are
+                # someone's already.
+                stopped = process.term_sent_at is not None
+                (killing if stopped else self.unswept).add(process.tag)
                 del self.processes[attempt]
                 if process.pidfd is not None:
                     os.close(process.pidfd)
-                (self.work_dir / "running" / f"{attempt}.pgid").unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    (self.work_dir / "running" / f"{attempt}.pgid").unlink(missing_ok=True)
                 logger.info("attempt %s exited with %s", attempt, code)
                 if process.evicted:
                     self._end(
@@ -821,8 +1021,20 @@ class Agent:
             elif not process.killed and now - process.term_sent_at >= process.grace:
                 process.killed = True
                 logger.info("attempt %s: grace over, SIGKILL", attempt)
-                with contextlib.suppress(ProcessLookupError):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(process.popen.pid, signal.SIGKILL)
+                killing.add(process.tag)
+        if killing or (self.unswept and now - self.swept_at >= SWEEP_EVERY_SECONDS):
+            self.sweep(killing)
+            self.swept_at = now
+
+    def sweep(self, tags: set[str] = frozenset()) -> None:
+        """SIGKILL to the processes outside their process groups of the attempts `tags` and of
+        those that exited by themselves since the last sweep."""
+        tags = tags | self.unswept
+        self.unswept = set()
+        if tags:
+            _signal_tagged(tags, signal.SIGKILL)
 
     def _tail(self, process: Process) -> str:
         return log_tail(process.log_path)
@@ -836,15 +1048,28 @@ class Agent:
                         age=max(0.0, time.time() - saved))  # fmt: skip
 
     def kill_leftovers(self) -> None:
-        """Process groups left by a previous run of this agent are not ours any more: the portal
-        hears they are lost and runs them again. Kill them so they free their GPUs."""
+        """The processes left by a previous run of this agent are not ours any more: the portal
+        hears their attempts are lost and runs them again. Kill them so they free their GPUs:
+        the process groups it recorded, unless the number is another program's now (the
+        machine rebooted, or the number was reused: `leftover_group`), and every process with
+        the PROCESS_TAG of one of this work directory's attempts."""
         for pgid_file in (self.work_dir / "running").glob("*.pgid"):
             if pgid_file.stem.isdigit():
                 self.previous_life.add(int(pgid_file.stem))
-            with contextlib.suppress(ValueError, ProcessLookupError, PermissionError):
-                os.killpg(int(pgid_file.read_text()), signal.SIGKILL)
-                logger.info("killed leftover process group of attempt %s", pgid_file.stem)
-            pgid_file.unlink(missing_ok=True)
+            with contextlib.suppress(ValueError, OSError):
+                pgid = int(pgid_file.read_text())
+                if leftover_group(pgid, recorded_at=pgid_file.stat().st_mtime):
+                    os.killpg(pgid, signal.SIGKILL)
+                    logger.info("killed leftover process group of attempt %s", pgid_file.stem)
+            with contextlib.suppress(OSError):
+                pgid_file.unlink(missing_ok=True)
+        mine = {tag for tag in tagged_processes().values()
+                if tag.partition("@")[2] == self.work_dir_tag}  # fmt: skip
+        for tag in _signal_tagged(mine, signal.SIGKILL):
+            attempt = tag.partition("@")[0]
+            logger.info("killed leftover process(es) of attempt %s", attempt)
+            if attempt.isdigit():
+                self.previous_life.add(int(attempt))
 
     # --- Main loop ---------------------------------------------------------------------------
 
@@ -912,6 +1137,7 @@ class Agent:
         while self.processes and time.monotonic() < deadline + 5:
             self.supervise()
             time.sleep(0.05)
+        self.sweep()  # what outlives the jobs does not outlive the agent
         # The last reports say what became of the jobs: try for a few seconds before leaving,
         # batch after batch.
         deadline = time.monotonic() + SHUTDOWN_REPORT_SECONDS

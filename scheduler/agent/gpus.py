@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
+from scheduler.limits import GPU_TYPE_PATTERN
+
 NVML_MISSING = (
     "cannot discover GPUs: NVML is not available ({error}). On a GPU machine install the "
     "NVIDIA driver and nvidia-ml-py; without GPUs pass --fake-gpus N --gpu-type T."
@@ -15,6 +17,10 @@ NVML_UNREADABLE = (
 )
 MIXED_TYPES = "this node has GPUs of several types ({types}); a node must have one GPU type."
 NO_GPUS = "NVML found no GPU on this machine; pass --fake-gpus N --gpu-type T to fake some."
+# The portal's rule for a GPU type (shares.models.validate_gpu_type): shares' limits name GPU
+# types so, and a node whose type breaks it would never get a job.
+GPU_TYPE = re.compile(GPU_TYPE_PATTERN)
+GPU_TYPE_RULE = "lowercase letters, digits and dashes, like h100 or a100-80g"
 
 # A model name's words (lowercase, split on anything not a letter or digit) → GPU type. The
 # first word found in this order wins, so "gh200" is tried before "h200" would match nothing.
