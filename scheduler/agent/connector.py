@@ -8,6 +8,9 @@ the portal grants its start (as an agent's), signalled with SIGTERM on a stop or
 ended after the share's grace period. It watches the cluster's jobs and reports each
 start (with the GPU indices the cluster gave), each end (with its exit code), and what the
 cluster says of its nodes: their state, and the GPUs jobs the portal did not submit hold.
+A job that ran and waits again (Slurm requeued it) is no longer running: its attempt ends
+lost, as on a node that failed. Once an attempt has ended, what the cluster keeps of its job
+goes (`Cluster.forget`): a job still in the cluster's queue would run outside the portal.
 
 Threads, as the agent's: the poller long-polls the portal and hands each answer to the main
 thread, which alone talks to the cluster manager; the reporter sends what the main thread has
@@ -613,6 +616,17 @@ class Connector:
         if job.end is not None:
             self._ended(tracked, job)
             return
+        if job.pending and tracked.running_since is not None:
+            # It ran, and waits again: the cluster manager requeued it (Slurm, after a node
+            # failure or a prolog that failed with PrologFlags=ForceRequeueOnFail, or an
+            # operator's `scontrol requeue`). Its processes are gone, and no stop can signal a
+            # job that waits: the attempt is lost, and `_end` has the cluster manager cancel the
+            # job (`forget`), which would otherwise run again outside the portal.
+            logger.info("attempt %s: %s requeued job %s after it ran (%s %s); lost", tracked.id,
+                        self.cluster.manager, job.id, job.state, job.reason)  # fmt: skip
+            self._lost(tracked, job, how=f"requeued job {job.id} after it ran",
+                       log_tail=self._tail(tracked))  # fmt: skip
+            return
         if job.pending and tracked.term_sent_at is None:
             if now - tracked.submitted >= self.pending_timeout:
                 tracked.withdrawn = (
@@ -639,13 +653,9 @@ class Connector:
             self._end(tracked.id, end=END_NEVER_STARTED, detail=job.reason)
         elif job.end == END_LOST and not signalled:
             # Its node went down, or the cluster took it (an eviction, someone's delete), before
-            # or after it started: the job runs again. The portal hears of the node with the
-            # loss, so that it does not place the job on a node that is down.
-            with contextlib.suppress(ClusterUnreachable, ClusterRefused):
-                self.read_inventory()
-            self._end(tracked.id, end=END_LOST, exit_code=job.exit_code, log_tail=tail,
-                      detail=f"{self.cluster.manager} job {job.id} ended {job.state} "
-                      f"({job.reason})")  # fmt: skip
+            # or after it started.
+            self._lost(tracked, job, how=f"job {job.id} ended {job.state}",
+                       exit_code=job.exit_code, log_tail=tail)  # fmt: skip
         elif tracked.running_since is None or (job.state == "CANCELLED" and not job.nodes):
             self._end(tracked.id, end=END_NEVER_STARTED, detail=f"{self.cluster.manager} ended "
                       f"job {job.id} before it ran ({job.state})")  # fmt: skip
@@ -662,6 +672,16 @@ class Connector:
                       log_tail=tail, detail=f"{self.cluster.manager}: {job.state}")  # fmt: skip
         logger.info("attempt %s: %s job %s ended %s (exit %s)", tracked.id, self.cluster.manager,
                     job.id, job.state, job.exit_code)  # fmt: skip
+
+    def _lost(self, tracked: Attempt, job: ClusterJob, *, how: str, exit_code: int | None = None,
+              log_tail: str = "") -> None:  # fmt: skip
+        """End the attempt lost, as on a node that failed: the portal runs the job again, as a
+        new attempt, counting neither a failure nor a preemption. The portal hears of the
+        nodes with the loss, so that it does not place the job again on a node that is down."""
+        with contextlib.suppress(ClusterUnreachable, ClusterRefused):
+            self.read_inventory()
+        self._end(tracked.id, end=END_LOST, exit_code=exit_code, log_tail=log_tail,
+                  detail=f"{self.cluster.manager} {how} ({job.reason})")  # fmt: skip
 
     def _tail(self, tracked: Attempt) -> str:
         if tracked.order is None or tracked.job_id is None:

@@ -55,10 +55,11 @@ SQUEUE_FIELDS = ("JobID", "Name", "State", "Reason", "NodeList", "tres-per-node"
 # word for a job (job_state_string in src/common/slurm_protocol_defs.c): its first state flag
 # that has a name there, else its base state (squeue(1) "JOB STATE CODES",
 # doc/html/job_state_codes.shtml). The job is pending (not started: the connector waits
-# --pending-timeout, then cancels it and the portal requeues it, withdrawn), holding its
-# nodes' GPUs (it runs, or is stopped, suspended or finishing), or ended, in the protocol's
-# words: its process exited (with its exit code; a cancel after SIGTERM is the exit of a
-# stopped job), ran out of time, or was lost with its node (the portal runs it again).
+# --pending-timeout, then cancels it and the portal requeues it, withdrawn; one that ran and
+# is pending again was requeued by Slurm, and is lost), holding its nodes' GPUs (it runs, or
+# is stopped, suspended or finishing), or ended, in the protocol's words: its process exited
+# (with its exit code; a cancel after SIGTERM is the exit of a stopped job), ran out of time,
+# or was lost with its node (the portal runs it again).
 JOB_PENDING = "pending"
 JOB_HOLDING = "holding"
 JOB_STATES = {
@@ -76,10 +77,16 @@ JOB_STATES = {
     # Its processes have ended; its epilog, or its burst buffer's stage-out, has not.
     "COMPLETING": JOB_HOLDING, "STAGE_OUT": JOB_HOLDING,
     "COMPLETED": END_EXIT, "FAILED": END_EXIT, "CANCELLED": END_EXIT, "OUT_OF_MEMORY": END_EXIT,
-    "SPECIAL_EXIT": END_EXIT,  # ended, and requeued held by the site's EpilogSlurmctld
+    # Ended, and requeued held by the site's EpilogSlurmctld: still in Slurm's queue
+    # (SlurmJob.queued), where the connector cancels it.
+    "SPECIAL_EXIT": END_EXIT,
     "TIMEOUT": END_TIMEOUT, "DEADLINE": END_TIMEOUT,
     "NODE_FAIL": END_LOST, "BOOT_FAIL": END_LOST, "PREEMPTED": END_LOST, "REVOKED": END_LOST,
 }  # fmt: skip
+# Ended, and still in Slurm's queue: an operator's release would run them again.
+REQUEUED_ENDS = frozenset(("SPECIAL_EXIT",))
+# Holding its nodes only while its epilog or stage-out runs: nothing left to cancel.
+ENDING_STATES = frozenset(("COMPLETING", "STAGE_OUT"))
 _unknown_job_states: set[str] = set()  # logged once each
 
 
@@ -143,6 +150,14 @@ class SlurmJob:
         """How the job ended, in the protocol's words; None while it has not."""
         meaning = job_state_meaning(self.state, has_nodes=bool(self.nodes))
         return None if meaning in (JOB_PENDING, JOB_HOLDING) else meaning
+
+    @property
+    def queued(self) -> bool:
+        """Whether Slurm may still run it: it waits (pending, held, requeued), runs, or ended
+        and was requeued held (REQUEUED_ENDS). Not a job whose epilog runs (ENDING_STATES)."""
+        if self.state in REQUEUED_ENDS:
+            return True
+        return self.pending or (self.holding and self.state not in ENDING_STATES)
 
 
 # --- Parsers -----------------------------------------------------------------------------------
@@ -454,6 +469,10 @@ class SlurmCluster:
     stale_records: FileRetention | None = None  # of `script_dir`, made at the first submit
     # Who the connector's jobs belong to: the user it runs sbatch as.
     user: str = field(default_factory=lambda: pwd.getpwuid(os.getuid()).pw_name)
+    # The jobs of attempts that ended (`forget`), while squeue lists them, and those of the
+    # connector's jobs that were queued when it last read them, by id.
+    forgotten: set[str] = field(default_factory=set)
+    in_queue: dict[str, SlurmJob] = field(default_factory=dict)
 
     kind = "slurm"
     manager = "Slurm"
@@ -562,15 +581,24 @@ class SlurmCluster:
 
     def attempt_jobs(self) -> dict[int, SlurmJob]:
         """The connector's Slurm jobs by attempt: the newest where an attempt has several (one
-        ended, and its successor submitted before squeue forgot it)."""
+        ended, and its successor submitted before squeue forgot it). A job of an attempt that
+        ended and that Slurm has in its queue again is cancelled (`forget`)."""
         ours: dict[int, SlurmJob] = {}
+        listed: list[SlurmJob] = []
         for job in self.jobs():
             attempt_id = self.attempt_of(job)
             if attempt_id is None:
                 continue
+            listed.append(job)
             known = ours.get(attempt_id)
             if known is None or int(job.id) > int(known.id):
                 ours[attempt_id] = job
+        self.forgotten &= {job.id for job in listed}  # the rest Slurm has purged
+        queued = [job for job in listed if job.queued]
+        self.in_queue = {job.id: job for job in queued if job.id not in self.forgotten}
+        for job in queued:
+            if job.id in self.forgotten:
+                self._cancel_left(job)
         return ours
 
     def ended_job(self, job_id: str) -> SlurmJob | None:
@@ -662,7 +690,30 @@ class SlurmCluster:
         self._run("scancel", job_id)
 
     def forget(self, job_id: str) -> None:
-        """Slurm purges an ended job itself, MinJobAge after its end."""
+        """The job's attempt has ended. Slurm purges an ended job itself, MinJobAge after its
+        end; but one it still has in its queue would run again outside the portal, on GPUs the
+        portal gives to others: requeued after it ran (a node failure, a prolog that failed
+        with PrologFlags=ForceRequeueOnFail), held after its end (SPECIAL_EXIT, an operator's
+        `scontrol requeuehold`), released by an operator. The connector owns it: it is
+        cancelled now if squeue last showed it queued, and whenever squeue shows it queued
+        again (`attempt_jobs`), until Slurm purges it."""
+        self.forgotten.add(job_id)
+        job = self.in_queue.pop(job_id, None)
+        if job is not None:
+            self._cancel_left(job)
+
+    def _cancel_left(self, job: SlurmJob) -> None:
+        """Cancel a job of an ended attempt that Slurm still has in its queue (`forget`): a
+        plain scancel, which Slurm carries out whether the job waits or runs."""
+        try:
+            self.kill(job.id)
+        except (SlurmRefused, SlurmUnreachable) as error:
+            logger.warning("Slurm job %s (%s) of an ended attempt is still %s; cancel failed "
+                           "(%s), trying again", job.id, job.name, job.state, error)  # fmt: skip
+            return
+        logger.warning("cancelled Slurm job %s (%s): its attempt has ended, and Slurm still had "
+                       "it %s (%s); it would have run again outside the portal", job.id,
+                       job.name, job.state, job.reason)  # fmt: skip
 
     def allocations(self, job_id: str) -> list[dict]:
         """The GPU indices Slurm gave the job on each node."""
