@@ -1,9 +1,10 @@
 """Quota management walkthrough (mirrors AWS Batch's sample notebook for SageMaker quota
 shares), driven through the Python client against `make run`.
 
-    python manage.py drf_create_token bob     # borrower: ml-research, share research
-    python manage.py drf_create_token carol   # owner: vision, share vision
-    PORTAL_URL=http://127.0.0.1:8000 BOB_TOKEN=... CAROL_TOKEN=... python docs/walkthrough.py
+    .venv/bin/python manage.py drf_create_token bob     # borrower: ml-research, share research
+    .venv/bin/python manage.py drf_create_token carol   # owner: vision, share vision
+    export PORTAL_URL=http://127.0.0.1:8000 BOB_TOKEN=... CAROL_TOKEN=...
+    .venv/bin/python docs/walkthrough.py
 
 See docs/walkthrough.md for what it prints."""
 
