@@ -49,6 +49,27 @@ CHURN_WINDOW_RANGE = (
     f"churn_window_seconds: must be a whole number between 1 and {MAX_CHURN_WINDOW_SECONDS} "
     "seconds (90 days)."
 )
+MAX_ENV_VARS = 100
+MAX_ENV_NAME_CHARS = 128
+MAX_ENV_VALUE_CHARS = 4096
+ENV_TYPE = (
+    'env: must be a map of variable names to string values, {"NAME": "value"} (a form post '
+    "cannot carry one: send the job as JSON)."
+)
+ENV_TOO_MANY = f"env: at most {MAX_ENV_VARS} variables."
+ENV_NAME = (
+    "env: {name!r} is not a valid variable name (letters, digits and underscores, not starting "
+    f"with a digit, at most {MAX_ENV_NAME_CHARS} characters)."
+)
+ENV_VALUE_TOO_LONG = f"env: the value of {{name}} is longer than {MAX_ENV_VALUE_CHARS} characters."
+ENV_VALUE_TYPE = "env: the value of {name} must be a string."
+ENV_VALUE_CHARACTER = (
+    "env: the value of {name} contains {character}, which no environment variable can hold."
+)
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A lone surrogate: JSON can escape one ("\\ud800"), but no UTF-8 text, and so no environment
+# (nor the API's own answer showing the job), can hold it.
+LONE_SURROGATE_RE = re.compile("[\ud800-\udfff]")
 NODE_GPUS_RANGE = f"gpus: a node has between 1 and {MAX_GPUS_PER_NODE} GPUs."
 MAX_IMAGE_CHARS = 512
 IMAGE_INVALID = (
@@ -185,6 +206,36 @@ class Node(models.Model):
             raise ValidationError({"gpus": NODE_GPUS_RANGE})
 
 
+def validate_env(env) -> None:
+    """A job's environment: at most MAX_ENV_VARS variables of valid names, each a string an
+    environment can hold (no NUL, no lone surrogate: JSON escapes one, but no UTF-8 text holds
+    it, and PostgreSQL refuses it) of at most MAX_ENV_VALUE_CHARS. Every way a job comes in (the
+    REST API, the AWS API, the admin) is checked by it, with these messages."""
+    if not isinstance(env, dict):
+        raise ValidationError(ENV_TYPE)
+    if len(env) > MAX_ENV_VARS:
+        raise ValidationError(ENV_TOO_MANY)
+    for name, value in env.items():
+        if (
+            not isinstance(name, str)
+            or len(name) > MAX_ENV_NAME_CHARS
+            or not ENV_NAME_RE.fullmatch(name)
+        ):
+            raise ValidationError(ENV_NAME.format(name=str(name)[:200]))
+        if not isinstance(value, str):
+            raise ValidationError(ENV_VALUE_TYPE.format(name=name))
+        if "\x00" in value:
+            raise ValidationError(
+                ENV_VALUE_CHARACTER.format(name=name, character="a NUL character")
+            )
+        if LONE_SURROGATE_RE.search(value):
+            raise ValidationError(
+                ENV_VALUE_CHARACTER.format(name=name, character="a lone surrogate")
+            )
+        if len(value) > MAX_ENV_VALUE_CHARS:
+            raise ValidationError(ENV_VALUE_TOO_LONG.format(name=name))
+
+
 class Job(models.Model):
     """A request for `gpus` GPUs of one type on `nodes` nodes, to run `command`."""
 
@@ -216,7 +267,7 @@ class Job(models.Model):
     nodes = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
     priority = models.PositiveIntegerField(default=0, validators=[MaxValueValidator(MAX_PRIORITY)])
     command = models.TextField()
-    env = models.JSONField(default=dict, blank=True)
+    env = models.JSONField(default=dict, blank=True, validators=[validate_env])
     image = models.CharField(
         max_length=MAX_IMAGE_CHARS,
         blank=True,

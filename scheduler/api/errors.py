@@ -14,6 +14,7 @@ from rest_framework.serializers import Serializer
 from rest_framework.views import exception_handler
 
 from scheduler.jobs.services import ClientTokenConflict
+from scheduler.models import LONE_SURROGATE_RE
 
 BODY_TOO_LARGE = (
     "request body is {size} bytes; the limit is {limit} bytes (command and env are capped too: "
@@ -105,6 +106,20 @@ def _named(field: str, detail):
     return ErrorDetail(f"{field}: {detail}", code=getattr(detail, "code", None))
 
 
+def _encodable(detail):
+    """`detail` with every lone surrogate written as its escape ("\\ud800"): a name or value the
+    error repeats from the request (a field a job does not have) may hold one, which JSON can
+    escape but no UTF-8 answer can carry, and the answer was a 500."""
+    if isinstance(detail, list):
+        return [_encodable(item) for item in detail]
+    if isinstance(detail, dict):
+        return {_encodable(key): _encodable(value) for key, value in detail.items()}
+    if isinstance(detail, str) and LONE_SURROGATE_RE.search(detail):
+        text = detail.encode("utf-8", "backslashreplace").decode("utf-8")
+        return ErrorDetail(text, code=getattr(detail, "code", None))
+    return detail
+
+
 def api_exception_handler(exc, context):
     if isinstance(exc, RequestDataTooBig):
         # Django's own check fired first (the body was already read): same 413.
@@ -124,4 +139,6 @@ def api_exception_handler(exc, context):
             exc.detail["non_field_errors"] = [
                 _about_the_body(item) for item in exc.detail["non_field_errors"]
             ]
+    if isinstance(exc, exceptions.APIException):
+        exc.detail = _encodable(exc.detail)
     return exception_handler(exc, context)

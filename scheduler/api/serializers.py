@@ -7,15 +7,19 @@ import re
 import shlex
 from functools import cache
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.fields import SkipField
 from rest_framework.relations import PKOnlyObject, RelatedField
+from rest_framework.utils import html
 from rest_framework.utils.serializer_helpers import BindingDict
 
 from portal.choices import choice_errors
 from scheduler.engine import order
+from scheduler.limits import GPU_TYPE_PATTERN
 from scheduler.models import (
+    ENV_TYPE,
     EXPECTED_RANGE,
     IMAGE_INVALID,
     IMAGE_RE,
@@ -31,6 +35,7 @@ from scheduler.models import (
     JobAttempt,
     JobEvent,
     Node,
+    validate_env,
     working_dir_is_valid,
 )
 from shares.models import (
@@ -44,9 +49,6 @@ from shares.models import (
 
 # Sizes a job request may have. Bigger bodies are refused before parsing (413).
 MAX_COMMAND_CHARS = 65536
-MAX_ENV_VARS = 100
-MAX_ENV_NAME_CHARS = 128
-MAX_ENV_VALUE_CHARS = 4096
 MAX_NAME_CHARS = 200
 MAX_CLIENT_TOKEN_CHARS = 64
 MAX_GPUS_ASKED = 1_000_000  # far above any cluster: the service then says it never fits
@@ -70,13 +72,6 @@ COMMAND_ARGV_TOO_LONG = (
     f"command: the argv list joined into one shell command (shlex.join) is longer than "
     f"{MAX_COMMAND_CHARS} characters; put long scripts in a file."
 )
-ENV_TOO_MANY = f"env: at most {MAX_ENV_VARS} variables."
-ENV_NAME = (
-    "env: {name!r} is not a valid variable name (letters, digits and underscores, not starting "
-    f"with a digit, at most {MAX_ENV_NAME_CHARS} characters)."
-)
-ENV_VALUE_TOO_LONG = f"env: the value of {{name}} is longer than {MAX_ENV_VALUE_CHARS} characters."
-ENV_VALUE_TYPE = "env: the value of {name} must be a string."
 GPUS_RANGE = f"gpus: must be a whole number between 1 and {MAX_GPUS_ASKED}."
 NODES_RANGE = f"nodes: must be a whole number between 1 and {MAX_NODES_ASKED}."
 MAX_PREEMPTIONS_RANGE = (
@@ -87,11 +82,14 @@ NAME_TOO_LONG = f"name: at most {MAX_NAME_CHARS} characters."
 CLIENT_TOKEN_TOO_LONG = f"client_token: at most {MAX_CLIENT_TOKEN_CHARS} characters."
 ONLY_PRIORITY = "{fields}: only priority can be changed on a submitted job."
 UNKNOWN_JOB_FIELD = "{field}: not a field of a job (misspelled?); a job has: {known}."
+UNKNOWN_JOB_FILTER = (
+    "{param}: not a parameter of the job list (misspelled?); it takes share, state, "
+    "submitted_by, since, gpu_type, page and page_size."
+)
 LIMITS_RANGE = f"capacity_limits: each limit is between 1 and {MAX_LIMIT_GPUS} GPUs."
 LEND_LIMIT_TYPE = "lend_limit: a number of GPUs for every type, or a map {gpu_type: GPUs}, or null."
 
-ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-GPU_TYPE_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
+GPU_TYPE_RE = re.compile(GPU_TYPE_PATTERN)
 
 
 def _range(message: str) -> dict[str, str]:
@@ -410,20 +408,23 @@ class JobDetailSerializer(JobSerializer):
 
 
 class EnvField(serializers.DictField):
-    """{NAME: value}, bounded in count and size, with messages that say which rule."""
+    """{NAME: value}: the model's rule (`scheduler.models.validate_env`: bounded in count and
+    size, values an environment can hold), and a form post's env refused."""
+
+    def get_value(self, dictionary):
+        # DRF reads a form's dict only from "env.NAME" keys and drops a plain "env=..." without
+        # a word: hand that on, to be refused, rather than run the job without its env.
+        if html.is_html_input(dictionary) and self.field_name in dictionary:
+            return dictionary[self.field_name]
+        return super().get_value(dictionary)
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
-            self.fail("not_a_dict", input_type=type(data).__name__)
-        if len(data) > MAX_ENV_VARS:
-            raise serializers.ValidationError(ENV_TOO_MANY)
-        for name, value in data.items():
-            if len(name) > MAX_ENV_NAME_CHARS or not ENV_NAME_RE.fullmatch(name):
-                raise serializers.ValidationError(ENV_NAME.format(name=name[:200]))
-            if not isinstance(value, str) or "\x00" in value:
-                raise serializers.ValidationError(ENV_VALUE_TYPE.format(name=name))
-            if len(value) > MAX_ENV_VALUE_CHARS:
-                raise serializers.ValidationError(ENV_VALUE_TOO_LONG.format(name=name))
+            raise serializers.ValidationError(ENV_TYPE)
+        try:
+            validate_env(data)  # the model's rule, for every way a job comes in
+        except DjangoValidationError as error:
+            raise serializers.ValidationError(error.messages[0]) from None
         return dict(data)
 
 
@@ -452,8 +453,11 @@ class CommandField(serializers.CharField):
     /bin/sh, which takes the quotes off)."""
 
     def to_internal_value(self, data):
-        if not isinstance(data, list):
+        if isinstance(data, str):
             return super().to_internal_value(data)
+        if not isinstance(data, list):
+            # CharField would run a number as the command "5".
+            raise serializers.ValidationError(COMMAND_TYPE)
         if not data:
             raise serializers.ValidationError(COMMAND_ARGV_EMPTY)
         for index, item in enumerate(data):
@@ -676,6 +680,21 @@ class JobListFilterSerializer(serializers.Serializer):
     submitted_by = serializers.CharField(required=False, max_length=150)
     since = serializers.DateTimeField(required=False)
     gpu_type = serializers.CharField(required=False, max_length=32)
+
+    def to_internal_value(self, data):
+        # A parameter the list does not take is refused, not ignored: a misspelled filter
+        # (?sate=RUNNABLE) would list every job, and ?limit= or ?offset= would read as honoured.
+        unknown = sorted(set(data) - set(self.fields) - _LIST_ONLY_PARAMS)
+        if unknown:
+            raise serializers.ValidationError(
+                {name: [UNKNOWN_JOB_FILTER.format(param=name[:100])] for name in unknown[:10]}
+            )
+        return super().to_internal_value(data)
+
+
+# What a job list's query string carries beside its filters: the pagination's parameters and
+# DRF's ?format=.
+_LIST_ONLY_PARAMS = frozenset({"page", "page_size", "format"})
 
 
 # --- Shares -----------------------------------------------------------------------------------

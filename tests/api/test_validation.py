@@ -11,6 +11,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from portal.pagination import PAGE_RULE, PAGE_SIZE_RULE, PAST_THE_LAST
+from scheduler import models
 from scheduler.api import serializers as s
 from scheduler.api import views
 from scheduler.api.errors import BODY_EMPTY, BODY_NOT_AN_OBJECT
@@ -150,12 +151,14 @@ def test_command_too_long(world):
 
 
 def test_env_rules(world):
-    too_many = {f"V{i}": "1" for i in range(s.MAX_ENV_VARS + 1)}
-    assert_error(submit(world, env=too_many), 400, "env", s.ENV_TOO_MANY)
-    assert_error(submit(world, env={"1BAD": "x"}), 400, "env", s.ENV_NAME.format(name="1BAD"))
-    long_value = {"BIG": "x" * (s.MAX_ENV_VALUE_CHARS + 1)}
-    assert_error(submit(world, env=long_value), 400, "env", s.ENV_VALUE_TOO_LONG.format(name="BIG"))
-    assert_error(submit(world, env={"N": 3}), 400, "env", s.ENV_VALUE_TYPE.format(name="N"))
+    too_many = {f"V{i}": "1" for i in range(models.MAX_ENV_VARS + 1)}
+    assert_error(submit(world, env=too_many), 400, "env", models.ENV_TOO_MANY)
+    assert_error(submit(world, env={"1BAD": "x"}), 400, "env", models.ENV_NAME.format(name="1BAD"))
+    long_value = {"BIG": "x" * (models.MAX_ENV_VALUE_CHARS + 1)}
+    assert_error(
+        submit(world, env=long_value), 400, "env", models.ENV_VALUE_TOO_LONG.format(name="BIG")
+    )
+    assert_error(submit(world, env={"N": 3}), 400, "env", models.ENV_VALUE_TYPE.format(name="N"))
     response = submit(world, env=["A=1"])
     assert response.status_code == 400 and "env" in response.json()
 

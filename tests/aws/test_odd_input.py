@@ -242,3 +242,20 @@ def test_a_nul_character_is_refused_before_anything_is_stored(api, world):
     response = api("alice", "submitservicejob", submit_params(tags={"team": "a\u0000b"}))
     assert_refused(response, "tags")
     assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("environment", "said"),
+    [({"TAG": "a\ud800"}, "a lone surrogate"), ({"1BAD": "x"}, "not a valid variable name"),
+     ({"BIG": "x" * 5000}, "longer than 4096")],
+)  # fmt: skip
+def test_an_environment_the_rest_api_refuses_is_refused_here_too_naming_it(
+    api, world, environment, said
+):
+    """The env rules were the REST API's serializer's only: through the AWS API a lone surrogate
+    was stored (every later read of the job a 500) or refused by PostgreSQL with a 500, and a
+    bad variable name reached the node. The model checks them on every way in."""
+    response = api("alice", "submitservicejob", submit_params(payload={"Environment": environment}))
+    message = assert_refused(response, "serviceRequestPayload.Environment")
+    assert said in message, message
+    assert not Job.objects.exists()
