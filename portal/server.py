@@ -10,6 +10,10 @@
                                 notifications' dispatch, the daily session clean-up
     gpu-portal-server manage …  any `manage.py` command (createsuperuser, agent_join_token, …)
 
+Before it starts, each command but `manage` checks that PostgreSQL and Redis answer (`beat`,
+which never reads the database: Redis only); one that does not ends it with exit status 1 and
+one line naming which, where and why.
+
 Configuration comes from the environment (docs/deploy.md): DATABASE_URL and REDIS_URL are
 required (PostgreSQL and Redis: the embedded defaults are for `make run`), PORTAL_ADDRESS
 (host:port, default 127.0.0.1:8000), WEB_WORKERS (processes, default 2), DATABASE_POOL_SIZE
@@ -154,30 +158,41 @@ def _port(parts) -> int | None:
         return None
 
 
-def check_services(env: dict[str, str]) -> None:
-    """PostgreSQL and Redis answer, or one line says which does not and why: before `setup`,
-    where an unreachable database would otherwise be a pool's warnings for ten seconds, then
-    two tracebacks."""
+def check_services(env: dict[str, str], *, database: bool = True) -> None:
+    """PostgreSQL (unless not `database`) and Redis answer, or one line says which does not and
+    why, and the command ends with exit status 1. Without it, an unreachable database was a
+    pool's warnings for ten seconds, then two tracebacks (`setup`), a web server that started
+    and answered every request with an error (`web`), or a traceback for every cycle
+    (`worker`)."""
+    if database:
+        _check_database(env["DATABASE_URL"])
+    _check_redis(env["REDIS_URL"])
+
+
+def _check_database(url: str) -> None:
     import psycopg
-    import redis
 
     try:
-        psycopg.connect(env["DATABASE_URL"].replace("pgsql://", "postgres://", 1),
+        psycopg.connect(url.replace("pgsql://", "postgres://", 1),
                         connect_timeout=SERVICE_TIMEOUT_SECONDS).close()  # fmt: skip
     except psycopg.ProgrammingError:
         pass  # options libpq does not take, Django's (?conn_max_age=...): migrate tells
     except psycopg.OperationalError as error:  # refused, timed out, refused the login, no such db
         reason = str(error).strip().splitlines()[0]
         sys.exit(f"gpu-portal-server: cannot reach PostgreSQL at DATABASE_URL "
-                 f"({_where(env['DATABASE_URL'])}): {reason}")  # fmt: skip
+                 f"({_where(url)}): {reason}")  # fmt: skip
+
+
+def _check_redis(url: str) -> None:
+    import redis
+
     try:
-        client = redis.Redis.from_url(env["REDIS_URL"], socket_timeout=SERVICE_TIMEOUT_SECONDS,
+        client = redis.Redis.from_url(url, socket_timeout=SERVICE_TIMEOUT_SECONDS,
                                       socket_connect_timeout=SERVICE_TIMEOUT_SECONDS)  # fmt: skip
         client.ping()
         client.close()
     except (redis.RedisError, ValueError) as error:
-        sys.exit(f"gpu-portal-server: cannot reach Redis at REDIS_URL "
-                 f"({_where(env['REDIS_URL'])}): {error}")  # fmt: skip
+        sys.exit(f"gpu-portal-server: cannot reach Redis at REDIS_URL ({_where(url)}): {error}")
 
 
 def setup(env: dict[str, str]) -> None:
@@ -204,6 +219,7 @@ def web(env: dict[str, str], settings: ModuleType) -> None:
     import uvicorn
 
     _check_listening(settings, env)
+    check_services(env)
     os.environ.update(env)
     uvicorn.run(
         "portal.asgi:application",
@@ -324,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "manage":
         return subprocess.run([sys.executable, "-m", "django", *args.args], env=env).returncode
+    check_services(env, database=args.command != "beat")  # beat only sends to Redis
     os.execve(sys.executable, commands(env)[args.command], env)
 
 
