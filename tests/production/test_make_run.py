@@ -35,7 +35,7 @@ def test_make_run_starts_agents_after_the_web_server_and_ctrl_c_stops_everything
                  what="the demo agents to register")  # fmt: skip
         assert requests.get(f"http://127.0.0.1:{port}/health/", timeout=5).ok
         started = psutil.Process(run.pid).children(recursive=True)
-        programs = " ".join(" ".join(p.cmdline()) for p in started)
+        programs = " ".join(" ".join(command_line(p)) for p in started)
         assert "redis-server" in programs and "scheduler.agent" in programs, programs
 
         run.send_signal(signal.SIGINT)
@@ -52,3 +52,12 @@ def test_make_run_starts_agents_after_the_web_server_and_ctrl_c_stops_everything
     assert f"Portal at http://127.0.0.1:{port}/admin/" in output
     assert re.search(r"Log in to the admin as admin / \S+", output)
     assert set(re.findall(r"http://127\.0\.0\.1:(\d+)", output)) == {str(port)}
+
+
+def command_line(process: psutil.Process) -> list[str]:
+    """The process's command line; none for one that ended since it was listed (a short-lived
+    child, not reaped yet: psutil refuses a zombie's)."""
+    try:
+        return process.cmdline()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return []
